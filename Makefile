@@ -1,0 +1,39 @@
+# Entry points: `make test` (lint, types, tests) and `make demo`. Everything runs from a
+# local virtualenv that the first target creates.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+DEPS   := constraints.txt requirements-dev.txt shared/pyproject.toml edge/pyproject.toml server/pyproject.toml
+
+.PHONY: install lint typecheck pytest test demo bench clean
+
+$(STAMP): $(DEPS)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt \
+		-e shared -e edge -e server -r requirements-dev.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+pytest: install
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+demo: install
+	$(BIN)/python -m zeal demo data/seattle-temps.csv --column temp --lower 0 --upper 110 --epsilon 1
+
+bench: install
+	$(BIN)/python -m zeal bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,542 @@
+"""Stream parameters of the Zeal mechanism and everything done with them.
+
+:class:`Zeal` derives the paper's values (``C``, ``p``, ``E_enc``, ``E_vul``, ``Abar``,
+``gamma_min``) from the feasible range and epsilon, picks the code width, and offers
+perturbation (on the device), float reconstruction, decoding and the average with bounds
+(on the server). Every output is a float64 in the binade ``[2**Eu, 2**(Eu+1))`` sharing its
+top ``shared_bits`` bits, so only the low ``payload_bits`` bits (the *code*) are sent.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import warnings
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from zeal._exact import ceil_log2, exact_sum, exact_sum_squares
+from zeal.errors import CodeError, ParameterError, ReadingError, ZealWarning
+from zeal.estimate import (
+    Estimate,
+    bernstein_half_width,
+    bernstein_tail,
+    check_confidence,
+    normal_quantile,
+)
+from zeal.grid import GridSampler, OutputDistribution, build_grid_sampler
+from zeal.paper import PaperSampler
+from zeal.randomness import Randomness
+
+if TYPE_CHECKING:
+    from zeal.privacy_audit import AuditReport
+
+__all__ = ["MAX_EPSILON", "SAMPLERS", "Zeal"]
+
+SAMPLERS: Final = ("grid", "paper")
+_SAMPLER_VERSIONS: Final = {"grid": 1, "paper": 1}
+MAX_EPSILON: Final = 20.0
+_MIN_BITS, _MAX_BITS = 2, 52
+_MIN_EXPONENT, _MAX_EXPONENT = -1000, 1022
+#: The default width keeps the grid's extra variance (at most D**2/4) within this share of
+#: the mechanism's smallest variance (Theorem 2 at z = 0).
+DEFAULT_GRID_VARIANCE_SHARE: Final = 0.01
+
+_U64 = npt.NDArray[np.uint64]
+_F64 = npt.NDArray[np.float64]
+
+
+def _real(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise ParameterError(f"{name} must be a real number, got {value!r}")
+    result = float(value)
+    if not math.isfinite(result):
+        raise ParameterError(f"{name} must be finite, got {value!r}")
+    return result
+
+
+def _integer(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ParameterError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    if not low <= int(value) <= high:
+        raise ParameterError(f"{name}={value!r} is outside [{low}, {high}]")
+    return int(value)
+
+
+class Zeal:
+    """Parameters of one Zeal stream: feasible range, budget, code width, sampler.
+
+    ``Zeal(lower=..., upper=..., epsilon=...)`` picks the narrowest code whose grid variance
+    stays within 1 % of the mechanism's smallest variance; ``payload_bits`` or ``exponent``
+    choose the width instead. Instances are immutable, hashable and picklable.
+
+    Derived values (paper 001): ``C`` (Eq. (10)), ``p`` (Eq. (9)), ``e_enc`` (Theorem 5,
+    Eq. (21)), ``e_vul`` (Theorem 7, Eq. (31)), ``exponent`` (E_U*), ``abar`` (Eq. (22),
+    rounded to float64 for display; the sampler and decoder use it exactly), ``shared_bits``
+    (gamma_min, Theorem 6, Eq. (28)), ``payload_bits`` (64 - gamma_min), ``grid_step``
+    (ulp(2**exponent)), ``realized_epsilon`` (the loss the grid sampler actually realizes:
+    ``ln(w_hi/w_lo) <= epsilon``; ``None`` for the paper sampler, whose loss only
+    :meth:`audit` can tell) and ``fingerprint`` (8 bytes identifying all of the above).
+    """
+
+    __slots__ = (
+        "C",
+        "_grid",
+        "_paper",
+        "_prefix",
+        "_top",
+        "abar",
+        "code_max",
+        "code_min",
+        "e_enc",
+        "e_vul",
+        "ebar",
+        "epsilon",
+        "exponent",
+        "fingerprint",
+        "grid_step",
+        "half_width",
+        "lower",
+        "p",
+        "payload_bits",
+        "realized_epsilon",
+        "sampler",
+        "shared_bits",
+        "upper",
+    )
+
+    C: float
+    p: float
+    e_enc: int
+    e_vul: int
+    ebar: float
+    half_width: float
+    lower: float
+    upper: float
+    epsilon: float
+    exponent: int
+    payload_bits: int
+    shared_bits: int
+    grid_step: float
+    abar: float
+    fingerprint: bytes
+    realized_epsilon: float | None
+    sampler: str
+    code_min: int
+    code_max: int
+    _grid: GridSampler | None
+    _paper: PaperSampler | None
+    _prefix: int
+    _top: Fraction
+
+    def __init__(
+        self,
+        *,
+        lower: float,
+        upper: float,
+        epsilon: float,
+        payload_bits: int | None = None,
+        exponent: int | None = None,
+        sampler: str = "grid",
+    ) -> None:
+        set_ = functools.partial(object.__setattr__, self)
+        lo, hi, eps = _real("lower", lower), _real("upper", upper), _real("epsilon", epsilon)
+        if not lo < hi:
+            raise ParameterError(f"lower must be below upper, got lower={lower!r}, upper={upper!r}")
+        if not 0.0 < eps <= MAX_EPSILON:
+            raise ParameterError(f"epsilon must be in (0, {MAX_EPSILON}], got {epsilon!r}")
+        if sampler not in SAMPLERS:
+            raise ParameterError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        if payload_bits is not None and exponent is not None:
+            raise ParameterError("give payload_bits or exponent, not both")
+        half = (hi - lo) / 2
+        ebar = lo + half
+        if not (math.isfinite(half) and half > 0):
+            raise ParameterError(f"the range [{lower!r}, {upper!r}] is too wide for float64")
+        s = math.exp(eps / 2)
+        c = half * (s + 1) / (s - 1)  # Eq. (10)
+        p = (math.exp(eps) - s) / (2 * half * (s + 1))  # Eq. (9)
+        e_enc = ceil_log2(2 * c)  # Eq. (21)
+        e_vul = max(ceil_log2(math.exp(eps) / p) - 1, e_enc)  # Eq. (31)
+        for name, value in (
+            ("lower", lo),
+            ("upper", hi),
+            ("epsilon", eps),
+            ("C", c),
+            ("p", p),
+            ("e_enc", e_enc),
+            ("e_vul", e_vul),
+            ("ebar", ebar),
+            ("half_width", half),
+            ("sampler", sampler),
+        ):
+            set_(name, value)
+
+        e_min = self._smallest_exponent()
+        if exponent is not None:
+            chosen = _integer("exponent", exponent, e_min, _MAX_EXPONENT)
+        elif payload_bits is not None:
+            bits = _integer("payload_bits", payload_bits, _MIN_BITS, _MAX_BITS)
+            chosen = self._exponent_for_bits(bits, e_min)
+        else:
+            chosen = self._exponent_for_bits(self._default_bits(e_min), e_min)
+        k = self._bits_at(chosen)
+        step = math.ldexp(1.0, chosen - 52)
+        top = Fraction(ebar) + Fraction(c)
+        set_("exponent", chosen)
+        set_("payload_bits", k)
+        set_("shared_bits", 64 - k)
+        set_("grid_step", step)
+        set_("abar", float(Fraction(2) ** (chosen + 1) - 2 * Fraction(step) - top))  # Eq. (22)
+        set_("_top", top)
+        set_("_prefix", ((1023 + chosen) << 52) | ((1 << 52) - (1 << k)))
+
+        if sampler == "grid":
+            grid = self._build_grid(k)
+            q_min, q_max = grid.depth_range
+            set_("_grid", grid)
+            set_("_paper", None)
+            set_("realized_epsilon", math.log(grid.w_hi / grid.w_lo))
+            set_("code_min", (1 << k) - 2 - q_max)
+            set_("code_max", (1 << k) - 2 - q_min)
+        else:
+            warnings.warn(
+                "sampler='paper' is the paper's float64 inverse-CDF sampler, kept for "
+                "comparison: it can leak more than epsilon and is biased at large Abar",
+                ZealWarning,
+                stacklevel=2,
+            )
+            paper = PaperSampler.build(
+                ebar=ebar, half_width=half, c=c, p=p, epsilon=eps, exponent=chosen, payload_bits=k
+            )
+            set_("_grid", None)
+            set_("_paper", paper)
+            # The paper's aggregator subtracts the float Abar its sampler added (Eq. (15)).
+            set_("_top", Fraction(2) ** (chosen + 1) - 2 * Fraction(step) - Fraction(paper.abar))
+            set_("realized_epsilon", None)
+            set_("code_min", 0)
+            set_("code_max", (1 << k) - 1)
+        set_("fingerprint", self._fingerprint())
+
+    # -- construction helpers --------------------------------------------------------------
+
+    def _bits_at(self, exponent: int) -> int:
+        """64 - gamma_min at an exponent (Theorem 6, Eq. (28)), exactly."""
+        step = Fraction(2) ** (exponent - 52)
+        gamma = 12 + exponent - ceil_log2(2 * Fraction(self.C) + 3 * step)
+        return 64 - gamma
+
+    def _smallest_exponent(self) -> int:
+        e = max(self.e_enc, _MIN_EXPONENT)
+        while self._bits_at(e) > _MAX_BITS:
+            e += 1
+        if e > _MAX_EXPONENT:
+            raise ParameterError("the output range does not fit in float64")
+        return e
+
+    def _exponent_for_bits(self, bits: int, e_min: int) -> int:
+        """Smallest exponent whose code needs at most `bits` bits (finest grid for the width)."""
+        e = e_min
+        while self._bits_at(e) > bits:
+            e += 1
+        return e
+
+    def _default_bits(self, e_min: int) -> int:
+        s = math.exp(self.epsilon / 2)
+        smallest_variance = self.half_width**2 * (s + 3) / (3 * (s - 1) ** 2)  # Eq. (14), z=0
+        max_step = 2 * math.sqrt(DEFAULT_GRID_VARIANCE_SHARE * smallest_variance)
+        _mantissa, exp2 = math.frexp(max_step)  # max_step = mantissa * 2**exp2, mantissa in [.5,1)
+        exponent = max(e_min, exp2 - 1 + 52)
+        return self._bits_at(exponent)
+
+    def _build_grid(self, bits: int) -> GridSampler:
+        def build(k: int) -> GridSampler:
+            e = self._exponent_for_bits(k, self._smallest_exponent())
+            return build_grid_sampler(
+                payload_bits=self._bits_at(e),
+                lower=self.lower,
+                upper=self.upper,
+                top_value=self._top,
+                grid_step=math.ldexp(1.0, e - 52),
+                epsilon=self.epsilon,
+            )
+
+        try:
+            return build_grid_sampler(
+                payload_bits=bits,
+                lower=self.lower,
+                upper=self.upper,
+                top_value=self._top,
+                grid_step=self.grid_step,
+                epsilon=self.epsilon,
+            )
+        except ParameterError as exc:
+            supported = []
+            for k in range(bits - 1, _MIN_BITS - 1, -1):
+                try:
+                    build(k)
+                except ParameterError:
+                    continue
+                supported.append(k)
+                break
+            limit = f"at most {supported[0]} payload bits" if supported else "no payload width"
+            raise ParameterError(
+                f"payload_bits={bits} (exponent={self.exponent}) cannot be realized exactly by "
+                f"the grid sampler for lower={self.lower!r}, upper={self.upper!r}, "
+                f"epsilon={self.epsilon!r}: it supports {limit} here ({exc})"
+            ) from exc
+
+    def _fingerprint(self) -> bytes:
+        text = "|".join(
+            (
+                "zeal/1",
+                f"{self.sampler}/{_SAMPLER_VERSIONS[self.sampler]}",
+                self.lower.hex(),
+                self.upper.hex(),
+                self.epsilon.hex(),
+                str(self.exponent),
+                str(self.payload_bits),
+            )
+        )
+        return hashlib.sha256(text.encode()).digest()[:8]
+
+    # -- value semantics -------------------------------------------------------------------
+
+    def _key(self) -> tuple[float, float, float, int, str]:
+        return (self.lower, self.upper, self.epsilon, self.exponent, self.sampler)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Zeal parameters are immutable (tried to set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Zeal parameters are immutable (tried to delete {name!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Zeal) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"Zeal(lower={self.lower!r}, upper={self.upper!r}, epsilon={self.epsilon!r}, "
+            f"exponent={self.exponent}, sampler={self.sampler!r}; "
+            f"payload_bits={self.payload_bits})"
+        )
+
+    # -- derived quantities ----------------------------------------------------------------
+
+    @property
+    def transmission_ratio(self) -> float:
+        """TR = 1 - gamma_min / 64 (Eq. (27)): the share of a float64 that is sent."""
+        return 1 - self.shared_bits / 64
+
+    def mechanism_variance(self, reading: float) -> float:
+        """Var[x*] of the continuous mechanism at a reading (Theorem 2, Eq. (14))."""
+        s = math.exp(self.epsilon / 2)
+        z = (reading - self.ebar) / self.half_width
+        return self.half_width**2 * (z * z / (s - 1) + (s + 3) / (3 * (s - 1) ** 2))
+
+    def variance(self, reading: float) -> float:
+        """Var[decode] at a reading: Theorem 2 plus the grid's rounding term D**2/6.
+
+        Unbiased rounding of a point at fractional grid position f adds f(1-f) D**2; over the
+        many grid steps a reading's outputs spread across, f is close to uniform, giving
+        D**2/6 (never more than D**2/4).
+        """
+        return self.mechanism_variance(reading) + self.grid_step**2 / 6
+
+    # -- device side -----------------------------------------------------------------------
+
+    def perturb(self, readings: npt.ArrayLike, *, rng: Randomness = None) -> _U64:
+        """Privatize readings into codes (numpy uint64, same shape as `readings`).
+
+        Readings outside ``[lower, upper]`` are clipped to it first (as the mechanism is only
+        defined there; clipping is part of the device's computation and never reported).
+        NaN or infinite readings raise :class:`ReadingError` and nothing is perturbed.
+        Randomness: the OS CSPRNG unless a numpy Generator is passed (tests only).
+        """
+        array = np.asarray(readings)
+        if array.dtype.kind not in "iuf":
+            raise ReadingError(f"readings must be real numbers, got an array of {array.dtype}")
+        flat = array.astype(np.float64, copy=False).ravel()
+        bad = np.flatnonzero(~np.isfinite(flat))
+        if bad.size:
+            raise ReadingError(
+                f"reading at index {int(bad[0])} is {float(flat[bad[0]])!r}: "
+                "readings must be finite "
+                f"numbers in [{self.lower!r}, {self.upper!r}] (out-of-range ones are clipped)"
+            )
+        clipped = np.clip(flat, self.lower, self.upper)
+        if self._grid is not None:
+            codes = self._grid.sample(clipped, rng)
+        else:
+            assert self._paper is not None
+            codes = self._codes_of_floats(self._paper.sample_values(clipped, rng))
+        return codes.reshape(array.shape)
+
+    # -- server side -----------------------------------------------------------------------
+
+    def _valid_codes(self, codes: npt.ArrayLike) -> _U64:
+        array = np.asarray(codes)
+        if array.size == 0:
+            return np.zeros(array.shape, dtype=np.uint64)
+        if array.dtype.kind not in "iu":
+            raise CodeError(f"codes must be integers, got an array of {array.dtype}")
+        if array.dtype.kind == "i" and array.size and int(array.min()) < 0:
+            raise CodeError(f"codes must be >= {self.code_min}, got {int(array.min())}")
+        result = array.astype(np.uint64, copy=False)
+        if result.size:
+            low, high = int(result.min()), int(result.max())
+            if low < self.code_min or high > self.code_max:
+                bad = low if low < self.code_min else high
+                raise CodeError(
+                    f"code {bad} is outside [{self.code_min}, {self.code_max}], the codes this "
+                    f"stream's {self.payload_bits}-bit mechanism can produce"
+                )
+        return result
+
+    def _codes_of_floats(self, values: _F64) -> _U64:
+        bits = np.ascontiguousarray(values, dtype=np.float64).view(np.uint64)
+        mask = np.uint64((1 << self.payload_bits) - 1)
+        off_grid = np.flatnonzero((bits & ~mask) != np.uint64(self._prefix))
+        if off_grid.size:
+            i = int(off_grid[0])
+            raise CodeError(
+                f"value {float(values.ravel()[i])!r} at index {i} is not an output of this "
+                f"stream: outputs are float64 in [{self._value_of(self.code_min)!r}, "
+                f"{self._value_of(self.code_max)!r}] sharing their top {self.shared_bits} bits"
+            )
+        return bits & mask
+
+    def _value_of(self, code: int) -> float:
+        return float(np.array([self._prefix | code], dtype=np.uint64).view(np.float64)[0])
+
+    def to_float64(self, codes: npt.ArrayLike) -> _F64:
+        """The privatized values x* = x + Abar, rebuilt bit-exactly from codes."""
+        valid = self._valid_codes(codes)
+        values: _F64 = (valid | np.uint64(self._prefix)).view(np.float64)
+        return values
+
+    def from_float64(self, values: npt.ArrayLike) -> _U64:
+        """Codes of privatized float64 values; values off the grid or out of range raise."""
+        array = np.asarray(values)
+        if array.dtype.kind != "f":
+            raise CodeError(f"privatized values must be float64, got an array of {array.dtype}")
+        return self._valid_codes(self._codes_of_floats(array.astype(np.float64, copy=False)))
+
+    def _depth_sums(self, codes: _U64) -> tuple[int, int]:
+        """Exact sums of depths q and q**2 (q = 2**k - 2 - code) over codes."""
+        n, k = codes.size, self.payload_bits
+        top = (1 << k) - 2
+        s1 = exact_sum(codes, k)
+        s2 = exact_sum_squares(codes, k)
+        return n * top - s1, n * top * top - 2 * top * s1 + s2
+
+    def decode(self, codes: npt.ArrayLike) -> _F64:
+        """Per-reading estimates x* - Abar = Ebar + C - q D, computed without cancellation.
+
+        Unbiased for the grid sampler. For the paper sampler Abar is its float64 Abar, which
+        is what that sampler added and what the paper's aggregator subtracts.
+
+        q D is exact (an integer times a power of two); no float near 2**exponent is formed.
+        """
+        valid = self._valid_codes(codes)
+        depth = ((1 << self.payload_bits) - 2) - valid.astype(np.int64)
+        estimates: _F64 = self.ebar + (self.C - depth.astype(np.float64) * self.grid_step)
+        return estimates
+
+    def variance_bound(self) -> float:
+        """An upper bound on Var[decode] valid for every reading in range.
+
+        Grid: computed exactly from the sampler's tables (see GridSampler.cell_variance_bound).
+        Paper: Theorem 2 at |z| = 1 plus D**2/4, nominal since that sampler is biased.
+        """
+        d2 = self.grid_step**2
+        if self._grid is not None:
+            return float(self._grid.cell_variance_bound()) * d2 * (1 + 1e-12)
+        return self.mechanism_variance(self.upper) + d2 / 4
+
+    def error_bound(self) -> float:
+        """M: the largest |decode - reading| any reading in range can produce."""
+        low = float(self._decoded(self.code_min))
+        high = float(self._decoded(self.code_max))
+        return max(high - self.lower, self.upper - low)
+
+    def _decoded(self, code: int) -> Fraction:
+        depth = (1 << self.payload_bits) - 2 - code
+        return self._top - depth * Fraction(self.grid_step)
+
+    def estimate_mean(self, codes: npt.ArrayLike, *, confidence: float = 0.95) -> Estimate:
+        """AVG* (Eq. (15)) of codes with its standard error and two intervals.
+
+        The sums are exact integers over codes; the mean is formed in rational arithmetic
+        and rounded once. ``std_error`` uses the sample variance (for a single code, the
+        worst-case variance bound).
+        """
+        level = check_confidence(confidence)
+        valid = self._valid_codes(codes).ravel()
+        n = int(valid.size)
+        if n == 0:
+            raise CodeError("cannot estimate a mean from zero codes")
+        sum_q, sum_q2 = self._depth_sums(valid)
+        step = Fraction(self.grid_step)
+        mean = float(self._top - step * Fraction(sum_q, n))
+        if n > 1:
+            sample_var = float(step * step * Fraction(n * sum_q2 - sum_q * sum_q, n * (n - 1)))
+        else:
+            sample_var = self.variance_bound()
+        std_error = math.sqrt(sample_var / n)
+        z = normal_quantile(level)
+        half = bernstein_half_width(
+            level, n=n, variance=self.variance_bound(), bound=self.error_bound()
+        )
+        return Estimate(
+            mean=mean,
+            n=n,
+            std_error=std_error,
+            ci=(mean - z * std_error, mean + z * std_error),
+            guaranteed=(mean - half, mean + half),
+            in_range=self.lower <= mean <= self.upper,
+            confidence=level,
+        )
+
+    def absolute_bound(self, lam: float, *, n: int) -> float:
+        """Upper bound on P(|AVG* - AVG| >= lam) for n readings (Theorem 3, two-sided)."""
+        return bernstein_tail(lam, n=n, variance=self.variance_bound(), bound=self.error_bound())
+
+    def relative_bound(self, lam: float, *, n: int, average: float) -> float:
+        """Upper bound on P(|AVG* - AVG| / |AVG| >= lam) (Theorem 4, derived from Theorem 3)."""
+        avg = _real("average", average)
+        if avg == 0:
+            raise ParameterError("the relative error is undefined for an average of 0")
+        return self.absolute_bound(lam * abs(avg), n=n)
+
+    # -- exactness and audit ---------------------------------------------------------------
+
+    def output_distribution(self, reading: float) -> OutputDistribution:
+        """The exact distribution of codes the grid sampler produces for a reading."""
+        if self._grid is None:
+            raise ParameterError("exact output distributions exist for the grid sampler only")
+        x = min(max(_real("reading", reading), self.lower), self.upper)
+        fixed = int(self._grid.fixed_starts(np.array([x]))[0])
+        return OutputDistribution.of(self._grid, fixed, self._top, self.grid_step)
+
+    def audit(self, **options: Any) -> AuditReport:
+        """The privacy loss this sampler realizes (see :func:`zeal.audit`)."""
+        from zeal.privacy_audit import audit
+
+        return audit(self, **options)
+
+
+def _rebuild(lower: float, upper: float, epsilon: float, exponent: int, sampler: str) -> Zeal:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZealWarning)
+        return Zeal(lower=lower, upper=upper, epsilon=epsilon, exponent=exponent, sampler=sampler)
