@@ -5,7 +5,8 @@ Public surface::
     Zeal(lower=..., upper=..., epsilon=...)   stream parameters, perturb, decode, estimate
     Estimate                                  an average with its intervals
     audit(params) -> AuditReport              the privacy loss the sampler really realizes
-    ZealError, ParameterError, ReadingError, CodeError, ZealWarning
+    encode_batch / decode_batch -> Batch      wire format v1 (docs/wire-format.md)
+    ZealError, ParameterError, ReadingError, CodeError, WireError, ZealWarning
 """
 
 from zeal.errors import CodeError, ParameterError, ReadingError, ZealError, ZealWarning
@@ -13,17 +14,24 @@ from zeal.estimate import Estimate
 from zeal.grid import OutputDistribution
 from zeal.mechanism import SAMPLERS, Zeal
 from zeal.privacy_audit import AuditReport, audit
+from zeal.wire import REASONS, Batch, CodecParams, WireError, decode_batch, encode_batch
 
 __all__ = [
+    "REASONS",
     "SAMPLERS",
     "AuditReport",
+    "Batch",
     "CodeError",
+    "CodecParams",
     "Estimate",
     "OutputDistribution",
     "ParameterError",
     "ReadingError",
+    "WireError",
     "Zeal",
     "ZealError",
     "ZealWarning",
     "audit",
+    "decode_batch",
+    "encode_batch",
 ]
