@@ -34,6 +34,8 @@ demo: install
 
 bench: install
 	$(BIN)/python -m zeal bench
+	$(BIN)/python -m zeal_edge.bench
+	$(BIN)/python bench/simulate_throughput.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,3 @@
+from zeal_edge.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,209 @@
+"""``zeal-edge``: run the agent, show its state, or simulate a fleet.
+
+zeal-edge run --stream NAME --device ID --source SPEC [--broker URL] [--batch N] ...
+zeal-edge status [--data-dir DIR] [--json]
+zeal-edge simulate --devices N --dataset FILE --stream NAME [--rate R] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from zeal import ParameterError
+from zeal_edge.budget import BudgetPolicy
+from zeal_edge.mqtt import parse_broker_url
+from zeal_edge.outbox import NamespaceStatus, Outbox
+from zeal_edge.settings import SETTINGS, SettingsError, add_arguments, resolve
+from zeal_edge.sources import Source, open_source
+
+__all__ = ["main"]
+
+_RUN = {s.name for s in SETTINGS}
+_BROKER = {"broker", "username", "password", "ca_file", "cert_file", "key_file"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="zeal-edge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "run",
+        help="privatize a sensor's readings and publish them",
+        description="Settings come from options, ZEAL_* variables or a "
+        "TOML --config file, in that order of precedence.",
+    )
+    add_arguments(run, _RUN)
+    status = commands.add_parser("status", help="outbox depth, sequences and privacy budget")
+    add_arguments(status, {"data_dir"})
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    from zeal_edge.simulate import add_simulate_arguments
+
+    add_simulate_arguments(
+        commands.add_parser(
+            "simulate", help="many virtual devices replaying a dataset (demos and load tests)"
+        )
+    )
+    return parser
+
+
+def _broker(values: dict[str, Any]) -> Any:
+    return parse_broker_url(
+        values["broker"],
+        username=values["username"],
+        password=values["password"],
+        ca_file=values["ca_file"],
+        cert_file=values["cert_file"],
+        key_file=values["key_file"],
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from zeal_edge.agent import Agent, AgentOptions, install_signal_handlers
+
+    values = resolve(args, os.environ, _RUN, {"stream", "device", "source"})
+    logging.getLogger().setLevel(values["log_level"])
+    broker = _broker(values)
+    options = AgentOptions(
+        stream=values["stream"],
+        device=values["device"],
+        data_dir=Path(values["data_dir"]),
+        batch=values["batch"],
+        interval=values["interval"],
+        params_file=Path(values["params"]) if values["params"] else None,
+        budget=BudgetPolicy.from_epsilon(values["budget_cap"], values["budget_window"]),
+    )
+    if options.budget.cap_micro is None:
+        logging.getLogger("zeal_edge").warning("no privacy budget cap set (--budget-cap)")
+
+    def source(offset: int) -> Source:
+        return open_source(
+            values["source"], column=values["column"], speedup=values["speedup"], start=offset
+        )
+
+    open_source(values["source"], column=values["column"])  # fail fast on a bad spec
+    agent = Agent(options, broker)
+    install_signal_handlers(agent)
+    return agent.run(source)
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "never"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _status_record(outbox: Outbox, st: NamespaceStatus, now_ms: int) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "stream": st.stream,
+        "device": st.device,
+        "fingerprint": st.fingerprint,
+        "outbox_batches": st.outbox_batches,
+        "outbox_readings": st.outbox_readings,
+        "next_sequence": st.next_sequence,
+        "last_acknowledged": st.last_acked,
+        "sent_batches": st.sent_batches,
+        "sent_readings": st.sent_readings,
+        "skipped_for_budget": st.skipped_budget,
+        "last_skip": _when(st.last_skip_ms),
+    }
+    if st.window_s is not None:
+        spent = outbox.spent(st.namespace, now_ms=now_ms, window_s=st.window_s)
+        record.update(
+            budget_window_s=st.window_s,
+            budget_spent=spent / 1e6,
+            budget_cap=None if st.cap_micro is None else st.cap_micro / 1e6,
+            epsilon_per_reading=(st.cost_micro or 0) / 1e6,
+        )
+        policy = BudgetPolicy(st.cap_micro, st.window_s)
+        if st.cap_micro is not None:
+            record["budget_remaining"] = max(0, st.cap_micro - spent) / 1e6
+            cost = st.cost_micro or 0
+            exhausted = not policy.allows(spent, cost)
+            record["budget_exhausted"] = exhausted
+            if exhausted:
+                history = outbox.spend_history(st.namespace, now_ms=now_ms, window_s=st.window_s)
+                resume = policy.resume_ms(history, 0, cost)
+                record["resumes"] = (
+                    "never (cap below one reading)" if resume is None else _when(resume)
+                )
+    return record
+
+
+def _status(args: argparse.Namespace) -> int:
+    values = resolve(args, os.environ, {"data_dir"}, set())
+    path = Path(values["data_dir"]) / "outbox.sqlite"
+    if not path.exists():
+        print(f"no agent state in {path}", file=sys.stderr)
+        return 1
+    import time
+
+    outbox = Outbox(path)
+    now = int(time.time() * 1000)
+    records = [_status_record(outbox, st, now) for st in outbox.status()]
+    outbox.close()
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return 0
+    for r in records:
+        print(f"{r['stream']}/{r['device']}  (parameters {r['fingerprint'] or 'not yet known'})")
+        print(
+            f"  outbox            {r['outbox_batches']} batches ({r['outbox_readings']} readings) "
+            "awaiting PUBACK"
+        )
+        print(
+            f"  sequences         next {r['next_sequence']}, last acknowledged "
+            f"{r['last_acknowledged'] if r['last_acknowledged'] is not None else 'none'}"
+        )
+        print(f"  sent              {r['sent_batches']} batches, {r['sent_readings']} readings")
+        if "budget_spent" in r:
+            cap = "no cap" if r["budget_cap"] is None else f"cap {r['budget_cap']:.6f}"
+            print(
+                f"  budget            {r['budget_spent']:.6f} epsilon spent in the last "
+                f"{r['budget_window_s']} s ({cap}; {r['epsilon_per_reading']:.6f} per reading)"
+            )
+            if "budget_remaining" in r:
+                print(f"  budget remaining  {r['budget_remaining']:.6f} epsilon")
+            if r.get("budget_exhausted"):
+                print(
+                    f"  BUDGET EXHAUSTED  {r['skipped_for_budget']} reading(s) not perturbed or "
+                    f"sent (last {r['last_skip']}); sending resumes {r['resumes']}"
+                )
+            elif r["skipped_for_budget"]:
+                print(
+                    f"  skipped           {r['skipped_for_budget']} reading(s) at the budget cap "
+                    f"(last {r['last_skip']})"
+                )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "status":
+            return _status(args)
+        from zeal_edge.simulate import run_simulation
+
+        return run_simulation(args)
+    except (SettingsError, ParameterError, ValueError, OSError) as exc:
+        print(f"zeal-edge: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""The agent's durable state in SQLite: encoded batches awaiting PUBACK, sequences, budget.
+
+One database serves any number of *namespaces* (a stream and device pair), so the simulator
+keeps thousands of virtual devices in one file. What is stored is only what may leave the
+device anyway (encoded, perturbed batches) and bookkeeping: sequence numbers, integer
+privacy spend per second, counters and the replay position of a file source. Raw readings
+are never written.
+
+A batch and everything it changes (its sequence number, the budget it spends, the source
+position) are committed in one transaction, so a crash leaves either all of it or none.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["NamespaceStatus", "Outbox", "PendingBatch"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS namespaces (
+    namespace TEXT PRIMARY KEY,
+    stream TEXT NOT NULL,
+    device TEXT NOT NULL,
+    next_sequence INTEGER NOT NULL DEFAULT 0,
+    last_acked INTEGER,
+    sent_batches INTEGER NOT NULL DEFAULT 0,
+    sent_readings INTEGER NOT NULL DEFAULT 0,
+    skipped_budget INTEGER NOT NULL DEFAULT 0,
+    last_skip_ms INTEGER,
+    source_offset INTEGER NOT NULL DEFAULT 0,
+    fingerprint TEXT,
+    cost_micro INTEGER,
+    cap_micro INTEGER,
+    window_s INTEGER
+);
+CREATE TABLE IF NOT EXISTS batches (
+    namespace TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    payload BLOB NOT NULL,
+    readings INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL,
+    PRIMARY KEY (namespace, sequence)
+);
+CREATE TABLE IF NOT EXISTS spend (
+    namespace TEXT NOT NULL,
+    second INTEGER NOT NULL,
+    micro INTEGER NOT NULL,
+    PRIMARY KEY (namespace, second)
+);
+"""
+
+
+@dataclass(frozen=True)
+class PendingBatch:
+    """An encoded batch in the outbox, sent again with the same bytes until acknowledged."""
+
+    namespace: str
+    sequence: int
+    payload: bytes
+    readings: int
+
+
+@dataclass(frozen=True)
+class NamespaceStatus:
+    """What ``zeal-edge status`` shows for one stream and device."""
+
+    namespace: str
+    stream: str
+    device: str
+    next_sequence: int
+    last_acked: int | None
+    outbox_batches: int
+    outbox_readings: int
+    sent_batches: int
+    sent_readings: int
+    skipped_budget: int
+    last_skip_ms: int | None
+    fingerprint: str | None
+    cost_micro: int | None
+    cap_micro: int | None
+    window_s: int | None
+
+
+def namespace_of(stream: str, device: str) -> str:
+    """The namespace key of a stream and device (both are single topic levels)."""
+    return f"{stream}/{device}"
+
+
+class Outbox:
+    """SQLite-backed outbox; one instance per process, used from one thread at a time."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._lock = threading.Lock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def ensure(self, stream: str, device: str) -> str:
+        """Create the namespace if new; return its key."""
+        ns = namespace_of(stream, device)
+        with self._lock:
+            self._db.execute(
+                "INSERT OR IGNORE INTO namespaces (namespace, stream, device) VALUES (?, ?, ?)",
+                (ns, stream, device),
+            )
+        return ns
+
+    def next_sequence(self, namespace: str) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT next_sequence FROM namespaces WHERE namespace = ?", (namespace,)
+            ).fetchone()
+        if row is None:
+            raise KeyError(namespace)
+        return int(row[0])
+
+    def source_offset(self, namespace: str) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT source_offset FROM namespaces WHERE namespace = ?", (namespace,)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def commit_batches(
+        self,
+        batches: Sequence[tuple[str, int, bytes, int, int, int | None]],
+        *,
+        now_ms: int,
+        fingerprint: str,
+    ) -> None:
+        """Store batches atomically.
+
+        Each item is ``(namespace, sequence, payload, readings, spend_micro, source_offset)``;
+        the sequence must be the namespace's next one. The spend is booked at the current
+        second; a source offset (file replay position) is saved when given.
+        """
+        second = now_ms // 1000
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                for ns, seq, payload, readings, micro, offset in batches:
+                    updated = self._db.execute(
+                        "UPDATE namespaces SET next_sequence = ?, fingerprint = ?, "
+                        "source_offset = COALESCE(?, source_offset) "
+                        "WHERE namespace = ? AND next_sequence = ?",
+                        (seq + 1, fingerprint, offset, ns, seq),
+                    ).rowcount
+                    if updated != 1:
+                        raise RuntimeError(f"sequence {seq} is not the next one of {ns}")
+                    self._db.execute(
+                        "INSERT INTO batches (namespace, sequence, payload, readings, created_ms) "
+                        "VALUES (?, ?, ?, ?, ?)",
+                        (ns, seq, payload, readings, now_ms),
+                    )
+                    if micro:
+                        self._db.execute(
+                            "INSERT INTO spend (namespace, second, micro) VALUES (?, ?, ?) "
+                            "ON CONFLICT (namespace, second) DO UPDATE SET micro = micro + ?",
+                            (ns, second, micro, micro),
+                        )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def pending(self, namespace: str | None = None, *, limit: int = 1000) -> list[PendingBatch]:
+        """Unacknowledged batches in sequence order (per namespace), oldest first."""
+        query = "SELECT namespace, sequence, payload, readings FROM batches"
+        args: tuple[object, ...] = ()
+        if namespace is not None:
+            query += " WHERE namespace = ?"
+            args = (namespace,)
+        query += " ORDER BY created_ms, namespace, sequence LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(query, (*args, limit)).fetchall()
+        return [PendingBatch(ns, int(seq), bytes(p), int(n)) for ns, seq, p, n in rows]
+
+    def pending_keys(self) -> list[tuple[str, int]]:
+        """Every unacknowledged (namespace, sequence), oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT namespace, sequence FROM batches ORDER BY created_ms, namespace, sequence"
+            ).fetchall()
+        return [(str(ns), int(seq)) for ns, seq in rows]
+
+    def payload(self, namespace: str, sequence: int) -> bytes | None:
+        """The stored bytes of a batch (None once acknowledged)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT payload FROM batches WHERE namespace = ? AND sequence = ?",
+                (namespace, sequence),
+            ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def acknowledge(self, acked: list[tuple[str, int]]) -> None:
+        """Delete acknowledged batches and count them as sent."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for ns, seq in acked:
+                    row = self._db.execute(
+                        "DELETE FROM batches WHERE namespace = ? AND sequence = ? "
+                        "RETURNING readings",
+                        (ns, seq),
+                    ).fetchone()
+                    if row is None:
+                        continue  # a duplicate acknowledgement
+                    self._db.execute(
+                        "UPDATE namespaces SET sent_batches = sent_batches + 1, "
+                        "sent_readings = sent_readings + ?, "
+                        "last_acked = MAX(COALESCE(last_acked, -1), ?) WHERE namespace = ?",
+                        (int(row[0]), seq, ns),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def spent(self, namespace: str, *, now_ms: int, window_s: int) -> int:
+        """Micro-epsilon spent in the rolling window ending now (integer)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COALESCE(SUM(micro), 0) FROM spend WHERE namespace = ? AND second > ?",
+                (namespace, now_ms // 1000 - window_s),
+            ).fetchone()
+        return int(row[0])
+
+    def spend_history(self, namespace: str, *, now_ms: int, window_s: int) -> list[tuple[int, int]]:
+        """(second, micro) spends inside the window, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT second, micro FROM spend WHERE namespace = ? AND second > ? "
+                "ORDER BY second",
+                (namespace, now_ms // 1000 - window_s),
+            ).fetchall()
+        return [(int(s), int(m)) for s, m in rows]
+
+    def prune_spend(self, *, now_ms: int, window_s: int) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM spend WHERE second <= ?", (now_ms // 1000 - window_s,))
+
+    def set_policy(
+        self, namespace: str, *, cost_micro: int, cap_micro: int | None, window_s: int
+    ) -> None:
+        """Record the budget policy in force, for ``zeal-edge status``."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE namespaces SET cost_micro = ?, cap_micro = ?, window_s = ? "
+                "WHERE namespace = ?",
+                (cost_micro, cap_micro, window_s, namespace),
+            )
+
+    def record_skips(self, namespace: str, count: int, *, now_ms: int) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE namespaces SET skipped_budget = skipped_budget + ?, last_skip_ms = ? "
+                "WHERE namespace = ?",
+                (count, now_ms, namespace),
+            )
+
+    def status(self) -> list[NamespaceStatus]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT n.namespace, stream, device, next_sequence, last_acked, "
+                "COUNT(b.sequence), COALESCE(SUM(b.readings), 0), sent_batches, sent_readings, "
+                "skipped_budget, last_skip_ms, fingerprint, cost_micro, cap_micro, window_s "
+                "FROM namespaces n "
+                "LEFT JOIN batches b ON b.namespace = n.namespace GROUP BY n.namespace "
+                "ORDER BY n.namespace"
+            ).fetchall()
+        return [NamespaceStatus(*row) for row in rows]

@@ -1,0 +1,195 @@
+"""Agent settings from the command line, environment variables and a TOML config file.
+
+Precedence: command line, then environment (``ZEAL_*``), then the config file (``--config`` or
+``ZEAL_CONFIG``, keys as in the table below), then defaults. Every setting is listed once in
+:data:`SETTINGS` with its type, default, variable and help text; ``--help`` shows them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zeal.streamconfig import check_name
+
+__all__ = ["SETTINGS", "Setting", "SettingsError", "add_arguments", "resolve"]
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; the message names it and where it came from."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    convert: Callable[[str], Any]
+    default: Any
+    env: str
+    help: str
+    secret: bool = False
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be a finite number >= 0")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a finite number > 0")
+    return value
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "stream",
+        lambda s: check_name("stream", s),
+        None,
+        "ZEAL_STREAM",
+        "stream name (a single MQTT topic level)",
+    ),
+    Setting(
+        "device",
+        lambda s: check_name("device", s),
+        None,
+        "ZEAL_DEVICE",
+        "this device's id (a single MQTT topic level)",
+    ),
+    Setting(
+        "source",
+        str,
+        None,
+        "ZEAL_SOURCE",
+        "where readings come from: csv:PATH, stdin, or cmd:COMMAND",
+    ),
+    Setting("column", str, "temp", "ZEAL_COLUMN", "CSV column holding the readings"),
+    Setting(
+        "speedup",
+        _non_negative,
+        0.0,
+        "ZEAL_SPEEDUP",
+        "CSV replay speed-up over the recorded pace (0: as fast as possible)",
+    ),
+    Setting(
+        "broker",
+        str,
+        "mqtt://127.0.0.1:1883",
+        "ZEAL_MQTT_URL",
+        "broker URL, mqtt://host:port or mqtts://host:port (TLS)",
+    ),
+    Setting("username", str, None, "ZEAL_MQTT_USERNAME", "broker username"),
+    Setting(
+        "password",
+        str,
+        None,
+        "ZEAL_MQTT_PASSWORD",
+        "broker password (prefer the environment variable to the command line)",
+        secret=True,
+    ),
+    Setting("ca_file", str, None, "ZEAL_MQTT_CA", "CA certificate file for TLS"),
+    Setting("cert_file", str, None, "ZEAL_MQTT_CERT", "client certificate file for TLS"),
+    Setting("key_file", str, None, "ZEAL_MQTT_KEY", "client key file for TLS"),
+    Setting("batch", _positive_int, 60, "ZEAL_BATCH", "readings per batch"),
+    Setting(
+        "interval",
+        _positive,
+        60.0,
+        "ZEAL_INTERVAL",
+        "seconds a partial batch may wait before it is sent anyway",
+    ),
+    Setting(
+        "params",
+        str,
+        None,
+        "ZEAL_PARAMS",
+        "local stream configuration JSON instead of the retained zeal/v1/{stream}/config",
+    ),
+    Setting(
+        "data_dir",
+        str,
+        "zeal-edge-data",
+        "ZEAL_DATA_DIR",
+        "directory for the outbox database (encoded batches, never raw readings)",
+    ),
+    Setting(
+        "budget_cap",
+        _positive,
+        None,
+        "ZEAL_BUDGET_CAP",
+        "privacy budget cap in epsilon per window (default: no cap)",
+    ),
+    Setting(
+        "budget_window",
+        _positive_int,
+        86400,
+        "ZEAL_BUDGET_WINDOW",
+        "rolling window of the budget cap, in seconds",
+    ),
+    Setting("log_level", str.upper, "INFO", "ZEAL_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser, names: set[str]) -> None:
+    """Add --options for the named settings (defaults stay None so sources can be merged)."""
+    parser.add_argument("--config", help="TOML file with settings (env ZEAL_CONFIG)")
+    for s in SETTINGS:
+        if s.name in names:
+            default = "none" if s.default is None else s.default
+            parser.add_argument(
+                f"--{s.name.replace('_', '-')}",
+                dest=s.name,
+                default=None,
+                help=f"{s.help} [env {s.env}; default {default}]",
+            )
+
+
+def resolve(
+    args: argparse.Namespace, env: Mapping[str, str], names: set[str], required: set[str]
+) -> dict[str, Any]:
+    """Merge the sources of each setting and convert it; raise SettingsError if invalid."""
+    config_path = getattr(args, "config", None) or env.get("ZEAL_CONFIG")
+    file_values: dict[str, Any] = {}
+    if config_path:
+        try:
+            file_values = tomllib.loads(Path(config_path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsError(f"config file {config_path}: {exc}") from exc
+        unknown = set(file_values) - {s.name for s in SETTINGS}
+        if unknown:
+            raise SettingsError(f"config file {config_path}: unknown settings {sorted(unknown)}")
+    result: dict[str, Any] = {}
+    for s in SETTINGS:
+        if s.name not in names:
+            continue
+        for origin, raw in (
+            (f"--{s.name.replace('_', '-')}", getattr(args, s.name, None)),
+            (s.env, env.get(s.env)),
+            (f"{config_path}: {s.name}", file_values.get(s.name)),
+        ):
+            if raw is not None:
+                try:
+                    result[s.name] = s.convert(str(raw))
+                except ValueError as exc:
+                    shown = "***" if s.secret else repr(raw)
+                    raise SettingsError(f"{origin}={shown} is invalid: {exc}") from exc
+                break
+        else:
+            if s.name in required:
+                raise SettingsError(f"--{s.name.replace('_', '-')} (or {s.env}) is required")
+            result[s.name] = s.default
+    return result

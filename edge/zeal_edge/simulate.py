@@ -1,0 +1,198 @@
+"""``zeal-edge simulate``: many virtual devices in one process, replaying a real dataset.
+
+Each device has its own namespace in one outbox database (its own sequence numbers) and
+starts at a different row of the dataset. All devices share one MQTT connection and one
+parameter set, so a round of batches is perturbed in one vectorised call, committed in one
+transaction and published through the same outbox pipeline as the real agent.
+
+``--rate`` is readings per second per device (timestamps follow that schedule, so batches
+use the periodic encoding); ``--rate 0`` runs as fast as the broker acknowledges, for load
+tests, keeping at most a few rounds unacknowledged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from zeal import Zeal, encode_batch
+from zeal.streamconfig import check_name, params_from_config
+from zeal_edge.agent import config_topic
+from zeal_edge.budget import micro_epsilon
+from zeal_edge.mqtt import Connection, parse_broker_url
+from zeal_edge.outbox import Outbox
+from zeal_edge.pipeline import Pipeline
+from zeal_edge.settings import add_arguments, resolve
+
+__all__ = ["add_simulate_arguments", "run_simulation"]
+
+log = logging.getLogger("zeal_edge.simulate")
+_SETTINGS = {
+    "stream",
+    "broker",
+    "username",
+    "password",
+    "ca_file",
+    "cert_file",
+    "key_file",
+    "params",
+    "data_dir",
+    "batch",
+    "column",
+    "log_level",
+}
+
+
+def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
+    add_arguments(parser, _SETTINGS)
+    parser.add_argument("--devices", type=int, required=True, help="number of virtual devices")
+    parser.add_argument("--dataset", required=True, help="CSV file with a header row")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=1.0,
+        help="readings per second per device (0: as fast as acknowledged)",
+    )
+    parser.add_argument(
+        "--readings",
+        type=int,
+        default=None,
+        help="stop after this many readings per device (default: run until stopped)",
+    )
+    parser.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    parser.add_argument("--device-prefix", default="sim", help="device ids are PREFIX-00000 ...")
+    parser.add_argument(
+        "--wait-params",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the retained stream configuration",
+    )
+
+
+def _load_column(path: Path, column: str) -> npt.NDArray[np.float64]:
+    values = []
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            try:
+                values.append(float(row[column]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    if not values:
+        raise ValueError(f"{path} has no numeric values in column {column!r}")
+    return np.array(values)
+
+
+def _params(values: dict[str, object], connection: Connection, stream: str, wait: float) -> Zeal:
+    if values["params"]:
+        return params_from_config(Path(str(values["params"])).read_text(), stream=stream)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        while not connection.messages.empty():
+            topic, payload = connection.messages.get_nowait()
+            if topic == config_topic(stream) and payload:
+                return params_from_config(payload, stream=stream)
+        time.sleep(0.05)
+    raise ValueError(
+        f"no stream parameters on {config_topic(stream)} within {wait} s; "
+        "give --params or create the stream on the server"
+    )
+
+
+def run_simulation(args: argparse.Namespace) -> int:
+    values = resolve(args, os.environ, _SETTINGS, {"stream"})
+    logging.getLogger().setLevel(str(values["log_level"]))
+    if args.devices < 1 or args.rate < 0:
+        raise ValueError("--devices must be >= 1 and --rate >= 0")
+    prefix = check_name("device prefix", args.device_prefix)
+    stream, batch = str(values["stream"]), int(values["batch"])
+    data = _load_column(Path(args.dataset), str(values["column"]))
+    broker = parse_broker_url(
+        str(values["broker"]),
+        username=values["username"],
+        password=values["password"],
+        ca_file=values["ca_file"],
+        cert_file=values["cert_file"],
+        key_file=values["key_file"],
+    )
+    connection = Connection(
+        broker,
+        client_id=f"zeal-sim-{stream}-{prefix}-{os.getpid()}",
+        subscriptions=[config_topic(stream)],
+    )
+    outbox = Outbox(Path(str(values["data_dir"])) / "simulate.sqlite")
+    connection.start()
+    try:
+        params = _params(values, connection, stream, args.wait_params)
+        log.info("simulating %d devices on stream %s with %r", args.devices, stream, params)
+        names = [outbox.ensure(stream, f"{prefix}-{i:05d}") for i in range(args.devices)]
+        sequences = np.array([outbox.next_sequence(ns) for ns in names], dtype=np.int64)
+        starts = (np.arange(args.devices) * (data.size // args.devices + 7)) % data.size
+        pipeline = Pipeline(outbox, connection, window=max(100, 2 * args.devices))
+        cost = micro_epsilon(params.epsilon)
+        fingerprint = params.fingerprint.hex()
+        began, rounds, committed_readings = time.time(), 0, 0
+        period_ms = 0 if args.rate == 0 else 1000.0 / args.rate
+        last_report = time.monotonic()
+        max_rounds = None if args.readings is None else -(-args.readings // batch)
+        while True:
+            elapsed = time.time() - began
+            done = (max_rounds is not None and rounds >= max_rounds) or (
+                args.duration is not None and elapsed >= args.duration
+            )
+            if done:
+                break
+            due = rounds < max_rounds if max_rounds is not None else True
+            if args.rate > 0:
+                due = due and elapsed * args.rate >= (rounds + 1) * batch
+            else:
+                due = due and pipeline.unacknowledged <= 2 * args.devices
+            if due:
+                index = (starts[:, None] + rounds * batch + np.arange(batch)) % data.size
+                codes = params.perturb(data[index])
+                now_ms = int(time.time() * 1000)
+                base = now_ms if args.rate == 0 else int(began * 1000 + rounds * batch * period_ms)
+                stamps = base + np.round(np.arange(batch) * period_ms).astype(np.int64)
+                items = []
+                for d, ns in enumerate(names):
+                    payload = encode_batch(
+                        params, sequence=int(sequences[d]), timestamps=stamps, codes=codes[d]
+                    )
+                    items.append((ns, int(sequences[d]), payload, batch, cost * batch, None))
+                outbox.commit_batches(items, now_ms=now_ms, fingerprint=fingerprint)
+                pipeline.committed([(ns, seq) for ns, seq, *_ in items])
+                sequences += 1
+                rounds += 1
+                committed_readings += batch * args.devices
+            pipeline.pump()
+            if not due:
+                time.sleep(0.002)
+            if time.monotonic() - last_report >= 5:
+                last_report = time.monotonic()
+                log.info(
+                    "%d readings committed, %d batches acknowledged, %d waiting",
+                    committed_readings,
+                    pipeline.acknowledged,
+                    pipeline.unacknowledged,
+                )
+        drain_until = time.monotonic() + 60
+        while pipeline.unacknowledged and time.monotonic() < drain_until:
+            pipeline.pump()
+            time.sleep(0.01)
+        seconds = time.time() - began
+        acked = pipeline.acknowledged * batch
+        print(
+            f"simulated {args.devices} devices: {committed_readings} readings in "
+            f"{committed_readings // batch} batches, {acked} acknowledged, {seconds:.1f} s, "
+            f"{acked / seconds:,.0f} readings/s acknowledged"
+        )
+        return 0 if pipeline.unacknowledged == 0 else 1
+    finally:
+        connection.stop()
+        outbox.close()

@@ -1,0 +1,180 @@
+"""Reading sources: a CSV column (replayed at a speed-up), lines on stdin, a command's output.
+
+A source is anything iterable over :class:`Reading`; adding one means writing a class with
+``__iter__`` and registering its prefix in :func:`open_source`. Sources that know when a
+reading was taken (a replayed file) stamp it; others leave the stamp to the agent.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Protocol
+
+__all__ = ["CommandSource", "CsvSource", "LineSource", "Reading", "Source", "open_source"]
+
+log = logging.getLogger("zeal_edge.source")
+_TIME_FORMATS = ("%Y/%m/%d %H:%M:%S", "%Y/%m/%d %H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading: its value, when it was taken (ms, or None for 'now'), its replay position."""
+
+    value: float
+    timestamp_ms: int | None = None
+    offset: int | None = None
+
+
+class Source(Protocol):
+    """Something that yields readings until it is exhausted."""
+
+    description: str
+
+    def __iter__(self) -> Iterator[Reading]: ...
+
+
+def _parse_time(text: str) -> float | None:
+    for fmt in _TIME_FORMATS:
+        try:
+            return datetime.strptime(text.strip(), fmt).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+class CsvSource:
+    """Replays one column of a CSV file (with a header row).
+
+    With a time column and ``speedup > 0``, readings are released at the recorded pace divided
+    by the speed-up and stamped with that schedule; with ``speedup == 0`` as fast as possible,
+    stamped on arrival. ``start`` skips rows already sent (resuming after a restart).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        column: str,
+        time_column: str | None = "date",
+        speedup: float = 0.0,
+        start: int = 0,
+        limit: int | None = None,
+    ) -> None:
+        if not math.isfinite(speedup) or speedup < 0:
+            raise ValueError(f"speedup must be >= 0, got {speedup!r}")
+        self.path, self.column, self.time_column = path, column, time_column
+        self.speedup, self.start, self.limit = speedup, start, limit
+        self.description = f"csv:{path} column {column!r}"
+        with path.open(newline="") as handle:
+            header = next(csv.reader(handle), [])
+        if column not in header:
+            raise ValueError(f"{path} has no column {column!r} (columns: {', '.join(header)})")
+        if time_column is not None and time_column not in header:
+            self.time_column = None
+
+    def __iter__(self) -> Iterator[Reading]:
+        with self.path.open(newline="") as handle:
+            rows = csv.DictReader(handle)
+            first_time: float | None = None
+            wall_start = time.time()
+            emitted = 0
+            for index, row in enumerate(rows):
+                if index < self.start:
+                    continue
+                if self.limit is not None and emitted >= self.limit:
+                    return
+                try:
+                    value = float(row[self.column])
+                except (TypeError, ValueError):
+                    log.warning(
+                        "%s row %d: %r is not a number; skipped",
+                        self.path,
+                        index + 2,
+                        row.get(self.column),
+                    )
+                    continue
+                stamp: int | None = None
+                if self.speedup > 0 and self.time_column is not None:
+                    recorded = _parse_time(row[self.time_column] or "")
+                    if recorded is not None:
+                        first_time = recorded if first_time is None else first_time
+                        due = wall_start + (recorded - first_time) / self.speedup
+                        delay = due - time.time()
+                        if delay > 0:
+                            time.sleep(delay)
+                        stamp = round(due * 1000)
+                emitted += 1
+                yield Reading(value, stamp, index + 1)
+
+
+class LineSource:
+    """Readings from text lines: ``VALUE`` or ``TIMESTAMP_MS,VALUE`` per line."""
+
+    def __init__(self, stream: IO[str], description: str) -> None:
+        self.stream, self.description = stream, description
+
+    def __iter__(self) -> Iterator[Reading]:
+        for number, line in enumerate(self.stream, start=1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            parts = text.split(",")
+            try:
+                if len(parts) == 1:
+                    yield Reading(float(parts[0]))
+                elif len(parts) == 2:
+                    yield Reading(float(parts[1]), int(parts[0]))
+                else:
+                    raise ValueError("too many fields")
+            except ValueError:
+                log.warning(
+                    "%s line %d is not 'VALUE' or 'TIMESTAMP_MS,VALUE'; skipped",
+                    self.description,
+                    number,
+                )
+
+
+class CommandSource:
+    """Readings from a command's standard output, one per line (see LineSource)."""
+
+    def __init__(self, command: str) -> None:
+        self.argv = shlex.split(command)
+        if not self.argv:
+            raise ValueError("cmd: needs a command")
+        self.description = f"cmd:{command}"
+
+    def __iter__(self) -> Iterator[Reading]:
+        with subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True) as process:
+            assert process.stdout is not None
+            yield from LineSource(process.stdout, self.description)
+        if process.returncode:
+            log.warning("%s exited with status %d", self.description, process.returncode)
+
+
+def open_source(
+    spec: str,
+    *,
+    column: str = "temp",
+    speedup: float = 0.0,
+    start: int = 0,
+    limit: int | None = None,
+) -> Source:
+    """A source from its spec: ``csv:PATH``, ``stdin`` (or ``-``), or ``cmd:COMMAND``."""
+    if spec in ("stdin", "-"):
+        return LineSource(sys.stdin, "stdin")
+    kind, _, rest = spec.partition(":")
+    if kind == "csv" and rest:
+        return CsvSource(Path(rest), column=column, speedup=speedup, start=start, limit=limit)
+    if kind == "cmd" and rest:
+        return CommandSource(rest)
+    raise ValueError(f"unknown source {spec!r}: use csv:PATH, stdin or cmd:COMMAND")

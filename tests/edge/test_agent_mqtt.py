@@ -1,0 +1,343 @@
+"""The edge agent against real Mosquitto brokers: delivery, outages, crashes, budget, simulator."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.mqtt_helpers import Mosquitto, Subscriber, free_port, publish_retained
+from zeal import Zeal, decode_batch
+from zeal.streamconfig import config_document
+
+pytestmark = pytest.mark.integration
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
+PARAMS = Zeal(lower=0, upper=110, epsilon=1)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    server = Mosquitto(tmp_path / "broker").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def params_file(tmp_path: Path) -> Path:
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps(config_document("temps", PARAMS)))
+    return path
+
+
+def first_rows(tmp_path: Path, n: int) -> tuple[Path, list[float]]:
+    """A CSV with the first n Seattle readings (date,temp), and those readings."""
+    with DATA.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))[:n]
+    path = tmp_path / f"seattle-{n}.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["date", "temp"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return path, [float(r["temp"]) for r in rows]
+
+
+def start_agent(
+    data_dir: Path, broker_url: str, *args: str, stdin: int | None = subprocess.DEVNULL
+) -> subprocess.Popen[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "zeal_edge",
+        "run",
+        "--stream",
+        "temps",
+        "--device",
+        "dev1",
+        "--broker",
+        broker_url,
+        "--data-dir",
+        str(data_dir),
+        *args,
+    ]
+    return subprocess.Popen(
+        command,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def batches_by_sequence(messages: list[tuple[str, bytes]]) -> dict[int, list[bytes]]:
+    out: dict[int, list[bytes]] = {}
+    for topic, payload in messages:
+        assert topic == "zeal/v1/temps/dev1/up"
+        out.setdefault(decode_batch(payload, PARAMS).sequence, []).append(payload)
+    return out
+
+
+def codes_received(messages: list[tuple[str, bytes]]) -> int:
+    return sum(len(decode_batch(p[0], PARAMS)) for p in batches_by_sequence(messages).values())
+
+
+def test_replay_of_1000_readings_arrives_exactly(tmp_path: Path, broker: Mosquitto) -> None:
+    """The agent waits for the retained config, then delivers exactly 1,000 decodable codes."""
+    csv_path, readings = first_rows(tmp_path, 1000)
+    sub = Subscriber(broker.port)
+    agent = start_agent(
+        tmp_path / "agent",
+        broker.url,
+        "--source",
+        f"csv:{csv_path}",
+        "--batch",
+        "60",
+        "--interval",
+        "1",
+    )
+    time.sleep(1.5)
+    assert agent.poll() is None
+    assert not sub.snapshot()
+    publish_retained(
+        broker.port, "zeal/v1/temps/config", json.dumps(config_document("temps", PARAMS)).encode()
+    )
+    _, err = agent.communicate(timeout=60)
+    assert agent.returncode == 0, err
+    assert "waiting for stream parameters on zeal/v1/temps/config" in err
+    got = sub.wait_for(lambda m: codes_received(m) >= 1000)
+    sub.close()
+    batches = batches_by_sequence(got)
+    assert sorted(batches) == list(range(17))
+    codes = np.concatenate([decode_batch(b[0], PARAMS).codes for _, b in sorted(batches.items())])
+    assert codes.size == 1000
+    estimate = PARAMS.estimate_mean(codes)
+    assert abs(estimate.mean - np.mean(readings)) <= 5 * estimate.std_error
+    assert str(readings[0]) not in err  # no raw reading in the log
+
+
+def test_broker_outage_loses_nothing_and_resends_the_same_bytes(
+    tmp_path: Path, broker: Mosquitto, params_file: Path
+) -> None:
+    """Broker stopped mid-run and restarted: every batch arrives; copies are byte-identical."""
+    csv_path, _ = first_rows(tmp_path, 1000)
+    sub = Subscriber(broker.port)
+    sub.wait_for(lambda m: False, timeout=0.5)
+    agent = start_agent(
+        tmp_path / "agent",
+        broker.url,
+        "--source",
+        f"csv:{csv_path}",
+        "--speedup",
+        str(3600 * 200),
+        "--batch",
+        "20",
+        "--interval",
+        "0.5",
+        "--params",
+        str(params_file),
+    )
+    time.sleep(1.5)
+    broker.stop()
+    time.sleep(2.5)  # the source keeps producing; batches pile up in the outbox
+    broker.start()
+    _, err = agent.communicate(timeout=90)
+    assert agent.returncode == 0, err
+    assert "disconnected from" in err
+    got = sub.wait_for(lambda m: len(batches_by_sequence(m)) >= 50, timeout=30)
+    sub.close()
+    batches = batches_by_sequence(got)
+    assert sorted(batches) == list(range(50))
+    assert all(len(set(copies)) == 1 for copies in batches.values())
+    assert sum(len(decode_batch(c[0], PARAMS)) for c in batches.values()) == 1000
+
+
+def test_sigkill_with_unsent_batches_then_restart_sends_each_once(
+    tmp_path: Path, params_file: Path
+) -> None:
+    """Batches committed while no broker answers survive SIGKILL and are sent once on restart."""
+    csv_path, _ = first_rows(tmp_path, 300)
+    port = free_port()
+    data_dir = tmp_path / "agent"
+    agent = start_agent(
+        data_dir,
+        f"mqtt://127.0.0.1:{port}",
+        "--source",
+        f"csv:{csv_path}",
+        "--batch",
+        "30",
+        "--interval",
+        "0.2",
+        "--params",
+        str(params_file),
+    )
+    db = data_dir / "outbox.sqlite"
+    deadline = time.monotonic() + 30
+    stored: dict[int, bytes] = {}
+    while time.monotonic() < deadline and len(stored) < 10:
+        time.sleep(0.2)
+        if db.exists():
+            with sqlite3.connect(db) as conn:
+                stored = {
+                    s: bytes(p) for s, p in conn.execute("SELECT sequence, payload FROM batches")
+                }
+    agent.send_signal(signal.SIGKILL)
+    agent.wait(timeout=10)
+    assert len(stored) == 10
+
+    broker = Mosquitto(tmp_path / "broker", port=port).start()
+    try:
+        sub = Subscriber(port)
+        sub.wait_for(lambda m: False, timeout=0.5)
+        again = start_agent(
+            data_dir,
+            broker.url,
+            "--source",
+            f"csv:{csv_path}",
+            "--batch",
+            "30",
+            "--params",
+            str(params_file),
+        )
+        _, err = again.communicate(timeout=60)
+        assert again.returncode == 0, err
+        got = sub.wait_for(lambda m: len(m) >= 10, timeout=15)
+        time.sleep(1.0)
+        got = sub.snapshot()
+        sub.close()
+    finally:
+        broker.stop()
+    batches = batches_by_sequence(got)
+    assert sorted(batches) == list(range(10))
+    assert all(len(copies) == 1 for copies in batches.values())  # none sent twice
+    assert all(batches[s][0] == stored[s] for s in stored)  # the very bytes committed before
+
+
+def test_budget_cap_stops_the_eleventh_reading(
+    tmp_path: Path, broker: Mosquitto, params_file: Path
+) -> None:
+    """Cap of 10 readings' epsilon: 10 codes are sent, the 11th is not, status says why."""
+    sub = Subscriber(broker.port)
+    sub.wait_for(lambda m: False, timeout=0.5)
+    data_dir = tmp_path / "agent"
+    agent = start_agent(
+        data_dir,
+        broker.url,
+        "--source",
+        "stdin",
+        "--batch",
+        "1",
+        "--interval",
+        "0.1",
+        "--params",
+        str(params_file),
+        "--budget-cap",
+        "10",
+        "--budget-window",
+        "86400",
+        stdin=subprocess.PIPE,
+    )
+    _, err = agent.communicate("\n".join(["50.0"] * 11) + "\n", timeout=60)
+    assert agent.returncode == 0, err
+    assert "privacy budget cap reached" in err
+    got = sub.wait_for(lambda m: len(m) >= 10, timeout=10)
+    time.sleep(0.5)
+    sub.close()
+    assert codes_received(sub.snapshot()) == 10
+    assert len(got) == 10
+    status = subprocess.run(
+        [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "10.000000 epsilon spent in the last 86400 s (cap 10.000000" in status
+    assert "budget remaining  0.000000 epsilon" in status
+    assert "BUDGET EXHAUSTED  1 reading(s) not perturbed or sent" in status
+    assert "sent              10 batches, 10 readings" in status
+
+
+def test_simulator_runs_many_devices_with_their_own_sequences(
+    tmp_path: Path, broker: Mosquitto, params_file: Path
+) -> None:
+    """simulate: 25 devices x 120 readings arrive as 2 batches each, sequences per device."""
+    sub = Subscriber(broker.port)
+    sub.wait_for(lambda m: False, timeout=0.5)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zeal_edge",
+            "simulate",
+            "--devices",
+            "25",
+            "--dataset",
+            str(DATA),
+            "--stream",
+            "temps",
+            "--broker",
+            broker.url,
+            "--params",
+            str(params_file),
+            "--rate",
+            "0",
+            "--readings",
+            "120",
+            "--data-dir",
+            str(tmp_path / "sim"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "3000 readings in 50 batches, 3000 acknowledged" in result.stdout
+    got = sub.wait_for(lambda m: len(m) >= 50, timeout=15)
+    sub.close()
+    seen: dict[str, set[int]] = {}
+    for topic, payload in got:
+        device = topic.split("/")[3]
+        batch = decode_batch(payload, PARAMS)
+        assert len(batch) == 60
+        assert batch.periodic
+        seen.setdefault(device, set()).add(batch.sequence)
+    assert len(seen) == 25
+    assert all(s == {0, 1} for s in seen.values())
+
+
+def test_bad_settings_fail_fast_with_a_clear_message(tmp_path: Path) -> None:
+    """Invalid settings exit with status 2 and say which setting is wrong."""
+    for args, message in (
+        (["--source", "csv:/nonexistent.csv"], "No such file"),
+        (["--source", "bogus"], "unknown source 'bogus'"),
+        (["--source", "stdin", "--batch", "0"], "--batch='0' is invalid"),
+        (["--source", "stdin", "--broker", "http://x"], "must look like mqtt://host:port"),
+        (["--source", "stdin", "--device", "a/b"], "device name 'a/b' is invalid"),
+    ):
+        command = [
+            sys.executable,
+            "-m",
+            "zeal_edge",
+            "run",
+            "--stream",
+            "temps",
+            "--data-dir",
+            str(tmp_path / "agent"),
+            *args,
+        ]
+        if "--device" not in args:
+            command += ["--device", "dev1"]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr, proc.stderr

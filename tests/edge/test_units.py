@@ -1,0 +1,158 @@
+"""Unit tests of the agent's parts: settings, budget ledger, sources, outbox."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from zeal_edge.budget import BudgetPolicy, micro_epsilon
+from zeal_edge.mqtt import parse_broker_url
+from zeal_edge.outbox import Outbox
+from zeal_edge.settings import SettingsError, add_arguments, resolve
+from zeal_edge.sources import CsvSource, LineSource, open_source
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
+NAMES = {"stream", "device", "batch", "interval", "broker", "budget_cap"}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, NAMES)
+    return parser.parse_args(argv)
+
+
+def test_settings_precedence_is_cli_then_env_then_file(tmp_path: Path) -> None:
+    """Command line beats environment beats config file beats default."""
+    config = tmp_path / "agent.toml"
+    config.write_text('stream = "from-file"\ndevice = "d-file"\nbatch = 7\ninterval = 3.5\n')
+    env = {"ZEAL_CONFIG": str(config), "ZEAL_DEVICE": "d-env", "ZEAL_BATCH": "8"}
+    values = resolve(parse(["--batch", "9"]), env, NAMES, {"stream"})
+    assert values["stream"] == "from-file"
+    assert values["device"] == "d-env"
+    assert values["batch"] == 9
+    assert values["interval"] == 3.5
+    assert values["broker"] == "mqtt://127.0.0.1:1883"
+    assert values["budget_cap"] is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {}, "--stream (or ZEAL_STREAM) is required"),
+        (["--stream", "s", "--batch", "x"], {}, "--batch='x' is invalid"),
+        (["--stream", "s"], {"ZEAL_INTERVAL": "-1"}, "ZEAL_INTERVAL='-1' is invalid"),
+        (["--stream", "s", "--budget-cap", "nan"], {}, "--budget-cap='nan' is invalid"),
+        (["--stream", "a+b"], {}, "stream name 'a+b' is invalid"),
+    ],
+)
+def test_bad_settings_name_their_origin(argv: list[str], env: dict[str, str], message: str) -> None:
+    """A missing or invalid setting raises SettingsError naming where it came from."""
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        resolve(parse(argv), env, NAMES, {"stream"})
+
+
+def test_unknown_config_file_keys_are_refused(tmp_path: Path) -> None:
+    """A typo in the config file is an error, not silently ignored."""
+    config = tmp_path / "agent.toml"
+    config.write_text('strem = "x"\n')
+    with pytest.raises(SettingsError, match="unknown settings"):
+        resolve(parse([]), {"ZEAL_CONFIG": str(config)}, NAMES, set())
+
+
+def test_broker_urls() -> None:
+    """mqtt:// and mqtts:// URLs give host, port and TLS; credentials in URLs are refused."""
+    assert parse_broker_url("mqtt://h").port == 1883
+    tls = parse_broker_url("mqtts://h:9000")
+    assert tls.tls
+    assert tls.port == 9000
+    for bad in ("http://h", "mqtt://", "mqtt://u:p@h", "mqtt://h:99999"):
+        with pytest.raises(ValueError, match=r"broker URL|credentials"):
+            parse_broker_url(bad)
+
+
+def test_budget_is_integer_micro_epsilon_rounded_up() -> None:
+    """Costs round up, caps round down: the ledger never under-counts."""
+    assert micro_epsilon(1.0) == 1_000_000
+    assert micro_epsilon(0.1) == 100_001  # 0.1 as a float is slightly above 1/10
+    assert BudgetPolicy.from_epsilon(10.0, 60).cap_micro == 10_000_000
+    policy = BudgetPolicy(10_000_000, 60)
+    assert policy.allows(9_000_000, 1_000_000)
+    assert not policy.allows(9_000_001, 1_000_000)
+    assert BudgetPolicy(None, 60).allows(10**18, 10**6)
+    with pytest.raises(ValueError, match="positive"):
+        BudgetPolicy.from_epsilon(0.0, 60)
+
+
+def test_budget_resumes_when_old_spend_leaves_the_window() -> None:
+    """At the cap, sending resumes when enough of the oldest spend has expired."""
+    policy = BudgetPolicy(3_000_000, 100)
+    history = [(1000, 1_000_000), (1010, 2_000_000)]
+    assert policy.resume_ms(history, 0, 1_000_000) == (1000 + 100 + 1) * 1000
+    assert policy.resume_ms(history, 0, 2_000_000) == (1010 + 100 + 1) * 1000
+    assert policy.resume_ms(history, 0, 4_000_000) is None
+
+
+def test_csv_source_resumes_limits_and_skips_bad_rows(tmp_path: Path) -> None:
+    """A CSV source starts at a saved offset, stops at a limit, skips non-numbers."""
+    path = tmp_path / "x.csv"
+    path.write_text(
+        "date,temp\n2010/01/01 00:00,1.5\n2010/01/01 01:00,oops\n"
+        "2010/01/01 02:00,3.5\n2010/01/01 03:00,4.5\n"
+    )
+    values = [(r.value, r.offset) for r in CsvSource(path, column="temp")]
+    assert values == [(1.5, 1), (3.5, 3), (4.5, 4)]
+    assert [r.value for r in CsvSource(path, column="temp", start=3)] == [4.5]
+    assert [r.value for r in CsvSource(path, column="temp", limit=1)] == [1.5]
+    with pytest.raises(ValueError, match="no column 'humidity'"):
+        CsvSource(path, column="humidity")
+
+
+def test_csv_replay_follows_the_recorded_pace() -> None:
+    """Hourly data at a 36000x speed-up arrives 0.1 s apart, stamped on that schedule."""
+    start = time.time()
+    readings = list(CsvSource(DATA, column="temp", speedup=36000, limit=4))
+    assert time.time() - start >= 0.25
+    stamps = [r.timestamp_ms for r in readings]
+    assert all(
+        b is not None and a is not None and 95 <= b - a <= 105
+        for a, b in itertools.pairwise(stamps)
+    )
+
+
+def test_line_source_parses_values_and_stamped_values() -> None:
+    """Lines are VALUE or TIMESTAMP_MS,VALUE; anything else is skipped."""
+    lines = io.StringIO("1.5\n# comment\n1767225600000,2.5\nnot a number\n1,2,3\n\n3.5\n")
+    readings = list(LineSource(lines, "test"))
+    assert [(r.timestamp_ms, r.value) for r in readings] == [
+        (None, 1.5),
+        (1767225600000, 2.5),
+        (None, 3.5),
+    ]
+    with pytest.raises(ValueError, match="unknown source"):
+        open_source("ftp:x")
+
+
+def test_outbox_commits_atomically_and_in_sequence(tmp_path: Path) -> None:
+    """A batch with the wrong sequence rolls the whole transaction back."""
+    box = Outbox(tmp_path / "o.sqlite")
+    ns = box.ensure("s", "d")
+    box.commit_batches([(ns, 0, b"a", 3, 30, 5)], now_ms=1_000_000, fingerprint="f")
+    with pytest.raises(RuntimeError, match="not the next one"):
+        box.commit_batches(
+            [(ns, 1, b"b", 1, 10, 6), (ns, 5, b"c", 1, 10, 7)], now_ms=1_000_000, fingerprint="f"
+        )
+    assert box.next_sequence(ns) == 1
+    assert box.source_offset(ns) == 5
+    assert box.spent(ns, now_ms=1_000_000, window_s=60) == 30
+    assert [p.payload for p in box.pending()] == [b"a"]
+    box.acknowledge([(ns, 0), (ns, 0)])  # a duplicate PUBACK is harmless
+    status = box.status()[0]
+    assert (status.outbox_batches, status.sent_batches, status.sent_readings) == (0, 1, 3)
+    assert box.spent(ns, now_ms=1_000_000 + 61_000, window_s=60) == 0
+    box.close()

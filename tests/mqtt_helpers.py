@@ -1,0 +1,128 @@
+"""Real Mosquitto brokers and subscribers for integration tests."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+class Mosquitto:
+    """A private mosquitto process on a free port, with persistence, restartable."""
+
+    def __init__(self, directory: Path, port: int | None = None) -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        directory.mkdir(parents=True, exist_ok=True)
+        self.config = directory / "mosquitto.conf"
+        self.config.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            "persistence true\n"
+            f"persistence_location {directory}/\n"
+            "autosave_interval 1\n"
+            "max_queued_messages 0\n"
+            f"log_dest file {directory}/mosquitto.log\n"
+        )
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self) -> Mosquitto:
+        self.process = subprocess.Popen(
+            ["mosquitto", "-c", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@dataclass
+class Subscriber:
+    """Collects every message on a filter, with a persistent session (survives restarts)."""
+
+    port: int
+    topic: str = "zeal/v1/+/+/up"
+    messages: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"test-sub-{self.port}",
+            protocol=MQTTProtocolVersion.MQTTv5,
+        )
+        self.client.reconnect_delay_set(min_delay=1, max_delay=1)
+        self.client.on_connect = lambda c, u, f, rc, p: c.subscribe(self.topic, qos=1)
+        self.client.on_message = self._on_message
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        self.client.connect_async(
+            "127.0.0.1", self.port, keepalive=5, clean_start=False, properties=props
+        )
+        self.client.loop_start()
+
+    def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
+        if message.retain:
+            return
+        with self._lock:
+            self.messages.append((message.topic, bytes(message.payload)))
+
+    def snapshot(self) -> list[tuple[str, bytes]]:
+        with self._lock:
+            return list(self.messages)
+
+    def wait_for(self, predicate: object, timeout: float = 30.0) -> list[tuple[str, bytes]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = self.snapshot()
+            if predicate(got):  # type: ignore[operator]
+                return got
+            time.sleep(0.05)
+        return self.snapshot()
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def publish_retained(port: int, topic: str, payload: bytes) -> None:
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    client.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
+    client.disconnect()
+    client.loop_stop()
