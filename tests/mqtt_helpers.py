@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import socket
 import subprocess
 import threading
@@ -40,7 +41,10 @@ class Mosquitto:
         self.process: subprocess.Popen[bytes] | None = None
         directory.mkdir(parents=True, exist_ok=True)
         self.config = directory / "mosquitto.conf"
+        # Run as the test's own user: as root, mosquitto would otherwise switch to the
+        # 'mosquitto' user, which cannot write its log and persistence here.
         self.config.write_text(
+            f"user {getpass.getuser()}\n"
             f"listener {self.port} 127.0.0.1\n"
             "allow_anonymous true\n"
             "persistence true\n"
@@ -63,6 +67,11 @@ class Mosquitto:
         wait_for_port(self.port)
         return self
 
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of the broker's log, for failure messages."""
+        path = self.directory / "mosquitto.log"
+        return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else "(no log)"
+
     def stop(self) -> None:
         if self.process is not None:
             self.process.terminate()
@@ -80,6 +89,7 @@ class Subscriber:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self.subscribed = threading.Event()
         self.client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
             client_id=f"test-sub-{self.port}",
@@ -88,12 +98,15 @@ class Subscriber:
         self.client.reconnect_delay_set(min_delay=1, max_delay=1)
         self.client.on_connect = lambda c, u, f, rc, p: c.subscribe(self.topic, qos=1)
         self.client.on_message = self._on_message
+        self.client.on_subscribe = lambda c, u, mid, codes, p: self.subscribed.set()
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = 3600
         self.client.connect_async(
             "127.0.0.1", self.port, keepalive=5, clean_start=False, properties=props
         )
         self.client.loop_start()
+        if not self.subscribed.wait(10):
+            raise TimeoutError(f"test subscriber could not subscribe on port {self.port}")
 
     def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         if message.retain:
