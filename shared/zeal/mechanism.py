@@ -143,6 +143,23 @@ class Zeal:
         exponent: int | None = None,
         sampler: str = "grid",
     ) -> None:
+        try:
+            self._setup(lower, upper, epsilon, payload_bits, exponent, sampler)
+        except (OverflowError, ZeroDivisionError) as exc:
+            raise ParameterError(
+                f"lower={lower!r}, upper={upper!r}, epsilon={epsilon!r} are too extreme for "
+                f"float64 arithmetic ({exc})"
+            ) from exc
+
+    def _setup(
+        self,
+        lower: float,
+        upper: float,
+        epsilon: float,
+        payload_bits: int | None,
+        exponent: int | None,
+        sampler: str,
+    ) -> None:
         set_ = functools.partial(object.__setattr__, self)
         lo, hi, eps = _real("lower", lower), _real("upper", upper), _real("epsilon", epsilon)
         if not lo < hi:
@@ -160,6 +177,11 @@ class Zeal:
         s = math.exp(eps / 2)
         c = half * (s + 1) / (s - 1)  # Eq. (10)
         p = (math.exp(eps) - s) / (2 * half * (s + 1))  # Eq. (9)
+        if not (math.isfinite(2 * c) and math.isfinite(math.exp(eps) / p) and p > 0):
+            raise ParameterError(
+                f"the range [{lower!r}, {upper!r}] at epsilon={epsilon!r} gives an output range "
+                f"(C = {c!r}) that does not fit in float64"
+            )
         e_enc = ceil_log2(2 * c)  # Eq. (21)
         e_vul = max(ceil_log2(math.exp(eps) / p) - 1, e_enc)  # Eq. (31)
         for name, value in (
@@ -247,8 +269,9 @@ class Zeal:
 
     def _default_bits(self, e_min: int) -> int:
         s = math.exp(self.epsilon / 2)
-        smallest_variance = self.half_width**2 * (s + 3) / (3 * (s - 1) ** 2)  # Eq. (14), z=0
-        max_step = 2 * math.sqrt(DEFAULT_GRID_VARIANCE_SHARE * smallest_variance)
+        # sqrt of Eq. (14) at z = 0, formed without squaring h (which could overflow)
+        smallest_sd = self.half_width * math.sqrt((s + 3) / 3) / (s - 1)
+        max_step = 2 * math.sqrt(DEFAULT_GRID_VARIANCE_SHARE) * smallest_sd
         _mantissa, exp2 = math.frexp(max_step)  # max_step = mantissa * 2**exp2, mantissa in [.5,1)
         exponent = max(e_min, exp2 - 1 + 52)
         return self._bits_at(exponent)
@@ -342,7 +365,7 @@ class Zeal:
         """Var[x*] of the continuous mechanism at a reading (Theorem 2, Eq. (14))."""
         s = math.exp(self.epsilon / 2)
         z = (reading - self.ebar) / self.half_width
-        return self.half_width**2 * (z * z / (s - 1) + (s + 3) / (3 * (s - 1) ** 2))
+        return self.half_width * self.half_width * (z * z / (s - 1) + (s + 3) / (3 * (s - 1) ** 2))
 
     def variance(self, reading: float) -> float:
         """Var[decode] at a reading: Theorem 2 plus the grid's rounding term D**2/6.
@@ -351,7 +374,7 @@ class Zeal:
         many grid steps a reading's outputs spread across, f is close to uniform, giving
         D**2/6 (never more than D**2/4).
         """
-        return self.mechanism_variance(reading) + self.grid_step**2 / 6
+        return self.mechanism_variance(reading) + self.grid_step * self.grid_step / 6
 
     # -- device side -----------------------------------------------------------------------
 
@@ -432,14 +455,6 @@ class Zeal:
             raise CodeError(f"privatized values must be float64, got an array of {array.dtype}")
         return self._valid_codes(self._codes_of_floats(array.astype(np.float64, copy=False)))
 
-    def _depth_sums(self, codes: _U64) -> tuple[int, int]:
-        """Exact sums of depths q and q**2 (q = 2**k - 2 - code) over codes."""
-        n, k = codes.size, self.payload_bits
-        top = (1 << k) - 2
-        s1 = exact_sum(codes, k)
-        s2 = exact_sum_squares(codes, k)
-        return n * top - s1, n * top * top - 2 * top * s1 + s2
-
     def decode(self, codes: npt.ArrayLike) -> _F64:
         """Per-reading estimates x* - Abar = Ebar + C - q D, computed without cancellation.
 
@@ -459,7 +474,7 @@ class Zeal:
         Grid: computed exactly from the sampler's tables (see GridSampler.cell_variance_bound).
         Paper: Theorem 2 at |z| = 1 plus D**2/4, nominal since that sampler is biased.
         """
-        d2 = self.grid_step**2
+        d2 = self.grid_step * self.grid_step
         if self._grid is not None:
             return float(self._grid.cell_variance_bound()) * d2 * (1 + 1e-12)
         return self.mechanism_variance(self.upper) + d2 / 4
@@ -481,12 +496,37 @@ class Zeal:
         and rounded once. ``std_error`` uses the sample variance (for a single code, the
         worst-case variance bound).
         """
-        level = check_confidence(confidence)
         valid = self._valid_codes(codes).ravel()
-        n = int(valid.size)
-        if n == 0:
+        k = self.payload_bits
+        return self.estimate_from_sums(
+            int(valid.size),
+            exact_sum(valid, k),
+            exact_sum_squares(valid, k),
+            confidence=confidence,
+        )
+
+    def estimate_from_sums(
+        self, n: int, sum_codes: int, sum_squares: int, *, confidence: float = 0.95
+    ) -> Estimate:
+        """The same estimate from exact sums of codes and of squared codes (e.g. a store's).
+
+        Raises CodeError when the sums cannot come from n valid codes.
+        """
+        level = check_confidence(confidence)
+        if n < 1:
             raise CodeError("cannot estimate a mean from zero codes")
-        sum_q, sum_q2 = self._depth_sums(valid)
+        if not (
+            n * self.code_min <= sum_codes <= n * self.code_max
+            and sum_squares >= 0
+            and sum_codes * sum_codes <= n * sum_squares
+        ):
+            raise CodeError(
+                f"sums (n={n}, sum={sum_codes}, squares={sum_squares}) are not "
+                "those of valid codes of this stream"
+            )
+        top = (1 << self.payload_bits) - 2
+        sum_q = n * top - sum_codes
+        sum_q2 = n * top * top - 2 * top * sum_codes + sum_squares
         step = Fraction(self.grid_step)
         mean = float(self._top - step * Fraction(sum_q, n))
         if n > 1:

@@ -134,9 +134,9 @@ def test_garbage_floats_raise_or_round_trip(value: float) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.floats(min_value=-1e6, max_value=1e6),
-    st.floats(min_value=1e-3, max_value=1e4),
-    st.floats(min_value=0.05, max_value=10),
+    st.floats(min_value=-1e6, max_value=1e6) | st.floats(min_value=-1e300, max_value=1e300),
+    st.floats(min_value=1e-3, max_value=1e4) | st.floats(min_value=1e-300, max_value=1e300),
+    st.floats(min_value=0.05, max_value=10) | st.floats(min_value=1e-9, max_value=20),
     st.none() | st.integers(min_value=2, max_value=52),
 )
 def test_any_parameters_either_work_or_raise_a_parameter_error(

@@ -88,6 +88,8 @@ def test_default_width_is_the_fewest_bits_within_one_percent_variance() -> None:
         ({"lower": 0, "upper": 1, "epsilon": 1, "payload_bits": 4, "exponent": 3}, "not both"),
         ({"lower": 0, "upper": 1, "epsilon": 1, "sampler": "fast"}, "sampler must be one of"),
         ({"lower": -1e308, "upper": 1e308, "epsilon": 1}, "too wide for float64"),
+        ({"lower": 0, "upper": 1e308, "epsilon": 1}, "does not fit in float64"),
+        ({"lower": 0, "upper": 1e300, "epsilon": 1e-6}, "too extreme for float64"),
     ],
 )
 def test_bad_parameters_raise_a_value_error_naming_the_problem(kwargs: dict, message: str) -> None:
