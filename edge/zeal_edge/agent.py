@@ -197,7 +197,13 @@ class Agent:
             stamps.append(last)  # a clock that steps back is held level within a batch
         codes = self.params.perturb(np.array([r.value for r in readings]))
         sequence = self.outbox.next_sequence(self.namespace)
-        payload = encode_batch(self.params, sequence=sequence, timestamps=stamps, codes=codes)
+        payload = encode_batch(
+            self.params,
+            device=self.options.device,
+            sequence=sequence,
+            timestamps=stamps,
+            codes=codes,
+        )
         offsets = [r.offset for r in readings if r.offset is not None]
         self.outbox.commit_batches(
             [

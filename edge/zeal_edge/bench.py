@@ -57,7 +57,11 @@ def size_table(readings: np.ndarray) -> list[dict[str, float]]:
         for n in (1, 10, 60, 600):
             codes = params.perturb(readings[:n], rng=np.random.default_rng(0))
             payload = encode_batch(
-                params, sequence=1000, codes=codes, timestamps=BASE_MS + 1000 * np.arange(n)
+                params,
+                device="device-0001",
+                sequence=1000,
+                codes=codes,
+                timestamps=BASE_MS + 1000 * np.arange(n),
             )
             per_reading = publish_packet_size(TOPIC, len(payload)) / n
             rows.append(

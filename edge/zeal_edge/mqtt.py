@@ -10,47 +10,18 @@ from __future__ import annotations
 import logging
 import queue
 import ssl
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
+from zeal.brokerurl import BrokerSettings, parse_broker_url
+
 __all__ = ["BrokerSettings", "Connection", "parse_broker_url"]
 
+
 log = logging.getLogger("zeal_edge.mqtt")
-
-
-@dataclass(frozen=True)
-class BrokerSettings:
-    """Where and how to connect."""
-
-    host: str
-    port: int
-    tls: bool = False
-    username: str | None = None
-    password: str | None = None
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    keepalive: int = 30
-
-
-def parse_broker_url(url: str, **extra: Any) -> BrokerSettings:
-    """``mqtt://host[:port]`` (1883) or ``mqtts://host[:port]`` (TLS, 8883)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
-        raise ValueError(f"broker URL {url!r} must look like mqtt://host:port or mqtts://host:port")
-    if parts.username or parts.password:
-        raise ValueError("put credentials in --username and ZEAL_MQTT_PASSWORD, not in the URL")
-    tls = parts.scheme == "mqtts"
-    try:
-        port = parts.port or (8883 if tls else 1883)
-    except ValueError as exc:
-        raise ValueError(f"broker URL {url!r} has an invalid port") from exc
-    return BrokerSettings(host=parts.hostname, port=port, tls=tls, **extra)
 
 
 class Connection:

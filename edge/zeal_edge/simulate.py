@@ -162,7 +162,11 @@ def run_simulation(args: argparse.Namespace) -> int:
                 items = []
                 for d, ns in enumerate(names):
                     payload = encode_batch(
-                        params, sequence=int(sequences[d]), timestamps=stamps, codes=codes[d]
+                        params,
+                        device=ns.split("/", 1)[1],
+                        sequence=int(sequences[d]),
+                        timestamps=stamps,
+                        codes=codes[d],
                     )
                     items.append((ns, int(sequences[d]), payload, batch, cost * batch, None))
                 outbox.commit_batches(items, now_ms=now_ms, fingerprint=fingerprint)

@@ -3,7 +3,7 @@
 Byte layout (``docs/wire-format.md`` has the full description and test vectors)::
 
     header      1 byte   version (high nibble, 1) | flags (low nibble; bit 0: irregular)
-    fingerprint 4 bytes  the first 4 bytes of the stream's Zeal.fingerprint
+    fingerprint 4 bytes  SHA-256(stream fingerprint | "/" | device)[:4]: binds stream and device
     sequence    varint   per-device batch sequence number, 0 .. 2**64-1
     count       varint   readings in the batch, 1 .. 65535
     base time   varint   first timestamp, milliseconds since the Unix epoch, < 2**48
@@ -21,6 +21,7 @@ encoded and never raises anything else.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -41,6 +42,7 @@ __all__ = [
     "WireParams",
     "decode_batch",
     "encode_batch",
+    "wire_fingerprint",
 ]
 
 VERSION: Final = 1
@@ -141,6 +143,16 @@ class Batch:
     __hash__ = None  # type: ignore[assignment]
 
 
+def wire_fingerprint(params: WireParams, device: str) -> bytes:
+    """The 4 fingerprint bytes of a payload from `device` on the stream of `params`.
+
+    Binding the device makes a payload valid only on its own device's topic: a batch
+    replayed under another device's name fails with ``fingerprint_mismatch``.
+    """
+    digest = hashlib.sha256(params.fingerprint + b"/" + device.encode()).digest()
+    return digest[:FINGERPRINT_BYTES]
+
+
 def _period(timestamps: npt.NDArray[np.int64]) -> int | None:
     if timestamps.size < 2:
         return 0
@@ -210,6 +222,7 @@ def _unpack(data: bytes, count: int, bits: int) -> npt.NDArray[np.uint64]:
 def encode_batch(
     params: WireParams,
     *,
+    device: str,
     sequence: int,
     timestamps: npt.ArrayLike,
     codes: npt.ArrayLike,
@@ -242,7 +255,7 @@ def encode_batch(
         )
     period = _period(stamps)
     head = bytearray([VERSION << 4 | (0 if period is not None else _IRREGULAR)])
-    head += params.fingerprint[:FINGERPRINT_BYTES]
+    head += wire_fingerprint(params, device)
     head += _varint(sequence) + _varint(int(values.size)) + _varint(int(stamps[0]))
     if period is None:
         head += b"".join(_varint(int(d)) for d in np.diff(stamps))
@@ -251,8 +264,8 @@ def encode_batch(
     return bytes(head) + _pack(values.astype(np.uint64), params.payload_bits)
 
 
-def decode_batch(payload: bytes, params: WireParams) -> Batch:
-    """Decode and validate a payload against a stream's parameters (see module docstring)."""
+def decode_batch(payload: bytes, params: WireParams, *, device: str) -> Batch:
+    """Decode and validate a payload from `device` against a stream's parameters."""
     if not isinstance(payload, bytes | bytearray | memoryview):
         raise WireError("empty", f"payload must be bytes, got {type(payload).__name__}")
     data = bytes(payload)
@@ -268,11 +281,12 @@ def decode_batch(payload: bytes, params: WireParams) -> Batch:
     if len(data) < 1 + FINGERPRINT_BYTES:
         raise WireError("truncated", "payload ends inside the fingerprint")
     fingerprint = data[1 : 1 + FINGERPRINT_BYTES]
-    if fingerprint != params.fingerprint[:FINGERPRINT_BYTES]:
+    expected = wire_fingerprint(params, device)
+    if fingerprint != expected:
         raise WireError(
             "fingerprint_mismatch",
-            f"payload fingerprint {fingerprint.hex()} is not this stream's "
-            f"{params.fingerprint[:FINGERPRINT_BYTES].hex()} (stale or foreign parameters)",
+            f"payload fingerprint {fingerprint.hex()} is not {expected.hex()} of this stream and "
+            f"device {device!r} (stale parameters, or another device's payload)",
         )
     reader = _Reader(data, 1 + FINGERPRINT_BYTES)
     sequence = reader.varint("sequence number")

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zeal import REASONS, Batch, CodecParams, WireError, Zeal, decode_batch, encode_batch
+from zeal.wire import wire_fingerprint
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
 STREAM_A = Zeal(lower=23.5, upper=83.9, epsilon=1, payload_bits=6)
@@ -45,13 +46,17 @@ def test_documented_vectors_encode_and_decode() -> None:
     for v in vectors:
         params = stream_of(v["stream"])
         stamps, codes = timestamps_of(v["timestamps"]), [int(c) for c in v["codes"].split()]
-        payload = encode_batch(params, sequence=int(v["sequence"]), timestamps=stamps, codes=codes)
+        payload = encode_batch(
+            params, device=v["device"], sequence=int(v["sequence"]), timestamps=stamps, codes=codes
+        )
         assert payload.hex() == v["hex"], v["name"]
-        batch = decode_batch(bytes.fromhex(v["hex"]), params)
+        batch = decode_batch(bytes.fromhex(v["hex"]), params, device=v["device"])
         assert batch.sequence == int(v["sequence"])
         assert batch.timestamps.tolist() == stamps
         assert batch.codes.tolist() == codes
-        assert batch.fingerprint == params.fingerprint[:4]
+        assert batch.fingerprint == wire_fingerprint(params, v["device"])
+        with pytest.raises(WireError, match="fingerprint_mismatch"):
+            decode_batch(bytes.fromhex(v["hex"]), params, device="another-device")
 
 
 def test_documented_invalid_payloads_give_their_reason() -> None:
@@ -67,7 +72,7 @@ def test_documented_invalid_payloads_give_their_reason() -> None:
     }
     for v in invalid:
         with pytest.raises(WireError) as info:
-            decode_batch(bytes.fromhex(v["hex"]), STREAM_A)
+            decode_batch(bytes.fromhex(v["hex"]), STREAM_A, device="dev1")
         assert info.value.reason == v["reason"]
 
 
@@ -75,8 +80,13 @@ def test_size_targets() -> None:
     """60 readings at 6 bits (periodic) fit in 64 bytes; a single reading in 16."""
     stamps = [1767225600000 + 1000 * i for i in range(60)]
     codes = STREAM_A.perturb(np.full(60, 50.0))
-    assert len(encode_batch(STREAM_A, sequence=2**20, timestamps=stamps, codes=codes)) <= 64
-    one = encode_batch(STREAM_A, sequence=2**20, timestamps=[1767225600000], codes=codes[:1])
+    assert (
+        len(encode_batch(STREAM_A, device="dev1", sequence=2**20, timestamps=stamps, codes=codes))
+        <= 64
+    )
+    one = encode_batch(
+        STREAM_A, device="dev1", sequence=2**20, timestamps=[1767225600000], codes=codes[:1]
+    )
     assert len(one) <= 16
 
 
@@ -108,10 +118,10 @@ def batches(draw: st.DrawFn) -> tuple[CodecParams, int, list[int], list[int]]:
 def test_any_valid_batch_round_trips(case: tuple[CodecParams, int, list[int], list[int]]) -> None:
     """Widths 1..32, 1..10,000 readings, periodic or irregular: decode(encode(b)) == b."""
     params, sequence, stamps, codes = case
-    payload = encode_batch(params, sequence=sequence, timestamps=stamps, codes=codes)
-    batch = decode_batch(payload, params)
+    payload = encode_batch(params, device="d", sequence=sequence, timestamps=stamps, codes=codes)
+    batch = decode_batch(payload, params, device="d")
     expected = Batch(
-        params.fingerprint[:4],
+        wire_fingerprint(params, "d"),
         sequence,
         np.array(stamps, dtype=np.int64),
         np.array(codes, dtype=np.uint64),
@@ -120,10 +130,10 @@ def test_any_valid_batch_round_trips(case: tuple[CodecParams, int, list[int], li
     # Wrong length or fingerprint never decodes.
     for broken in (payload[:-1], payload + b"\x00"):
         with pytest.raises(WireError, match=r"^(truncated|trailing_bytes):"):
-            decode_batch(broken, params)
+            decode_batch(broken, params, device="d")
     other = CodecParams(bytes(b ^ 0xFF for b in params.fingerprint), params.payload_bits)
     with pytest.raises(WireError) as info:
-        decode_batch(payload, other)
+        decode_batch(payload, other, device="d")
     assert info.value.reason == "fingerprint_mismatch"
 
 
@@ -137,7 +147,11 @@ def test_fuzzed_payloads_only_raise_wire_errors() -> None:
         if i % 4 == 0:
             payload = rng.bytes(int(rng.integers(0, 80)))
             if payload and rng.random() < 0.5:
-                payload = bytes([0x10 | (payload[0] & 1)]) + STREAM_A.fingerprint[:4] + payload[1:]
+                payload = (
+                    bytes([0x10 | (payload[0] & 1)])
+                    + wire_fingerprint(STREAM_A, "dev1")
+                    + payload[1:]
+                )
         else:
             data = bytearray(seeds[int(rng.integers(0, 4))])
             for _ in range(int(rng.integers(1, 4))):
@@ -153,12 +167,12 @@ def test_fuzzed_payloads_only_raise_wire_errors() -> None:
                     data[pos] = int(rng.integers(0, 256))
             payload = bytes(data)
         try:
-            batch = decode_batch(payload, STREAM_A)
+            batch = decode_batch(payload, STREAM_A, device="dev1")
         except WireError as exc:
             reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
             continue
         decoded += 1
-        assert batch.fingerprint == STREAM_A.fingerprint[:4]
+        assert batch.fingerprint == wire_fingerprint(STREAM_A, "dev1")
         assert (
             STREAM_A.code_min
             <= int(batch.codes.min())
@@ -166,9 +180,13 @@ def test_fuzzed_payloads_only_raise_wire_errors() -> None:
             <= STREAM_A.code_max
         )
         again = encode_batch(
-            STREAM_A, sequence=batch.sequence, timestamps=batch.timestamps, codes=batch.codes
+            STREAM_A,
+            device="dev1",
+            sequence=batch.sequence,
+            timestamps=batch.timestamps,
+            codes=batch.codes,
         )
-        assert decode_batch(again, STREAM_A) == batch
+        assert decode_batch(again, STREAM_A, device="dev1") == batch
     print(f"fuzz: {decoded} decoded, refusals by reason {dict(sorted(reasons.items()))}")
     assert set(reasons) <= set(REASONS)
     assert len(reasons) >= 8
@@ -188,11 +206,11 @@ def test_fuzzed_payloads_only_raise_wire_errors() -> None:
 def test_unencodable_batches_are_refused(kwargs: dict, reason: str) -> None:
     """encode_batch refuses batches it could not decode back, with the matching reason."""
     with pytest.raises(WireError) as info:
-        encode_batch(STREAM_A, **kwargs)
+        encode_batch(STREAM_A, device="dev1", **kwargs)
     assert info.value.reason == reason
 
 
 def test_not_bytes_is_refused() -> None:
     """A payload that is not bytes is refused, not crashed on."""
     with pytest.raises(WireError, match="empty"):
-        decode_batch("10d8", STREAM_A)  # type: ignore[arg-type]
+        decode_batch("10d8", STREAM_A, device="dev1")  # type: ignore[arg-type]
