@@ -1,0 +1,3 @@
+from zeal_server.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,675 @@
+"""HTTP API (``/api/v1``, OpenAPI at ``/docs``) and the application factory.
+
+The lifespan builds the engine, migrates the schema and starts the collector; nothing
+happens at import. Averages come from the exact integer aggregates (no segment is read),
+aligned to whole buckets of the stream. Writes need the operator token; reads need the read
+token when one is set.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import math
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from statistics import NormalDist
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, Field
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from zeal import Estimate, Zeal
+from zeal.streamconfig import config_document
+from zeal_server import store
+from zeal_server.collector import Collector
+from zeal_server.db import make_engine, migrate, session_factory
+from zeal_server.models import BatchSeen, BucketTotal, Device, Stream
+from zeal_server.settings import ServerSettings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("zeal_server.api")
+MAX_POINTS = 10_000
+
+
+# -- response and request models ------------------------------------------------------------
+
+
+class StreamIn(BaseModel):
+    name: str = Field(description="stream name: 1-64 letters, digits, '_', '.' or '-'")
+    lower: float = Field(description="lower end of the feasible range")
+    upper: float = Field(description="upper end of the feasible range")
+    epsilon: float = Field(description="privacy budget per reading", gt=0, le=20)
+    payload_bits: int | None = Field(
+        None,
+        ge=2,
+        le=store.MAX_SERVER_BITS,
+        description="code width (default: chosen by the library)",
+    )
+    exponent: int | None = Field(None, ge=-1000, le=1022, description="binade exponent E_U*")
+    bucket_seconds: int = Field(60, ge=1, le=86400, description="time aggregation bucket")
+    description: str = Field("", max_length=500)
+
+
+class StreamOut(BaseModel):
+    name: str
+    lower: float
+    upper: float
+    epsilon: float
+    realized_epsilon: float | None
+    exponent: int
+    payload_bits: int
+    shared_bits: int
+    sampler: str
+    fingerprint: str
+    bucket_seconds: int
+    C: float
+    abar: float
+    grid_step: float
+    description: str
+    created: datetime
+
+
+class EstimateOut(BaseModel):
+    mean: float
+    std_error: float
+    ci: tuple[float, float]
+    guaranteed: tuple[float, float]
+    in_range: bool
+
+
+class AverageOut(BaseModel):
+    stream: str
+    start: datetime | None = Field(description="start of the first bucket used")
+    end: datetime | None = Field(description="end of the last bucket used")
+    group: str | None
+    n: int
+    confidence: float
+    estimate: EstimateOut | None = Field(description="null when the window holds no readings")
+    epsilon: float
+    payload_bits: int
+
+
+class PointOut(BaseModel):
+    start: datetime
+    end: datetime
+    n: int
+    estimate: EstimateOut | None
+
+
+class SeriesOut(BaseModel):
+    stream: str
+    interval_seconds: int
+    group: str | None
+    confidence: float
+    points: list[PointOut]
+
+
+class CompareOut(BaseModel):
+    stream: str
+    a: str
+    b: str
+    n_a: int
+    n_b: int
+    mean_a: float | None
+    mean_b: float | None
+    difference: float | None
+    std_error: float | None
+    ci: tuple[float, float] | None
+    p_value: float | None = Field(
+        description="two-sided test of equal means (normal approximation)"
+    )
+    confidence: float
+
+
+class DeviceOut(BaseModel):
+    name: str
+    tags: dict[str, str]
+    first_seen: datetime
+    last_seen: datetime
+    readings: int
+    batches: int
+    epsilon_spent: float
+
+
+class DevicesOut(BaseModel):
+    total: int
+    limit: int
+    offset: int
+    devices: list[DeviceOut]
+
+
+class TagsIn(BaseModel):
+    tags: dict[str, str] = Field(description='replaces the device\'s tags, e.g. {"site": "aarhus"}')
+
+
+class StatsOut(BaseModel):
+    stream: str
+    readings: int
+    messages: int
+    devices: int
+    bytes_received: int
+    wire_bytes_per_reading: float | None
+    store_bytes: dict[str, int]
+    store_bits_per_reading: dict[str, float] | None
+    rejects: dict[str, int]
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _ms(value: datetime | None) -> int | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return int(value.timestamp() * 1000)
+
+
+def _time(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _estimate_out(estimate: Estimate | None) -> EstimateOut | None:
+    if estimate is None:
+        return None
+    return EstimateOut(
+        mean=estimate.mean,
+        std_error=estimate.std_error,
+        ci=estimate.ci,
+        guaranteed=estimate.guaranteed,
+        in_range=estimate.in_range,
+    )
+
+
+def _stream_out(stream: Stream) -> StreamOut:
+    params = store.params_of(stream)
+    return StreamOut(
+        name=stream.name,
+        lower=stream.lower,
+        upper=stream.upper,
+        epsilon=stream.epsilon,
+        realized_epsilon=params.realized_epsilon,
+        exponent=stream.exponent,
+        payload_bits=stream.payload_bits,
+        shared_bits=params.shared_bits,
+        sampler=stream.sampler,
+        fingerprint=stream.fingerprint,
+        bucket_seconds=stream.bucket_seconds,
+        C=params.C,
+        abar=params.abar,
+        grid_step=params.grid_step,
+        description=stream.description,
+        created=_time(stream.created_ms),
+    )
+
+
+def _window(stream: Stream, start: datetime | None, end: datetime | None) -> tuple[int, int]:
+    start_ms, end_ms = _ms(start), _ms(end)
+    if start_ms is not None and end_ms is not None and start_ms >= end_ms:
+        raise HTTPException(422, f"start ({start}) must be before end ({end})")
+    return store.bucket_bounds(stream, start_ms, end_ms)
+
+
+def _bounds_out(stream: Stream, first: int, stop: int) -> tuple[datetime | None, datetime | None]:
+    size = stream.bucket_seconds * 1000
+    return (
+        None if first <= -(1 << 61) else _time(first * size),
+        None if stop >= 1 << 61 else _time(stop * size),
+    )
+
+
+def _devices_in(session: Session, stream: Stream, group: str | None) -> list[int] | None:
+    if group is None:
+        return None
+    try:
+        ids = store.group_device_ids(session, stream, group)
+    except store.StoreError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    if not ids:
+        raise HTTPException(422, f"group {group!r} matches no device of stream {stream.name!r}")
+    return ids
+
+
+def _session(request: Request) -> Iterator[Session]:
+    with request.app.state.sessions() as session:
+        yield session
+
+
+Db = Annotated[Session, Depends(_session)]
+Confidence = Annotated[float, Query(gt=0, lt=1, description="confidence level, e.g. 0.95")]
+Start = Annotated[datetime | None, Query(description="window start (ISO 8601; UTC if no zone)")]
+End = Annotated[datetime | None, Query(description="window end, exclusive (ISO 8601)")]
+Group = Annotated[
+    str | None, Query(description="devices whose tag matches key:value", max_length=200)
+]
+
+
+# -- application ------------------------------------------------------------------------------
+
+
+def create_app(settings: ServerSettings | None = None, *, collector: bool = True) -> FastAPI:
+    """The FastAPI application; settings from the environment unless given."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        config = settings or ServerSettings.from_env(os.environ)
+        engine = make_engine(config.database_url)
+        migrate(engine)
+        app.state.settings = config
+        app.state.engine = engine
+        app.state.sessions = session_factory(engine)
+        app.state.collector = None
+        if config.operator_token is None:
+            log.warning("development mode without ZEAL_OPERATOR_TOKEN: writes are open")
+        if collector and config.broker is not None:
+            app.state.collector = Collector(config, app.state.sessions)
+            app.state.collector.start()
+        try:
+            yield
+        finally:
+            if app.state.collector is not None:
+                app.state.collector.stop()
+            engine.dispose()
+
+    app = FastAPI(
+        title="Zeal",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Privacy-preserving sensor data: debiased averages with error "
+        "bounds from locally privatized, compressed readings.",
+    )
+
+    @app.exception_handler(OperationalError)
+    async def database_down(request: Request, exc: OperationalError) -> JSONResponse:
+        return JSONResponse({"detail": "database unavailable"}, status_code=503)
+
+    @app.exception_handler(SQLAlchemyError)
+    async def database_error(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        log.error("database error on %s: %s", request.url.path, exc)
+        return JSONResponse({"detail": "database error"}, status_code=503)
+
+    def _check(request: Request, expected: str | None, what: str) -> None:
+        if expected is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise HTTPException(
+                401,
+                f"{what} token required (Authorization: Bearer ...)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if not hmac.compare_digest(token.encode(), expected.encode()):
+            raise HTTPException(403, f"wrong {what} token")
+
+    def reader(request: Request) -> None:
+        _check(request, request.app.state.settings.read_token, "read")
+
+    def operator(request: Request) -> None:
+        _check(request, request.app.state.settings.operator_token, "operator")
+
+    def stream_or_404(db: Session, name: str) -> Stream:
+        stream = store.stream_by_name(db, name)
+        if stream is None:
+            raise HTTPException(404, f"no stream named {name!r}")
+        return stream
+
+    api = "/api/v1"
+    read = [Depends(reader)]
+
+    @app.get(f"{api}/streams", dependencies=read, response_model=list[StreamOut])
+    def list_streams(db: Db) -> list[StreamOut]:
+        """All streams with their parameters."""
+        return [_stream_out(s) for s in store.list_streams(db)]
+
+    @app.post(
+        f"{api}/streams",
+        dependencies=[Depends(operator)],
+        status_code=201,
+        response_model=StreamOut,
+        responses={409: {"description": "stream exists"}},
+    )
+    def create_stream(body: StreamIn, request: Request, db: Db) -> StreamOut:
+        """Create a stream (operator token); its parameters are then published for agents."""
+        if store.stream_by_name(db, body.name) is not None:
+            raise HTTPException(
+                409,
+                f"stream {body.name!r} already exists; parameters of a "
+                "stream never change (create a new stream)",
+            )
+        try:
+            stream = store.create_stream(db, **body.model_dump())
+        except store.StoreError as exc:
+            db.rollback()
+            raise HTTPException(422, str(exc)) from exc
+        db.commit()
+        if request.app.state.collector is not None:
+            request.app.state.collector.publish_config(stream)
+        return _stream_out(stream)
+
+    @app.get(f"{api}/streams/{{name}}", dependencies=read, response_model=StreamOut)
+    def get_stream(name: str, db: Db) -> StreamOut:
+        """One stream's parameters and derived values."""
+        return _stream_out(stream_or_404(db, name))
+
+    @app.get(f"{api}/streams/{{name}}/config", dependencies=read)
+    def get_config(name: str, db: Db) -> dict[str, Any]:
+        """The configuration document agents use (also retained at zeal/v1/{name}/config)."""
+        stream = stream_or_404(db, name)
+        return config_document(stream.name, store.params_of(stream))
+
+    @app.get(f"{api}/streams/{{name}}/average", dependencies=read, response_model=AverageOut)
+    def average(
+        name: str,
+        db: Db,
+        start: Start = None,
+        end: End = None,
+        group: Group = None,
+        confidence: Confidence = 0.95,
+    ) -> AverageOut:
+        """The debiased average AVG* over whole buckets in [start, end), with its intervals."""
+        stream = stream_or_404(db, name)
+        first, stop = _window(stream, start, end)
+        sums = store.window_sums(db, stream, first, stop, _devices_in(db, stream, group))
+        lo, hi = _bounds_out(stream, first, stop)
+        return AverageOut(
+            stream=name,
+            start=lo,
+            end=hi,
+            group=group,
+            n=sums.n,
+            confidence=confidence,
+            epsilon=stream.epsilon,
+            payload_bits=stream.payload_bits,
+            estimate=_estimate_out(store.estimate(store.params_of(stream), sums, confidence)),
+        )
+
+    @app.get(f"{api}/streams/{{name}}/series", dependencies=read, response_model=SeriesOut)
+    def series(
+        name: str,
+        db: Db,
+        start: Start = None,
+        end: End = None,
+        interval: Annotated[
+            int | None, Query(ge=1, description="seconds per point, a multiple of the bucket")
+        ] = None,
+        group: Group = None,
+        confidence: Confidence = 0.95,
+    ) -> SeriesOut:
+        """The average per interval (for charts); intervals without readings are omitted."""
+        stream = stream_or_404(db, name)
+        step = interval or stream.bucket_seconds
+        if step % stream.bucket_seconds:
+            raise HTTPException(
+                422,
+                f"interval must be a multiple of the stream's bucket "
+                f"({stream.bucket_seconds} s), got {step}",
+            )
+        per = step // stream.bucket_seconds
+        devices = _devices_in(db, stream, group)
+        first, stop = _window(stream, start, end)
+        if first <= -(1 << 61) or stop >= 1 << 61:
+            bounds = db.execute(
+                select(func.min(BucketTotal.bucket), func.max(BucketTotal.bucket)).where(
+                    BucketTotal.stream_id == stream.id
+                )
+            ).one()
+            lowest: int | None = bounds[0]
+            if lowest is None:
+                return SeriesOut(
+                    stream=name,
+                    interval_seconds=step,
+                    group=group,
+                    confidence=confidence,
+                    points=[],
+                )
+            first = max(first, int(bounds[0])) if first > -(1 << 61) else int(bounds[0])
+            stop = min(stop, int(bounds[1]) + 1) if stop < 1 << 61 else int(bounds[1]) + 1
+        if (stop - first) / per > MAX_POINTS:
+            raise HTTPException(
+                422, f"more than {MAX_POINTS} points; choose a longer interval or a shorter window"
+            )
+        params = store.params_of(stream)
+        size = stream.bucket_seconds * 1000
+        points = [
+            PointOut(
+                start=_time(b * size),
+                end=_time((b + per) * size),
+                n=s.n,
+                estimate=_estimate_out(store.estimate(params, s, confidence)),
+            )
+            for b, s in store.series_sums(db, stream, first, stop, per, devices).items()
+        ]
+        return SeriesOut(
+            stream=name, interval_seconds=step, group=group, confidence=confidence, points=points
+        )
+
+    @app.get(f"{api}/streams/{{name}}/compare", dependencies=read, response_model=CompareOut)
+    def compare(
+        name: str,
+        db: Db,
+        a: Annotated[str, Query(description="first group, key:value", max_length=200)],
+        b: Annotated[str, Query(description="second group, key:value", max_length=200)],
+        start: Start = None,
+        end: End = None,
+        confidence: Confidence = 0.95,
+    ) -> CompareOut:
+        """Difference of two device groups' averages with its CI and a two-sided p-value."""
+        stream = stream_or_404(db, name)
+        first, stop = _window(stream, start, end)
+        params = store.params_of(stream)
+        sums = [
+            store.window_sums(db, stream, first, stop, _devices_in(db, stream, g)) for g in (a, b)
+        ]
+        est = [store.estimate(params, s, confidence) if s.n > 1 else None for s in sums]
+        out = CompareOut(
+            stream=name,
+            a=a,
+            b=b,
+            n_a=sums[0].n,
+            n_b=sums[1].n,
+            mean_a=est[0].mean if est[0] else None,
+            mean_b=est[1].mean if est[1] else None,
+            difference=None,
+            std_error=None,
+            ci=None,
+            p_value=None,
+            confidence=confidence,
+        )
+        if est[0] and est[1]:
+            diff = est[0].mean - est[1].mean
+            se = math.hypot(est[0].std_error, est[1].std_error)
+            z = NormalDist().inv_cdf(0.5 + confidence / 2)
+            out.difference, out.std_error = diff, se
+            out.ci = (diff - z * se, diff + z * se)
+            out.p_value = 2 * (1 - NormalDist().cdf(abs(diff) / se)) if se > 0 else None
+        return out
+
+    def _device_out(device: Device, epsilon: float) -> DeviceOut:
+        return DeviceOut(
+            name=device.name,
+            tags=json.loads(device.tags),
+            first_seen=_time(device.first_seen_ms),
+            last_seen=_time(device.last_seen_ms),
+            readings=device.readings,
+            batches=device.batches,
+            epsilon_spent=device.readings * epsilon,
+        )
+
+    @app.get(f"{api}/streams/{{name}}/devices", dependencies=read, response_model=DevicesOut)
+    def devices(
+        name: str,
+        db: Db,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    ) -> DevicesOut:
+        """Devices of the stream, by name, with what each sent and its epsilon spent."""
+        stream = stream_or_404(db, name)
+        total = (
+            db.scalar(select(func.count()).select_from(Device).where(Device.stream_id == stream.id))
+            or 0
+        )
+        rows = db.scalars(
+            select(Device)
+            .where(Device.stream_id == stream.id)
+            .order_by(Device.name)
+            .limit(limit)
+            .offset(offset)
+        )
+        return DevicesOut(
+            total=total,
+            limit=limit,
+            offset=offset,
+            devices=[_device_out(d, stream.epsilon) for d in rows],
+        )
+
+    @app.put(
+        f"{api}/streams/{{name}}/devices/{{device}}/tags",
+        dependencies=[Depends(operator)],
+        response_model=DeviceOut,
+    )
+    def set_tags(name: str, device: str, body: TagsIn, db: Db) -> DeviceOut:
+        """Replace a device's tags (operator token); tags group devices in queries."""
+        stream = stream_or_404(db, name)
+        for key, value in body.tags.items():
+            if not (0 < len(key) <= 64 and len(value) <= 200 and ":" not in key):
+                raise HTTPException(
+                    422, f"tag {key!r}: keys are 1-64 characters without ':', values at most 200"
+                )
+        row = db.scalar(select(Device).where(Device.stream_id == stream.id, Device.name == device))
+        if row is None:
+            raise HTTPException(
+                404,
+                f"no device {device!r} in stream {name!r} (devices "
+                "appear with their first valid data)",
+            )
+        row.tags = json.dumps(body.tags, sort_keys=True)
+        db.commit()
+        return _device_out(row, stream.epsilon)
+
+    @app.get(f"{api}/streams/{{name}}/stats", dependencies=read, response_model=StatsOut)
+    def stats(name: str, db: Db) -> StatsOut:
+        """Readings, messages, bytes on the wire and in the store, rejects by reason."""
+        stream = stream_or_404(db, name)
+        readings, messages, received = db.execute(
+            select(
+                func.coalesce(func.sum(BatchSeen.readings), 0),
+                func.count(),
+                func.coalesce(func.sum(BatchSeen.bytes), 0),
+            )
+            .join(Device, Device.id == BatchSeen.device_id)
+            .where(Device.stream_id == stream.id)
+        ).one()
+        device_count = (
+            db.scalar(select(func.count()).select_from(Device).where(Device.stream_id == stream.id))
+            or 0
+        )
+        sizes = store.storage_bytes(db, stream)
+        per = None
+        if readings:
+            segment = sizes["codes"] + sizes["timestamps"] + sizes["devices"]
+            per = {
+                "codes": 8 * sizes["codes"] / readings,
+                "segment": 8 * segment / readings,
+                "aggregates": 8 * sizes["aggregates"] / readings,
+            }
+        return StatsOut(
+            stream=name,
+            readings=int(readings),
+            messages=int(messages),
+            devices=device_count,
+            bytes_received=int(received),
+            wire_bytes_per_reading=received / readings if readings else None,
+            store_bytes=sizes,
+            store_bits_per_reading=per,
+            rejects=store.rejects(db, name),
+        )
+
+    @app.get(
+        f"{api}/streams/{{name}}/export",
+        dependencies=read,
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/csv": {}}, "description": "CSV rows"}},
+    )
+    def export(
+        name: str, request: Request, start: Start = None, end: End = None
+    ) -> StreamingResponse:
+        """Decoded per-reading estimates (timestamp, device, estimate) read from the segments."""
+        with request.app.state.sessions() as db:
+            stream = stream_or_404(db, name)
+            first, stop = _window(stream, start, end)
+        sessions = request.app.state.sessions
+
+        def rows() -> Iterator[str]:
+            yield "timestamp_ms,device,estimate\n"
+            with sessions() as db:
+                names = {d.id: d.name for d in store.devices_of(db, stream)}
+                params: Zeal = store.params_of(stream)
+                for _, cols in store.segment_columns(db, stream, first, stop):
+                    for t, d, x in zip(
+                        cols.timestamps, cols.devices, params.decode(cols.codes), strict=True
+                    ):
+                        yield f"{int(t)},{names.get(int(d), d)},{float(x)!r}\n"
+
+        return StreamingResponse(rows(), media_type="text/csv")
+
+    @app.get("/healthz")
+    def healthz(request: Request) -> JSONResponse:
+        """Database and broker reachability; 503 when either is down."""
+        state = request.app.state
+        body: dict[str, Any] = {}
+        try:
+            with state.engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            body["database"] = "ok"
+        except SQLAlchemyError as exc:
+            body["database"] = f"down: {type(exc).__name__}"
+        coll: Collector | None = state.collector
+        if coll is None:
+            body["broker"] = "off"
+        else:
+            body["broker"] = "ok" if coll.broker_connected else "down"
+            body["collector"] = {
+                "queue": coll.queue.qsize(),
+                "database_ok": coll.database_ok,
+                "last_error": coll.last_error,
+                **dict(coll.counts),
+            }
+            if not coll.database_ok:
+                body["database"] = "failing in the collector"
+        healthy = body["database"] == "ok" and body["broker"] != "down"
+        return JSONResponse(body, status_code=200 if healthy else 503)
+
+    @app.get("/metrics", dependencies=read, response_class=PlainTextResponse)
+    def metrics(request: Request) -> Response:
+        """Prometheus text format: collector counters and queue depth."""
+        coll: Collector | None = request.app.state.collector
+        lines = ["# TYPE zeal_collector_messages_total counter"]
+        counts = dict(coll.counts) if coll else {}
+        for status in ("stored", "duplicate", "rejected"):
+            lines.append(
+                f'zeal_collector_messages_total{{status="{status}"}} {counts.get(status, 0)}'
+            )
+        lines += [
+            "# TYPE zeal_collector_readings_total counter",
+            f"zeal_collector_readings_total {counts.get('readings', 0)}",
+            "# TYPE zeal_collector_queue gauge",
+            f"zeal_collector_queue {coll.queue.qsize() if coll else 0}",
+            "# TYPE zeal_broker_connected gauge",
+            f"zeal_broker_connected {int(bool(coll and coll.broker_connected))}",
+        ]
+        with request.app.state.sessions() as db:
+            for reason, count in sorted(store.rejects(db).items()):
+                lines.append(f'zeal_rejects_total{{reason="{reason}"}} {count}')
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    return app

@@ -1,0 +1,157 @@
+"""Database tables (SQLAlchemy 2.0). Schema changes go through Alembic (``migrations/``).
+
+Exact sums: per (stream, device, bucket) the aggregates keep the count and the sums of codes
+and of squared codes as 24-bit *limbs* (``total = sum(limb_i * 2**(24 i))``). Each batch adds
+its own limbs (each below 2**24) with a plain SQL increment, no carries needed, so every
+column stays below 2**63 for fewer than 2**39 batches, SQL ``SUM`` over any rows cannot
+overflow on SQLite or PostgreSQL, and Python recombines the totals exactly: no overflow up to
+2**40 readings per stream for codes of up to 28 bits.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = [
+    "LIMB_BITS",
+    "SQUARE_LIMBS",
+    "SUM_LIMBS",
+    "Aggregate",
+    "Base",
+    "BatchSeen",
+    "BucketTotal",
+    "Device",
+    "Reject",
+    "Segment",
+    "Stream",
+]
+
+LIMB_BITS = 24
+SUM_LIMBS = 3
+SQUARE_LIMBS = 4
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Stream(Base):
+    __tablename__ = "streams"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    lower: Mapped[float] = mapped_column(Float)
+    upper: Mapped[float] = mapped_column(Float)
+    epsilon: Mapped[float] = mapped_column(Float)
+    exponent: Mapped[int] = mapped_column(Integer)
+    payload_bits: Mapped[int] = mapped_column(Integer)
+    sampler: Mapped[str] = mapped_column(String(16))
+    fingerprint: Mapped[str] = mapped_column(String(16))
+    bucket_seconds: Mapped[int] = mapped_column(Integer)
+    description: Mapped[str] = mapped_column(String(500), default="")
+    created_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class Device(Base):
+    __tablename__ = "devices"
+    __table_args__ = (UniqueConstraint("stream_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    tags: Mapped[str] = mapped_column(Text, default="{}")
+    first_seen_ms: Mapped[int] = mapped_column(BigInteger)
+    last_seen_ms: Mapped[int] = mapped_column(BigInteger)
+    readings: Mapped[int] = mapped_column(BigInteger, default=0)
+    batches: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class BatchSeen(Base):
+    """One row per accepted batch: deduplication on (device, sequence), and wire statistics."""
+
+    __tablename__ = "batches"
+
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
+    #: The sequence number as a signed 64-bit integer (two's complement of the unsigned one).
+    sequence: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    received_ms: Mapped[int] = mapped_column(BigInteger)
+    readings: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(Integer)
+
+
+class Aggregate(Base):
+    __tablename__ = "aggregates"
+
+    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"), primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger)
+    s0: Mapped[int] = mapped_column(BigInteger)
+    s1: Mapped[int] = mapped_column(BigInteger)
+    s2: Mapped[int] = mapped_column(BigInteger)
+    q0: Mapped[int] = mapped_column(BigInteger)
+    q1: Mapped[int] = mapped_column(BigInteger)
+    q2: Mapped[int] = mapped_column(BigInteger)
+    q3: Mapped[int] = mapped_column(BigInteger)
+
+
+class BucketTotal(Base):
+    """The same sums per (stream, bucket) over all devices: ungrouped averages read these."""
+
+    __tablename__ = "bucket_totals"
+
+    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"), primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger)
+    s0: Mapped[int] = mapped_column(BigInteger)
+    s1: Mapped[int] = mapped_column(BigInteger)
+    s2: Mapped[int] = mapped_column(BigInteger)
+    q0: Mapped[int] = mapped_column(BigInteger)
+    q1: Mapped[int] = mapped_column(BigInteger)
+    q2: Mapped[int] = mapped_column(BigInteger)
+    q3: Mapped[int] = mapped_column(BigInteger)
+
+
+class Segment(Base):
+    """Columnar codes of one stream and time bucket: codes, timestamps, device ids.
+
+    Arriving batches land as small raw parts; compaction merges a closed bucket's parts
+    into one zstandard-compressed segment sorted by (device, time).
+    """
+
+    __tablename__ = "segments"
+    __table_args__ = (Index("ix_segments_stream_bucket", "stream_id", "bucket"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"))
+    bucket: Mapped[int] = mapped_column(BigInteger)
+    n: Mapped[int] = mapped_column(Integer)
+    compacted: Mapped[bool] = mapped_column(Boolean, default=False)
+    codes: Mapped[bytes] = mapped_column(LargeBinary)
+    timestamps: Mapped[bytes] = mapped_column(LargeBinary)
+    devices: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Reject(Base):
+    """Counts of rejected messages by stream, device and reason (names as on the topic)."""
+
+    __tablename__ = "rejects"
+
+    stream: Mapped[str] = mapped_column(String(128), primary_key=True)
+    device: Mapped[str] = mapped_column(String(128), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(32), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger)
+    last_ms: Mapped[int] = mapped_column(BigInteger)

@@ -1,0 +1,85 @@
+"""Server settings from environment variables (``zeal-server --help`` lists them).
+
+| variable | default | meaning |
+|---|---|---|
+| ZEAL_MODE | development | ``production`` refuses to start without ZEAL_OPERATOR_TOKEN |
+| ZEAL_DATA_DIR | zeal-data | where the default SQLite database lives |
+| ZEAL_DATABASE_URL | sqlite:///ZEAL_DATA_DIR/zeal.sqlite | SQLAlchemy URL (postgresql+psycopg) |
+| ZEAL_MQTT_URL | mqtt://127.0.0.1:1883 | broker; ``off`` runs the API without a collector |
+| ZEAL_MQTT_USERNAME / ZEAL_MQTT_PASSWORD | none | broker credentials |
+| ZEAL_MQTT_CA / ZEAL_MQTT_CERT / ZEAL_MQTT_KEY | none | TLS files for mqtts:// |
+| ZEAL_SHARE_GROUP | zeal | shared-subscription group of the collectors |
+| ZEAL_COLLECTOR_ID | zeal-collector-HOSTNAME | MQTT client id (persistent session) |
+| ZEAL_OPERATOR_TOKEN | none | bearer token for writes |
+| ZEAL_READ_TOKEN | none | bearer token for reads (reads are open without it) |
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from zeal.brokerurl import BrokerSettings, parse_broker_url
+
+__all__ = ["ServerSettings", "SettingsError"]
+
+
+class SettingsError(ValueError):
+    """A server setting is missing or invalid."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    database_url: str
+    broker: BrokerSettings | None
+    share_group: str = "zeal"
+    collector_id: str = "zeal-collector"
+    operator_token: str | None = None
+    read_token: str | None = None
+    mode: str = "development"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ServerSettings:
+        mode = env.get("ZEAL_MODE", "development")
+        if mode not in ("development", "production"):
+            raise SettingsError(f"ZEAL_MODE must be development or production, got {mode!r}")
+        data_dir = Path(env.get("ZEAL_DATA_DIR", "zeal-data"))
+        url = env.get("ZEAL_DATABASE_URL") or f"sqlite:///{data_dir / 'zeal.sqlite'}"
+        if url.startswith("sqlite:///"):
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        broker_url = env.get("ZEAL_MQTT_URL", "mqtt://127.0.0.1:1883")
+        try:
+            broker = (
+                None
+                if broker_url == "off"
+                else parse_broker_url(
+                    broker_url,
+                    username=env.get("ZEAL_MQTT_USERNAME"),
+                    password=env.get("ZEAL_MQTT_PASSWORD"),
+                    ca_file=env.get("ZEAL_MQTT_CA"),
+                    cert_file=env.get("ZEAL_MQTT_CERT"),
+                    key_file=env.get("ZEAL_MQTT_KEY"),
+                )
+            )
+        except ValueError as exc:
+            raise SettingsError(f"ZEAL_MQTT_URL: {exc}") from exc
+        operator = env.get("ZEAL_OPERATOR_TOKEN") or None
+        if mode == "production" and operator is None:
+            raise SettingsError("production mode needs ZEAL_OPERATOR_TOKEN (writes need a token)")
+        for name, token in (
+            ("ZEAL_OPERATOR_TOKEN", operator),
+            ("ZEAL_READ_TOKEN", env.get("ZEAL_READ_TOKEN")),
+        ):
+            if token is not None and len(token) < 16:
+                raise SettingsError(f"{name} must be at least 16 characters")
+        return cls(
+            database_url=url,
+            broker=broker,
+            share_group=env.get("ZEAL_SHARE_GROUP", "zeal"),
+            collector_id=env.get("ZEAL_COLLECTOR_ID", f"zeal-collector-{socket.gethostname()}"),
+            operator_token=operator,
+            read_token=env.get("ZEAL_READ_TOKEN") or None,
+            mode=mode,
+        )

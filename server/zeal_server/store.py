@@ -1,0 +1,582 @@
+"""Repository functions over the tables: the caller owns the session and the transaction.
+
+Ingest validates a message completely before it writes anything; a rejected message leaves
+only its reject count. A batch is stored once per (device, sequence): its dedup row, its
+aggregate increments and its raw segment part go in together, so a redelivery changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import typing
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy import (
+    ColumnElement,
+    CursorResult,
+    Integer,
+    Select,
+    cast,
+    delete,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from zeal import Batch, Estimate, ParameterError, WireError, Zeal, ZealWarning, decode_batch
+from zeal._exact import exact_sum, exact_sum_squares
+from zeal.streamconfig import check_name
+from zeal_server.models import (
+    LIMB_BITS,
+    SQUARE_LIMBS,
+    SUM_LIMBS,
+    Aggregate,
+    BatchSeen,
+    BucketTotal,
+    Device,
+    Reject,
+    Segment,
+    Stream,
+)
+from zeal_server.segments import Columns, decode_columns, encode_columns
+
+__all__ = ["MAX_SERVER_BITS", "Ingest", "Outcome", "StoreError", "create_stream", "params_of"]
+
+#: Widest codes the store accepts (the limb layout's no-overflow guarantee).
+MAX_SERVER_BITS = 28
+_LIMB_MASK = (1 << LIMB_BITS) - 1
+_SUM_COLUMNS = [f"s{i}" for i in range(SUM_LIMBS)]
+_SQUARE_COLUMNS = [f"q{i}" for i in range(SQUARE_LIMBS)]
+
+
+class StoreError(ValueError):
+    """A request the store cannot satisfy (unknown or duplicate stream, bad parameters)."""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def to_limbs(value: int, count: int) -> list[int]:
+    limbs = [(value >> (LIMB_BITS * i)) & _LIMB_MASK for i in range(count)]
+    if value >> (LIMB_BITS * count):
+        raise OverflowError(f"{value} needs more than {count} limbs")
+    return limbs
+
+
+def from_limbs(limbs: list[int]) -> int:
+    return sum(int(v or 0) << (LIMB_BITS * i) for i, v in enumerate(limbs))
+
+
+def params_of(stream: Stream) -> Zeal:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZealWarning)
+        return Zeal(
+            lower=stream.lower,
+            upper=stream.upper,
+            epsilon=stream.epsilon,
+            exponent=stream.exponent,
+            sampler=stream.sampler,
+        )
+
+
+def _insert(session: Session) -> Any:
+    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+
+
+# -- streams ----------------------------------------------------------------------------------
+
+
+def create_stream(
+    session: Session,
+    *,
+    name: str,
+    lower: float,
+    upper: float,
+    epsilon: float,
+    payload_bits: int | None = None,
+    exponent: int | None = None,
+    bucket_seconds: int = 60,
+    description: str = "",
+) -> Stream:
+    """Create a stream; its parameters are fixed for good (a change is a new stream)."""
+    try:
+        check_name("stream", name)
+        params = Zeal(
+            lower=lower, upper=upper, epsilon=epsilon, payload_bits=payload_bits, exponent=exponent
+        )
+    except ParameterError as exc:
+        raise StoreError(str(exc)) from exc
+    if params.payload_bits > MAX_SERVER_BITS:
+        raise StoreError(
+            f"payload_bits={params.payload_bits} exceeds the store's limit of {MAX_SERVER_BITS}"
+        )
+    if isinstance(bucket_seconds, bool) or not 1 <= bucket_seconds <= 86400:
+        raise StoreError(f"bucket_seconds must be in [1, 86400], got {bucket_seconds!r}")
+    if session.scalar(select(Stream.id).where(Stream.name == name)) is not None:
+        raise StoreError(
+            f"stream {name!r} already exists; its parameters cannot change "
+            "(create a new stream for new parameters)"
+        )
+    stream = Stream(
+        name=name,
+        lower=params.lower,
+        upper=params.upper,
+        epsilon=params.epsilon,
+        exponent=params.exponent,
+        payload_bits=params.payload_bits,
+        sampler=params.sampler,
+        fingerprint=params.fingerprint.hex(),
+        bucket_seconds=bucket_seconds,
+        description=description,
+        created_ms=now_ms(),
+    )
+    session.add(stream)
+    session.flush()
+    return stream
+
+
+def stream_by_name(session: Session, name: str) -> Stream | None:
+    return session.scalar(select(Stream).where(Stream.name == name))
+
+
+def list_streams(session: Session) -> list[Stream]:
+    return list(session.scalars(select(Stream).order_by(Stream.name)))
+
+
+# -- ingest -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one message: stored, duplicate, or rejected with a reason."""
+
+    status: str  # "stored" | "duplicate" | "rejected"
+    reason: str | None = None
+    stream: str = ""
+    device: str = ""
+    readings: int = 0
+
+
+@dataclass
+class _StreamEntry:
+    id: int
+    params: Zeal
+    bucket_ms: int
+
+
+class Ingest:
+    """Validates and stores messages; caches streams and devices between transactions."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, _StreamEntry | None] = {}
+        self._devices: dict[tuple[int, str], int] = {}
+
+    def forget(self) -> None:
+        """Drop caches (after a rollback, ids created in it are gone)."""
+        self._streams.clear()
+        self._devices.clear()
+
+    def _stream(self, session: Session, name: str) -> _StreamEntry | None:
+        entry = self._streams.get(name)
+        if entry is None:
+            row = stream_by_name(session, name)
+            if row is None:
+                return None
+            entry = _StreamEntry(row.id, params_of(row), row.bucket_seconds * 1000)
+            self._streams[name] = entry
+        return entry
+
+    def _device(self, session: Session, stream_id: int, name: str, when: int) -> int:
+        key = (stream_id, name)
+        device_id = self._devices.get(key)
+        if device_id is None:
+            session.execute(
+                _insert(session)(Device)
+                .values(
+                    stream_id=stream_id,
+                    name=name,
+                    tags="{}",
+                    first_seen_ms=when,
+                    last_seen_ms=when,
+                    readings=0,
+                    batches=0,
+                    bytes=0,
+                )
+                .on_conflict_do_nothing()
+            )
+            device_id = session.scalar(
+                select(Device.id).where(Device.stream_id == stream_id, Device.name == name)
+            )
+            assert device_id is not None
+            self._devices[key] = device_id
+        return device_id
+
+    def reject(self, session: Session, stream: str, device: str, reason: str, when: int) -> Outcome:
+        stmt = _insert(session)(Reject).values(
+            stream=stream[:128], device=device[:128], reason=reason, count=1, last_ms=when
+        )
+        session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["stream", "device", "reason"],
+                set_={"count": Reject.count + 1, "last_ms": stmt.excluded.last_ms},
+            )
+        )
+        return Outcome("rejected", reason, stream, device)
+
+    def add(self, session: Session, topic: str, payload: bytes, received_ms: int) -> Outcome:
+        """Validate one message and store it (or count its rejection)."""
+        parts = topic.split("/")
+        if len(parts) != 5 or parts[:2] != ["zeal", "v1"] or parts[4] != "up":
+            return self.reject(session, "", "", "bad_topic", received_ms)
+        stream_name, device_name = parts[2], parts[3]
+        try:
+            check_name("stream", stream_name)
+            check_name("device", device_name)
+        except ParameterError:
+            return self.reject(session, stream_name, device_name, "bad_topic", received_ms)
+        entry = self._stream(session, stream_name)
+        if entry is None:
+            return self.reject(session, stream_name, device_name, "unknown_stream", received_ms)
+        try:
+            batch = decode_batch(payload, entry.params, device=device_name)
+        except WireError as exc:
+            return self.reject(session, stream_name, device_name, exc.reason, received_ms)
+        device_id = self._device(session, entry.id, device_name, received_ms)
+        sequence = batch.sequence - (1 << 64) if batch.sequence >= 1 << 63 else batch.sequence
+        inserted = typing.cast(
+            "CursorResult[Any]",
+            session.execute(
+                _insert(session)(BatchSeen)
+                .values(
+                    device_id=device_id,
+                    sequence=sequence,
+                    received_ms=received_ms,
+                    readings=len(batch),
+                    bytes=len(payload),
+                )
+                .on_conflict_do_nothing()
+            ),
+        ).rowcount
+        if not inserted:
+            return Outcome("duplicate", None, stream_name, device_name)
+        self._store(session, entry, device_id, batch)
+        session.execute(
+            update(Device)
+            .where(Device.id == device_id)
+            .values(
+                last_seen_ms=func.max(Device.last_seen_ms, received_ms)
+                if session.get_bind().dialect.name == "sqlite"
+                else func.greatest(Device.last_seen_ms, received_ms),
+                readings=Device.readings + len(batch),
+                batches=Device.batches + 1,
+                bytes=Device.bytes + len(payload),
+            )
+        )
+        return Outcome("stored", None, stream_name, device_name, len(batch))
+
+    def _store(self, session: Session, entry: _StreamEntry, device_id: int, batch: Batch) -> None:
+        k = entry.params.payload_bits
+        buckets = batch.timestamps // entry.bucket_ms
+        for bucket in np.unique(buckets):
+            mask = buckets == bucket
+            codes = batch.codes[mask]
+            values: dict[str, int] = {"n": int(codes.size)}
+            values.update(zip(_SUM_COLUMNS, to_limbs(exact_sum(codes, k), SUM_LIMBS), strict=True))
+            values.update(
+                zip(
+                    _SQUARE_COLUMNS,
+                    to_limbs(exact_sum_squares(codes, k), SQUARE_LIMBS),
+                    strict=True,
+                )
+            )
+            for table, keys in ((Aggregate, {"device_id": device_id}), (BucketTotal, {})):
+                stmt = _insert(session)(table).values(
+                    stream_id=entry.id, bucket=int(bucket), **keys, **values
+                )
+                session.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=["stream_id", "bucket", *keys],
+                        set_={c: getattr(table, c) + getattr(stmt.excluded, c) for c in values},
+                    )
+                )
+            columns = Columns(
+                codes, batch.timestamps[mask], np.full(codes.size, device_id, dtype=np.int64)
+            )
+            blobs = encode_columns(columns, k, compress=False)
+            session.add(
+                Segment(
+                    stream_id=entry.id,
+                    bucket=int(bucket),
+                    n=int(codes.size),
+                    compacted=False,
+                    codes=blobs[0],
+                    timestamps=blobs[1],
+                    devices=blobs[2],
+                )
+            )
+
+
+# -- reading back -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sums:
+    n: int
+    sum_codes: int
+    sum_squares: int
+
+
+def _table(device_ids: list[int] | None) -> type[Aggregate] | type[BucketTotal]:
+    """Ungrouped sums read the per-bucket rollup; grouped ones the per-device rows."""
+    return BucketTotal if device_ids is None else Aggregate
+
+
+def _sum_columns(table: type[Aggregate] | type[BucketTotal]) -> list[ColumnElement[Any]]:
+    return [
+        func.coalesce(func.sum(getattr(table, c)), 0)
+        for c in ["n", *_SUM_COLUMNS, *_SQUARE_COLUMNS]
+    ]
+
+
+def _to_sums(row: Any, offset: int = 0) -> Sums:
+    values = [int(v or 0) for v in row[offset:]]
+    return Sums(
+        values[0], from_limbs(values[1 : 1 + SUM_LIMBS]), from_limbs(values[1 + SUM_LIMBS :])
+    )
+
+
+def _window(
+    query: Select[Any],
+    stream: Stream,
+    first_bucket: int,
+    stop_bucket: int,
+    device_ids: list[int] | None,
+) -> Select[Any]:
+    table = _table(device_ids)
+    query = query.where(
+        table.stream_id == stream.id,
+        table.bucket >= first_bucket,
+        table.bucket < stop_bucket,
+    )
+    if device_ids is not None:
+        query = query.where(Aggregate.device_id.in_(device_ids))
+    return query
+
+
+def window_sums(
+    session: Session,
+    stream: Stream,
+    first_bucket: int,
+    stop_bucket: int,
+    device_ids: list[int] | None = None,
+) -> Sums:
+    """Exact sums over buckets [first, stop) and (optionally) some devices."""
+    row = session.execute(
+        _window(
+            select(*_sum_columns(_table(device_ids))), stream, first_bucket, stop_bucket, device_ids
+        )
+    ).one()
+    return _to_sums(row)
+
+
+def series_sums(
+    session: Session,
+    stream: Stream,
+    first_bucket: int,
+    stop_bucket: int,
+    buckets_per_point: int,
+    device_ids: list[int] | None = None,
+) -> dict[int, Sums]:
+    """Exact sums per point of `buckets_per_point` buckets, keyed by the point's first bucket."""
+    table = _table(device_ids)
+    key = ((table.bucket - first_bucket) // buckets_per_point).label("point")
+    query = _window(
+        select(key, *_sum_columns(table)), stream, first_bucket, stop_bucket, device_ids
+    )
+    rows = session.execute(query.group_by(key).order_by(key)).all()
+    return {first_bucket + int(r[0]) * buckets_per_point: _to_sums(r, 1) for r in rows}
+
+
+def estimate(params: Zeal, sums: Sums, confidence: float) -> Estimate | None:
+    if sums.n == 0:
+        return None
+    return params.estimate_from_sums(
+        sums.n, sums.sum_codes, sums.sum_squares, confidence=confidence
+    )
+
+
+def devices_of(session: Session, stream: Stream) -> list[Device]:
+    return list(
+        session.scalars(select(Device).where(Device.stream_id == stream.id).order_by(Device.name))
+    )
+
+
+def group_device_ids(session: Session, stream: Stream, group: str) -> list[int]:
+    """Devices whose tags match ``key:value``; StoreError if the group is malformed."""
+    key, sep, value = group.partition(":")
+    if not sep or not key:
+        raise StoreError(f"group {group!r} must look like key:value (e.g. site:aarhus)")
+    return [d.id for d in devices_of(session, stream) if json.loads(d.tags).get(key) == value]
+
+
+# -- segments ---------------------------------------------------------------------------------
+
+
+def compact(
+    session: Session, stream: Stream, *, before_bucket: int | None = None, min_parts: int = 1
+) -> int:
+    """Merge the parts of each closed bucket into one compressed segment; returns buckets done."""
+    query = (
+        select(Segment.bucket)
+        .where(Segment.stream_id == stream.id)
+        .group_by(Segment.bucket)
+        .having((func.count() > min_parts) | (func.min(cast(Segment.compacted, Integer)) == 0))
+    )
+    if before_bucket is not None:
+        query = query.where(Segment.bucket < before_bucket)
+    done = 0
+    for bucket in list(session.scalars(query)):
+        parts = list(
+            session.scalars(
+                select(Segment).where(Segment.stream_id == stream.id, Segment.bucket == bucket)
+            )
+        )
+        merged = Columns.concat([_columns(p, stream.payload_bits) for p in parts]).sorted()
+        blobs = encode_columns(merged, stream.payload_bits, compress=True)
+        session.execute(delete(Segment).where(Segment.id.in_([p.id for p in parts])))
+        session.add(
+            Segment(
+                stream_id=stream.id,
+                bucket=bucket,
+                n=len(merged),
+                compacted=True,
+                codes=blobs[0],
+                timestamps=blobs[1],
+                devices=blobs[2],
+            )
+        )
+        done += 1
+    return done
+
+
+def _columns(segment: Segment, payload_bits: int) -> Columns:
+    return decode_columns(
+        segment.codes,
+        segment.timestamps,
+        segment.devices,
+        payload_bits,
+        compressed=segment.compacted,
+    )
+
+
+def segment_columns(
+    session: Session,
+    stream: Stream,
+    first_bucket: int | None = None,
+    stop_bucket: int | None = None,
+) -> Iterator[tuple[int, Columns]]:
+    query = select(Segment).where(Segment.stream_id == stream.id)
+    if first_bucket is not None:
+        query = query.where(Segment.bucket >= first_bucket)
+    if stop_bucket is not None:
+        query = query.where(Segment.bucket < stop_bucket)
+    for segment in session.scalars(query.order_by(Segment.bucket, Segment.id)):
+        yield segment.bucket, _columns(segment, stream.payload_bits)
+
+
+def verify(session: Session, stream: Stream) -> list[str]:
+    """Compare every (device, bucket)'s segment sums with its aggregates; list mismatches."""
+    from_segments: dict[tuple[int, int], list[int]] = {}
+    k = stream.payload_bits
+    for bucket, cols in segment_columns(session, stream):
+        for device in np.unique(cols.devices):
+            codes = cols.codes[cols.devices == device]
+            acc = from_segments.setdefault((int(device), bucket), [0, 0, 0])
+            acc[0] += int(codes.size)
+            acc[1] += exact_sum(codes, k)
+            acc[2] += exact_sum_squares(codes, k)
+    rows = session.execute(select(Aggregate).where(Aggregate.stream_id == stream.id)).scalars()
+    from_aggregates = {
+        (a.device_id, a.bucket): [
+            a.n,
+            from_limbs([getattr(a, c) for c in _SUM_COLUMNS]),
+            from_limbs([getattr(a, c) for c in _SQUARE_COLUMNS]),
+        ]
+        for a in rows
+    }
+    totals: dict[int, list[int]] = {}
+    for (_, bucket), sums in from_aggregates.items():
+        acc = totals.setdefault(bucket, [0, 0, 0])
+        for i in range(3):
+            acc[i] += sums[i]
+    rollup = {
+        t.bucket: [
+            t.n,
+            from_limbs([getattr(t, c) for c in _SUM_COLUMNS]),
+            from_limbs([getattr(t, c) for c in _SQUARE_COLUMNS]),
+        ]
+        for t in session.scalars(select(BucketTotal).where(BucketTotal.stream_id == stream.id))
+    }
+    problems = [
+        f"stream {stream.name} bucket {b}: bucket totals {rollup.get(b)} != sum of device "
+        f"aggregates {totals.get(b)}"
+        for b in sorted(set(totals) | set(rollup))
+        if totals.get(b) != rollup.get(b)
+    ]
+    for key in sorted(set(from_segments) | set(from_aggregates)):
+        seg, agg = from_segments.get(key), from_aggregates.get(key)
+        if seg != agg:
+            problems.append(
+                f"stream {stream.name} device {key[0]} bucket {key[1]}: "
+                f"segments {seg} != aggregates {agg}"
+            )
+    return problems
+
+
+def storage_bytes(session: Session, stream: Stream) -> dict[str, int]:
+    """Bytes the store uses for a stream: segment columns, and aggregates (8 bytes a field)."""
+    lengths = session.execute(
+        select(
+            func.coalesce(func.sum(func.length(Segment.codes)), 0),
+            func.coalesce(func.sum(func.length(Segment.timestamps)), 0),
+            func.coalesce(func.sum(func.length(Segment.devices)), 0),
+        ).where(Segment.stream_id == stream.id)
+    ).one()
+    rows = (
+        session.scalar(
+            select(func.count()).select_from(Aggregate).where(Aggregate.stream_id == stream.id)
+        )
+        or 0
+    )
+    fields = 3 + 1 + SUM_LIMBS + SQUARE_LIMBS
+    return {
+        "codes": int(lengths[0]),
+        "timestamps": int(lengths[1]),
+        "devices": int(lengths[2]),
+        "aggregates": int(rows) * fields * 8,
+    }
+
+
+def rejects(session: Session, stream: str | None = None) -> dict[str, int]:
+    query = select(Reject.reason, func.sum(Reject.count)).group_by(Reject.reason)
+    if stream is not None:
+        query = query.where(Reject.stream == stream)
+    return {str(r): int(c) for r, c in session.execute(query)}
+
+
+def bucket_bounds(stream: Stream, start_ms: int | None, end_ms: int | None) -> tuple[int, int]:
+    """Buckets [first, stop) covering [start, end): whole buckets, start rounded down."""
+    size = stream.bucket_seconds * 1000
+    first = -(1 << 62) if start_ms is None else math.floor(start_ms / size)
+    stop = 1 << 62 if end_ms is None else -(-end_ms // size)
+    return first, stop

@@ -1,0 +1,300 @@
+"""The HTTP API and the store on SQLite and PostgreSQL (messages fed straight to the store)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from zeal import Zeal, encode_batch
+from zeal.streamconfig import config_document
+from zeal_server import store
+from zeal_server.api import create_app
+from zeal_server.settings import ServerSettings, SettingsError
+
+OPERATOR, READER = "operator-token-0123456789", "reader-token-0123456789"
+T0 = 1767225600000  # 2026-01-01T00:00:00Z
+PARAMS = Zeal(lower=0, upper=110, epsilon=1, payload_bits=6)
+
+
+def settings(url: str, **extra: str) -> ServerSettings:
+    return ServerSettings.from_env({"ZEAL_DATABASE_URL": url, "ZEAL_MQTT_URL": "off", **extra})
+
+
+@pytest.fixture
+def client(database_url: str) -> Iterator[TestClient]:
+    with TestClient(create_app(settings(database_url, ZEAL_OPERATOR_TOKEN=OPERATOR))) as c:
+        c.headers["Authorization"] = f"Bearer {OPERATOR}"
+        yield c
+
+
+def create(client: TestClient, **overrides: Any) -> dict[str, Any]:
+    body = {
+        "name": "temps",
+        "lower": 0,
+        "upper": 110,
+        "epsilon": 1,
+        "payload_bits": 6,
+        "bucket_seconds": 60,
+        **overrides,
+    }
+    response = client.post("/api/v1/streams", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def feed(
+    client: TestClient,
+    device: str,
+    sequence: int,
+    readings: np.ndarray,
+    start_ms: int,
+    stream: str = "temps",
+    rng: int = 0,
+) -> np.ndarray:
+    """Perturb readings, encode them as a batch and hand the message to the store."""
+    codes = PARAMS.perturb(readings, rng=np.random.default_rng(rng))
+    payload = encode_batch(
+        PARAMS,
+        device=device,
+        sequence=sequence,
+        codes=codes,
+        timestamps=start_ms + 1000 * np.arange(readings.size),
+    )
+    ingest = store.Ingest()
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        outcome = ingest.add(session, f"zeal/v1/{stream}/{device}/up", payload, start_ms)
+    assert outcome.status == "stored", outcome
+    return codes
+
+
+def test_stream_lifecycle(client: TestClient) -> None:
+    """Create, read, list and fetch the configuration; parameters never change."""
+    out = create(client)
+    assert out["payload_bits"] == 6
+    assert out["fingerprint"] == PARAMS.fingerprint.hex()
+    assert client.get("/api/v1/streams/temps").json() == out
+    assert [s["name"] for s in client.get("/api/v1/streams").json()] == ["temps"]
+    assert client.get("/api/v1/streams/temps/config").json() == config_document("temps", PARAMS)
+    again = client.post(
+        "/api/v1/streams", json={"name": "temps", "lower": 0, "upper": 1, "epsilon": 1}
+    )
+    assert again.status_code == 409
+    assert "never change" in again.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"name": "bad/name", "lower": 0, "upper": 1, "epsilon": 1}, "stream name"),
+        ({"name": "s", "lower": 5, "upper": 1, "epsilon": 1}, "lower must be below upper"),
+        ({"name": "s", "lower": 0, "upper": 1, "epsilon": 0}, "greater than 0"),
+        (
+            {"name": "s", "lower": 0, "upper": 1, "epsilon": 1, "payload_bits": 40},
+            "less than or equal",
+        ),
+        (
+            {"name": "s", "lower": 0, "upper": 1, "epsilon": 1, "bucket_seconds": 0},
+            "greater than or equal",
+        ),
+        ({"name": "s", "lower": 0, "upper": 1e308, "epsilon": 1}, ""),
+    ],
+)
+def test_bad_stream_definitions_are_422(
+    client: TestClient, body: dict[str, Any], fragment: str
+) -> None:
+    """Invalid stream parameters answer 422 with a message, never 500."""
+    response = client.post("/api/v1/streams", json=body)
+    assert response.status_code == 422, response.text
+    assert fragment in response.text
+
+
+def test_tokens_guard_writes_and_reads(database_url: str) -> None:
+    """No token: 401; wrong token: 403; the read token, when set, guards every read route."""
+    app = create_app(settings(database_url, ZEAL_OPERATOR_TOKEN=OPERATOR, ZEAL_READ_TOKEN=READER))
+    body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
+    with TestClient(app) as c:
+        assert c.post("/api/v1/streams", json=body).status_code == 401
+        assert (
+            c.post(
+                "/api/v1/streams", json=body, headers={"Authorization": "Bearer nope"}
+            ).status_code
+            == 403
+        )
+        assert (
+            c.post(
+                "/api/v1/streams", json=body, headers={"Authorization": f"Bearer {READER}"}
+            ).status_code
+            == 403
+        )
+        assert (
+            c.post(
+                "/api/v1/streams", json=body, headers={"Authorization": f"Bearer {OPERATOR}"}
+            ).status_code
+            == 201
+        )
+        for path in (
+            "/api/v1/streams",
+            "/api/v1/streams/temps",
+            "/api/v1/streams/temps/average",
+            "/api/v1/streams/temps/stats",
+            "/metrics",
+        ):
+            assert c.get(path).status_code == 401, path
+            assert c.get(path, headers={"Authorization": "Bearer x"}).status_code == 403, path
+            assert c.get(path, headers={"Authorization": f"Bearer {READER}"}).status_code == 200
+    with pytest.raises(SettingsError, match="production mode needs ZEAL_OPERATOR_TOKEN"):
+        settings(database_url, ZEAL_MODE="production")
+
+
+def test_averages_are_exact_from_the_aggregates(client: TestClient) -> None:
+    """/average, groups, series and compare equal the exact estimates of the stored codes."""
+    create(client)
+    rng = np.random.default_rng(5)
+    codes: dict[str, list[np.ndarray]] = {}
+    per_bucket: dict[int, list[np.ndarray]] = {}
+    for d, site in enumerate(["aarhus", "aarhus", "oslo", "oslo"]):
+        device = f"dev{d}"
+        for seq in range(3):
+            start = T0 + seq * 60_000
+            c = feed(
+                client,
+                device,
+                seq,
+                rng.uniform(20 + 10 * d, 40 + 10 * d, 60),
+                start,
+                rng=d * 10 + seq,
+            )
+            codes.setdefault(site, []).append(c)
+            per_bucket.setdefault(start // 60_000, []).append(c)
+        assert (
+            client.put(
+                f"/api/v1/streams/temps/devices/{device}/tags", json={"tags": {"site": site}}
+            ).status_code
+            == 200
+        )
+    everything = np.concatenate([c for cs in codes.values() for c in cs])
+    avg = client.get("/api/v1/streams/temps/average").json()
+    assert avg["n"] == 720
+    assert avg["estimate"]["mean"] == PARAMS.estimate_mean(everything).mean
+    assert avg["estimate"]["guaranteed"] == list(PARAMS.estimate_mean(everything).guaranteed)
+    oslo = client.get("/api/v1/streams/temps/average", params={"group": "site:oslo"}).json()
+    assert oslo["estimate"]["mean"] == PARAMS.estimate_mean(np.concatenate(codes["oslo"])).mean
+    series = client.get("/api/v1/streams/temps/series", params={"interval": 60}).json()["points"]
+    assert len(series) == 3
+    for point in series:
+        bucket = (
+            int(np.datetime64(point["start"].replace("Z", ""), "ms").astype(np.int64)) // 60_000
+        )
+        assert (
+            point["estimate"]["mean"]
+            == PARAMS.estimate_mean(np.concatenate(per_bucket[bucket])).mean
+        )
+    window = client.get(
+        "/api/v1/streams/temps/average",
+        params={"start": "2026-01-01T00:01:00Z", "end": "2026-01-01T00:02:00Z"},
+    ).json()
+    assert window["n"] == 240
+    cmp = client.get(
+        "/api/v1/streams/temps/compare", params={"a": "site:aarhus", "b": "site:oslo"}
+    ).json()
+    a, b = (PARAMS.estimate_mean(np.concatenate(codes[s])) for s in ("aarhus", "oslo"))
+    assert cmp["difference"] == pytest.approx(a.mean - b.mean)
+    assert 0 <= cmp["p_value"] <= 1
+
+
+def test_devices_stats_export_verify(client: TestClient) -> None:
+    """Devices page, stats, CSV export (decoded codes) and verify agree with what was stored."""
+    create(client)
+    stored = [feed(client, f"dev{d}", 0, np.full(60, 50.0), T0, rng=d) for d in range(5)]
+    page = client.get("/api/v1/streams/temps/devices", params={"limit": 2, "offset": 1}).json()
+    assert page["total"] == 5
+    assert [d["name"] for d in page["devices"]] == ["dev1", "dev2"]
+    assert page["devices"][0]["epsilon_spent"] == 60.0
+    stats = client.get("/api/v1/streams/temps/stats").json()
+    assert (stats["readings"], stats["messages"], stats["devices"]) == (300, 5, 5)
+    rows = list(csv.DictReader(io.StringIO(client.get("/api/v1/streams/temps/export").text)))
+    assert sorted(float(r["estimate"]) for r in rows) == sorted(
+        PARAMS.decode(np.concatenate(stored)).tolist()
+    )
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        stream = store.stream_by_name(session, "temps")
+        assert stream is not None
+        assert store.verify(session, stream) == []
+        assert store.compact(session, stream) == 1
+        assert store.verify(session, stream) == []
+    assert client.get("/api/v1/streams/temps/stats").json()["store_bytes"]["codes"] > 0
+    assert "zeal_collector_messages_total" in client.get("/metrics").text
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "status", "fragment"),
+    [
+        ("/api/v1/streams/nope/average", {}, 404, "no stream named 'nope'"),
+        (
+            "/api/v1/streams/temps/average",
+            {"start": "2026-01-02", "end": "2026-01-01"},
+            422,
+            "must be before",
+        ),
+        ("/api/v1/streams/temps/average", {"start": "yesterday"}, 422, "datetime"),
+        ("/api/v1/streams/temps/average", {"group": "site"}, 422, "key:value"),
+        ("/api/v1/streams/temps/average", {"group": "site:mars"}, 422, "matches no device"),
+        ("/api/v1/streams/temps/average", {"confidence": 1}, 422, "less than 1"),
+        ("/api/v1/streams/temps/series", {"interval": 90}, 422, "multiple of the stream's bucket"),
+        (
+            "/api/v1/streams/temps/series",
+            {"start": "1970-01-01", "end": "2026-01-01", "interval": 60},
+            422,
+            "more than",
+        ),
+        ("/api/v1/streams/temps/devices", {"limit": 0}, 422, "greater than or equal"),
+        ("/api/v1/streams/temps/compare", {"a": "x:y"}, 422, "Field required"),
+    ],
+)
+def test_bad_query_parameters_say_what_is_wrong(
+    client: TestClient, path: str, params: dict[str, Any], status: int, fragment: str
+) -> None:
+    """Wrong parameters get a 4xx that names the problem."""
+    create(client)
+    feed(client, "dev0", 0, np.full(10, 50.0), T0)
+    response = client.get(path, params=params)
+    assert response.status_code == status, response.text
+    assert fragment in response.text
+
+
+def test_rejects_are_counted_and_store_nothing(client: TestClient) -> None:
+    """A corrupt payload, another device's payload, an unknown stream and stale parameters are
+    each rejected, counted by reason, and change nothing stored."""
+    create(client)
+    feed(client, "dev0", 0, np.full(60, 50.0), T0)
+    stale = Zeal(lower=0, upper=100, epsilon=1, payload_bits=6)
+    good = encode_batch(
+        PARAMS, device="dev1", sequence=0, codes=np.full(5, 40), timestamps=T0 + np.arange(5)
+    )
+    bad = {
+        "zeal/v1/temps/dev1/up": [
+            good[:-2],
+            encode_batch(
+                stale, device="dev1", sequence=1, codes=np.full(5, 40), timestamps=T0 + np.arange(5)
+            ),
+        ],
+        "zeal/v1/temps/dev2/up": [good],
+        "zeal/v1/nostream/dev1/up": [good],
+        "zeal/v1/temps/up": [good],
+    }
+    ingest = store.Ingest()
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        for topic, payloads in bad.items():
+            for payload in payloads:
+                assert ingest.add(session, topic, payload, T0).status == "rejected"
+    stats = client.get("/api/v1/streams/temps/stats").json()
+    assert stats["rejects"] == {"truncated": 1, "fingerprint_mismatch": 2}
+    assert (stats["readings"], stats["messages"], stats["devices"]) == (60, 1, 1)
+    feed(client, "dev0", 1, np.full(60, 50.0), T0 + 60_000)
+    assert client.get("/api/v1/streams/temps/stats").json()["readings"] == 120
