@@ -36,6 +36,8 @@ bench: install
 	$(BIN)/python -m zeal bench
 	$(BIN)/python -m zeal_edge.bench
 	$(BIN)/python bench/simulate_throughput.py
+	$(BIN)/python -m zeal_server.compression
+	$(BIN)/python bench/server_bench.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

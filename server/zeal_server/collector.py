@@ -69,6 +69,7 @@ class Collector:
         self.ingest = store.Ingest()
         self.counts: Counter[str] = Counter()
         self.broker_connected = False
+        self.subscribed = threading.Event()
         self.database_ok = True
         self.last_error: str | None = None
         self._stop = threading.Event()
@@ -90,6 +91,7 @@ class Collector:
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
+        client.on_subscribe = lambda c, u, mid, codes, p: self.subscribed.set()
         self.client = client
         self._writer = threading.Thread(target=self._write_loop, name="zeal-writer", daemon=True)
 
@@ -213,7 +215,9 @@ class Collector:
 
     def _store(self, messages: list[_Message]) -> list[store.Outcome]:
         with self.sessions() as session, session.begin():
-            return [self.ingest.add(session, m.topic, m.payload, m.received_ms) for m in messages]
+            return self.ingest.add_many(
+                session, [(m.topic, m.payload, m.received_ms) for m in messages]
+            )
 
     def _log_reject(self, outcome: store.Outcome) -> None:
         key = (outcome.reason or "", f"{outcome.stream}/{outcome.device}")

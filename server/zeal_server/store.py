@@ -20,12 +20,14 @@ from typing import Any
 import numpy as np
 from sqlalchemy import (
     ColumnElement,
-    CursorResult,
     Integer,
     Select,
+    Table,
+    bindparam,
     cast,
     delete,
     func,
+    insert,
     select,
     update,
 )
@@ -174,17 +176,84 @@ class _StreamEntry:
     bucket_ms: int
 
 
+class _Writes:
+    """Everything one transaction's accepted batches add, written with one executemany each."""
+
+    def __init__(self) -> None:
+        self.aggregates: dict[tuple[int, int, int], list[int]] = {}
+        self.totals: dict[tuple[int, int], list[int]] = {}
+        self.segments: list[dict[str, Any]] = []
+        self.devices: dict[int, list[int]] = {}  # id -> [last_seen, readings, batches, bytes]
+
+    def add(self, key: tuple[int, int, int], values: list[int]) -> None:
+        _accumulate(self.aggregates, key, values)
+        _accumulate(self.totals, (key[0], key[1]), values)
+
+
+def _accumulate(table: dict[Any, list[int]], key: Any, values: list[int]) -> None:
+    acc = table.get(key)
+    if acc is None:
+        table[key] = list(values)
+    else:
+        for i, v in enumerate(values):
+            acc[i] += v
+
+
+_VALUE_COLUMNS = ["n", *_SUM_COLUMNS, *_SQUARE_COLUMNS]
+
+
 class Ingest:
-    """Validates and stores messages; caches streams and devices between transactions."""
+    """Validates and stores messages; caches streams, devices and compiled statements."""
 
     def __init__(self) -> None:
         self._streams: dict[str, _StreamEntry | None] = {}
         self._devices: dict[tuple[int, str], int] = {}
+        self._statements: dict[tuple[str, str], Any] = {}
 
     def forget(self) -> None:
         """Drop caches (after a rollback, ids created in it are gone)."""
         self._streams.clear()
         self._devices.clear()
+
+    def _statement(self, session: Session, name: str) -> Any:
+        """Core statements built once per dialect, with bound parameters (compiled once)."""
+        dialect = session.get_bind().dialect.name
+        key = (dialect, name)
+        if key not in self._statements:
+            insert_ = _insert(session)
+            if name == "seen":
+                seen = typing.cast(Table, BatchSeen.__table__)
+                stmt = insert_(seen).on_conflict_do_nothing().returning(seen.c.sequence)
+            elif name in ("aggregates", "totals"):
+                table = typing.cast(
+                    Table, (Aggregate if name == "aggregates" else BucketTotal).__table__
+                )
+                keys = ["stream_id", "bucket", "device_id"][: 3 if name == "aggregates" else 2]
+                base = insert_(table)
+                excluded = base.excluded
+                stmt = base.on_conflict_do_update(
+                    index_elements=keys,
+                    set_={c: table.c[c] + excluded[c] for c in _VALUE_COLUMNS},
+                )
+            elif name == "device":
+                devices = typing.cast(Table, Device.__table__)
+                greatest = func.max if dialect == "sqlite" else func.greatest
+                stmt = (
+                    update(devices)
+                    .where(devices.c.id == bindparam("did"))
+                    .values(
+                        last_seen_ms=greatest(devices.c.last_seen_ms, bindparam("seen")),
+                        readings=devices.c.readings + bindparam("n"),
+                        batches=devices.c.batches + bindparam("b"),
+                        bytes=devices.c.bytes + bindparam("size"),
+                    )
+                )
+            elif name == "segments":
+                stmt = insert(typing.cast(Table, Segment.__table__))
+            else:
+                raise KeyError(name)
+            self._statements[key] = stmt
+        return self._statements[key]
 
     def _stream(self, session: Session, name: str) -> _StreamEntry | None:
         entry = self._streams.get(name)
@@ -234,7 +303,24 @@ class Ingest:
         return Outcome("rejected", reason, stream, device)
 
     def add(self, session: Session, topic: str, payload: bytes, received_ms: int) -> Outcome:
-        """Validate one message and store it (or count its rejection)."""
+        """Validate and store one message (see add_many)."""
+        return self.add_many(session, [(topic, payload, received_ms)])[0]
+
+    def add_many(self, session: Session, messages: list[tuple[str, bytes, int]]) -> list[Outcome]:
+        """Validate messages and store the accepted ones, in the caller's transaction.
+
+        Each message is checked and deduplicated on its own; what the accepted ones add to
+        the aggregates, bucket totals, segments and device counters is then written with one
+        executemany per table.
+        """
+        writes = _Writes()
+        outcomes = [self._one(session, t, p, ms, writes) for t, p, ms in messages]
+        self._write(session, writes)
+        return outcomes
+
+    def _one(
+        self, session: Session, topic: str, payload: bytes, received_ms: int, writes: _Writes
+    ) -> Outcome:
         parts = topic.split("/")
         if len(parts) != 5 or parts[:2] != ["zeal", "v1"] or parts[4] != "up":
             return self.reject(session, "", "", "bad_topic", received_ms)
@@ -253,76 +339,84 @@ class Ingest:
             return self.reject(session, stream_name, device_name, exc.reason, received_ms)
         device_id = self._device(session, entry.id, device_name, received_ms)
         sequence = batch.sequence - (1 << 64) if batch.sequence >= 1 << 63 else batch.sequence
-        inserted = typing.cast(
-            "CursorResult[Any]",
-            session.execute(
-                _insert(session)(BatchSeen)
-                .values(
-                    device_id=device_id,
-                    sequence=sequence,
-                    received_ms=received_ms,
-                    readings=len(batch),
-                    bytes=len(payload),
-                )
-                .on_conflict_do_nothing()
-            ),
-        ).rowcount
-        if not inserted:
+        # RETURNING tells whether the row went in; rowcount is not reliable for
+        # ON CONFLICT DO NOTHING across drivers (psycopg reported 1 for a duplicate).
+        inserted = session.execute(
+            self._statement(session, "seen"),
+            {
+                "device_id": device_id,
+                "sequence": sequence,
+                "received_ms": received_ms,
+                "readings": len(batch),
+                "bytes": len(payload),
+            },
+        ).first()
+        if inserted is None:
             return Outcome("duplicate", None, stream_name, device_name)
-        self._store(session, entry, device_id, batch)
-        session.execute(
-            update(Device)
-            .where(Device.id == device_id)
-            .values(
-                last_seen_ms=func.max(Device.last_seen_ms, received_ms)
-                if session.get_bind().dialect.name == "sqlite"
-                else func.greatest(Device.last_seen_ms, received_ms),
-                readings=Device.readings + len(batch),
-                batches=Device.batches + 1,
-                bytes=Device.bytes + len(payload),
-            )
-        )
+        self._collect(entry, device_id, batch, writes)
+        dev = writes.devices.setdefault(device_id, [received_ms, 0, 0, 0])
+        dev[0] = max(dev[0], received_ms)
+        dev[1] += len(batch)
+        dev[2] += 1
+        dev[3] += len(payload)
         return Outcome("stored", None, stream_name, device_name, len(batch))
 
-    def _store(self, session: Session, entry: _StreamEntry, device_id: int, batch: Batch) -> None:
+    def _collect(self, entry: _StreamEntry, device_id: int, batch: Batch, writes: _Writes) -> None:
         k = entry.params.payload_bits
         buckets = batch.timestamps // entry.bucket_ms
         for bucket in np.unique(buckets):
             mask = buckets == bucket
             codes = batch.codes[mask]
-            values: dict[str, int] = {"n": int(codes.size)}
-            values.update(zip(_SUM_COLUMNS, to_limbs(exact_sum(codes, k), SUM_LIMBS), strict=True))
-            values.update(
-                zip(
-                    _SQUARE_COLUMNS,
-                    to_limbs(exact_sum_squares(codes, k), SQUARE_LIMBS),
-                    strict=True,
-                )
-            )
-            for table, keys in ((Aggregate, {"device_id": device_id}), (BucketTotal, {})):
-                stmt = _insert(session)(table).values(
-                    stream_id=entry.id, bucket=int(bucket), **keys, **values
-                )
-                session.execute(
-                    stmt.on_conflict_do_update(
-                        index_elements=["stream_id", "bucket", *keys],
-                        set_={c: getattr(table, c) + getattr(stmt.excluded, c) for c in values},
-                    )
-                )
+            values = [
+                int(codes.size),
+                *to_limbs(exact_sum(codes, k), SUM_LIMBS),
+                *to_limbs(exact_sum_squares(codes, k), SQUARE_LIMBS),
+            ]
+            writes.add((entry.id, int(bucket), device_id), values)
             columns = Columns(
                 codes, batch.timestamps[mask], np.full(codes.size, device_id, dtype=np.int64)
             )
             blobs = encode_columns(columns, k, compress=False)
-            session.add(
-                Segment(
-                    stream_id=entry.id,
-                    bucket=int(bucket),
-                    n=int(codes.size),
-                    compacted=False,
-                    codes=blobs[0],
-                    timestamps=blobs[1],
-                    devices=blobs[2],
-                )
+            writes.segments.append(
+                {
+                    "stream_id": entry.id,
+                    "bucket": int(bucket),
+                    "n": int(codes.size),
+                    "compacted": False,
+                    "codes": blobs[0],
+                    "timestamps": blobs[1],
+                    "devices": blobs[2],
+                }
+            )
+
+    def _write(self, session: Session, writes: _Writes) -> None:
+        if writes.aggregates:
+            session.execute(
+                self._statement(session, "aggregates"),
+                [
+                    {
+                        "stream_id": s,
+                        "bucket": b,
+                        "device_id": d,
+                        **dict(zip(_VALUE_COLUMNS, v, strict=True)),
+                    }
+                    for (s, b, d), v in writes.aggregates.items()
+                ],
+            )
+            session.execute(
+                self._statement(session, "totals"),
+                [
+                    {"stream_id": s, "bucket": b, **dict(zip(_VALUE_COLUMNS, v, strict=True))}
+                    for (s, b), v in writes.totals.items()
+                ],
+            )
+            session.execute(self._statement(session, "segments"), writes.segments)
+            session.execute(
+                self._statement(session, "device"),
+                [
+                    {"did": d, "seen": v[0], "n": v[1], "b": v[2], "size": v[3]}
+                    for d, v in writes.devices.items()
+                ],
             )
 
 

@@ -52,6 +52,20 @@ def first_rows(tmp_path: Path, n: int) -> tuple[Path, list[float]]:
     return path, [float(r["temp"]) for r in rows]
 
 
+_started: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_agent_left_behind() -> Iterator[None]:
+    """Whatever a test asserts, the agents it started do not outlive it."""
+    yield
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def start_agent(
     data_dir: Path, broker_url: str, *args: str, stdin: int | None = subprocess.DEVNULL
 ) -> subprocess.Popen[str]:
@@ -70,7 +84,7 @@ def start_agent(
         str(data_dir),
         *args,
     ]
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         command,
         stdin=stdin,
         stdout=subprocess.PIPE,
@@ -78,6 +92,8 @@ def start_agent(
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+    _started.append(proc)
+    return proc
 
 
 def batches_by_sequence(messages: list[tuple[str, bytes]]) -> dict[int, list[bytes]]:

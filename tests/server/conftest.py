@@ -24,6 +24,16 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'zeal.sqlite'}"
         return
+    yield from _postgres_database()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database only (for tests about PostgreSQL itself)."""
+    yield from _postgres_database()
+
+
+def _postgres_database() -> Iterator[str]:
     name = f"zeal_test_{uuid.uuid4().hex[:12]}"
     with _admin() as conn:
         conn.execute(f'CREATE DATABASE "{name}"')

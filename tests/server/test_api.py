@@ -298,3 +298,25 @@ def test_rejects_are_counted_and_store_nothing(client: TestClient) -> None:
     assert (stats["readings"], stats["messages"], stats["devices"]) == (60, 1, 1)
     feed(client, "dev0", 1, np.full(60, 50.0), T0 + 60_000)
     assert client.get("/api/v1/streams/temps/stats").json()["readings"] == 120
+
+
+def test_redelivered_batches_change_nothing(client: TestClient) -> None:
+    """The same (device, sequence) stored again is a duplicate: counts and sums unchanged."""
+    create(client)
+    codes = PARAMS.perturb(np.full(60, 50.0), rng=np.random.default_rng(1))
+    payload = encode_batch(
+        PARAMS, device="dev0", sequence=7, codes=codes, timestamps=T0 + 1000 * np.arange(60)
+    )
+    ingest = store.Ingest()
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        outcomes = [
+            ingest.add(session, "zeal/v1/temps/dev0/up", payload, T0).status for _ in range(3)
+        ]
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        outcomes.append(ingest.add(session, "zeal/v1/temps/dev0/up", payload, T0).status)
+    assert outcomes == ["stored", "duplicate", "duplicate", "duplicate"]
+    s = client.get("/api/v1/streams/temps/stats").json()
+    assert (s["messages"], s["readings"]) == (1, 60)
+    assert client.get("/api/v1/streams/temps/average").json()["estimate"]["mean"] == (
+        PARAMS.estimate_mean(codes).mean
+    )

@@ -1,0 +1,259 @@
+"""The collector against a real Mosquitto broker, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+from fastapi.testclient import TestClient
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from tests.mqtt_helpers import Mosquitto
+from zeal import Zeal, encode_batch
+from zeal_server import store
+from zeal_server.api import create_app
+from zeal_server.settings import ServerSettings
+
+pytestmark = pytest.mark.integration
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
+T0 = 1767225600000
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    server = Mosquitto(tmp_path / "broker").start()
+    yield server
+    server.stop()
+
+
+def server_app(database_url: str, broker: Mosquitto, collector_id: str = "c1") -> Any:
+    return create_app(
+        ServerSettings.from_env(
+            {
+                "ZEAL_DATABASE_URL": database_url,
+                "ZEAL_MQTT_URL": broker.url,
+                "ZEAL_COLLECTOR_ID": collector_id,
+            }
+        )
+    )
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def create_stream(client: TestClient, **extra: Any) -> Zeal:
+    body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, **extra}
+    out = client.post("/api/v1/streams", json=body).json()
+    return Zeal(lower=0, upper=110, epsilon=1, exponent=out["exponent"])
+
+
+def stats(client: TestClient) -> dict[str, Any]:
+    result: dict[str, Any] = client.get("/api/v1/streams/temps/stats").json()
+    return result
+
+
+def publisher(port: int) -> mqtt.Client:
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    return client
+
+
+def publish_all(port: int, messages: list[tuple[str, bytes]]) -> None:
+    client = publisher(port)
+    for topic, payload in messages:
+        client.publish(topic, payload, qos=1).wait_for_publish(10)
+    client.disconnect()
+    client.loop_stop()
+
+
+def simulate(broker: Mosquitto, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zeal_edge",
+            "simulate",
+            "--dataset",
+            str(DATA),
+            "--stream",
+            "temps",
+            "--broker",
+            broker.url,
+            "--data-dir",
+            str(tmp_path / "sim"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def stored_columns(client: TestClient) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    app: Any = client.app
+    with app.state.sessions() as session:
+        stream = store.stream_by_name(session, "temps")
+        assert stream is not None
+        names = {d.id: d.name for d in store.devices_of(session, stream)}
+        parts = [cols for _, cols in store.segment_columns(session, stream)]
+    codes = np.concatenate([p.codes for p in parts])
+    stamps = np.concatenate([p.timestamps for p in parts])
+    devices = [names[int(d)] for p in parts for d in p.devices]
+    return codes, stamps, devices
+
+
+def test_fleet_of_200_devices_end_to_end(
+    database_url: str, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """200 simulated devices replay Seattle data: the API's average is the exact estimate of
+    every stored code and covers the true average within its guaranteed interval; per
+    interval likewise."""
+    data = np.array([float(r["temp"]) for r in csv.DictReader(DATA.open())])
+    with TestClient(server_app(database_url, broker)) as client:
+        params = create_stream(client, bucket_seconds=1)
+        result = simulate(broker, tmp_path, "--devices", "200", "--rate", "20", "--readings", "60")
+        assert result.returncode == 0, result.stderr
+        wait_until(lambda: stats(client)["readings"] == 12_000, what="12,000 readings stored")
+        codes, stamps, devices = stored_columns(client)
+        average = client.get("/api/v1/streams/temps/average").json()
+        assert average["n"] == 12_000
+        assert average["estimate"]["mean"] == params.estimate_mean(codes).mean
+        # The simulator's replay: device d starts at row d * (L // 200 + 7), 20 readings/s.
+        index = np.array([int(name.split("-")[1]) for name in devices])
+        step = (stamps - stamps.min()) // 50
+        truth = data[(index * (data.size // 200 + 7) + step) % data.size]
+        low, high = average["estimate"]["guaranteed"]
+        assert low <= truth.mean() <= high
+        points = client.get("/api/v1/streams/temps/series", params={"interval": 1}).json()["points"]
+        assert sum(p["n"] for p in points) == 12_000
+        assert len(points) >= 3
+        for point in points:
+            first = int(np.datetime64(point["start"].replace("Z", ""), "ms").astype(np.int64))
+            mask = (stamps >= first) & (stamps < first + 1000)
+            assert point["estimate"]["mean"] == params.estimate_mean(codes[mask]).mean
+            low, high = point["estimate"]["guaranteed"]
+            assert low <= truth[mask].mean() <= high
+        assert stats(client)["devices"] == 200
+
+
+def test_batches_published_three_times_out_of_order_are_stored_once(
+    database_url: str, broker: Mosquitto
+) -> None:
+    """Each batch sent 3 times, shuffled: stored once; /stats and /average agree."""
+    with TestClient(server_app(database_url, broker)) as client:
+        params = create_stream(client, bucket_seconds=60)
+        wait_until(lambda: client.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        rng = np.random.default_rng(3)
+        batches = [
+            encode_batch(
+                params,
+                device="dev1",
+                sequence=s,
+                codes=params.perturb(rng.uniform(30, 70, 60), rng=rng),
+                timestamps=T0 + 60_000 * s + 1000 * np.arange(60),
+            )
+            for s in range(8)
+        ]
+        messages = [("zeal/v1/temps/dev1/up", b) for b in batches] * 3
+        random.Random(7).shuffle(messages)
+        publish_all(broker.port, messages)
+        wait_until(
+            lambda: client.app.state.collector.counts["duplicate"] == 16, what="16 duplicates"
+        )  # type: ignore[attr-defined]
+        s = stats(client)
+        assert (s["messages"], s["readings"]) == (8, 480)
+        assert client.get("/api/v1/streams/temps/average").json()["n"] == 480
+
+
+def test_rejects_are_counted_and_good_data_is_intact(database_url: str, broker: Mosquitto) -> None:
+    """Corrupt payload, another device's payload, unknown stream, stale fingerprint: each is
+    rejected and counted by reason; good batches before and after are all stored."""
+    with TestClient(server_app(database_url, broker)) as client:
+        params = create_stream(client)
+        stale = Zeal(lower=0, upper=100, epsilon=1, payload_bits=params.payload_bits)
+        wait_until(lambda: client.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+
+        def batch(p: Zeal, device: str, seq: int) -> bytes:
+            return encode_batch(
+                p,
+                device=device,
+                sequence=seq,
+                codes=np.full(10, p.code_min),
+                timestamps=T0 + np.arange(10),
+            )
+
+        publish_all(
+            broker.port,
+            [
+                ("zeal/v1/temps/dev1/up", batch(params, "dev1", 0)),
+                ("zeal/v1/temps/dev1/up", batch(params, "dev1", 1)[:-3]),
+                ("zeal/v1/temps/dev2/up", batch(params, "dev1", 2)),
+                ("zeal/v1/other/dev1/up", batch(params, "dev1", 3)),
+                ("zeal/v1/temps/dev1/up", batch(stale, "dev1", 4)),
+                ("zeal/v1/temps/dev1/up", batch(params, "dev1", 5)),
+            ],
+        )
+        wait_until(lambda: sum(stats(client)["rejects"].values()) == 3, what="rejects")
+        s = stats(client)
+        assert s["rejects"] == {"truncated": 1, "fingerprint_mismatch": 2}
+        assert (s["messages"], s["readings"], s["devices"]) == (2, 20, 1)
+        metrics = client.get("/metrics").text
+        assert 'zeal_rejects_total{reason="fingerprint_mismatch"} 2' in metrics
+        assert 'zeal_rejects_total{reason="unknown_stream"} 1' in metrics
+
+
+def test_two_collectors_share_the_load_and_store_everything_once(
+    database_url: str, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """Two collectors on one shared subscription: both store some, together all, once."""
+    with (
+        TestClient(server_app(database_url, broker, "c1")) as one,
+        TestClient(server_app(database_url, broker, "c2")) as two,
+    ):
+        create_stream(one, bucket_seconds=60)
+        wait_until(lambda: two.app.state.collector.broker_connected, what="second collector")  # type: ignore[attr-defined]
+        result = simulate(broker, tmp_path, "--devices", "50", "--rate", "0", "--readings", "120")
+        assert result.returncode == 0, result.stderr
+        wait_until(lambda: stats(one)["readings"] == 6000, what="6,000 readings")
+        counts = [c.app.state.collector.counts for c in (one, two)]  # type: ignore[attr-defined]
+        assert counts[0]["stored"] > 0
+        assert counts[1]["stored"] > 0
+        assert counts[0]["stored"] + counts[1]["stored"] == 100
+        assert counts[0]["duplicate"] + counts[1]["duplicate"] == 0
+        assert stats(two)["messages"] == 100
+
+
+def test_stream_creation_publishes_the_retained_config(
+    database_url: str, broker: Mosquitto
+) -> None:
+    """Creating a stream retains its configuration document on the broker for agents."""
+    got: list[bytes] = []
+    with TestClient(server_app(database_url, broker)) as client:
+        wait_until(lambda: client.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        create_stream(client)
+        listener = publisher(broker.port)
+        listener.on_message = lambda c, u, m: got.append(bytes(m.payload))
+        listener.subscribe("zeal/v1/temps/config", qos=1)
+        wait_until(lambda: bool(got), timeout=10, what="retained config")
+        listener.disconnect()
+        listener.loop_stop()
+        assert json.loads(got[0]) == client.get("/api/v1/streams/temps/config").json()

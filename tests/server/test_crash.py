@@ -1,0 +1,212 @@
+"""Crash safety with real processes: collector SIGKILL, PostgreSQL stopped mid-stream."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.mqtt_helpers import Mosquitto, free_port
+
+pytestmark = pytest.mark.integration
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    server = Mosquitto(tmp_path / "broker").start()
+    yield server
+    server.stop()
+
+
+class Server:
+    """`zeal-server serve` as a subprocess that can be killed and restarted."""
+
+    def __init__(self, database_url: str, broker: Mosquitto, log: Path) -> None:
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "ZEAL_DATABASE_URL": database_url,
+            "ZEAL_MQTT_URL": broker.url,
+            "ZEAL_COLLECTOR_ID": "crash-test",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
+
+    def start(self) -> Server:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "zeal_server", "serve", "--port", str(self.port)],
+            env=self.env,
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if self.http.get("/healthz").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"server did not come up:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+    def stats(self) -> dict[str, int]:
+        body = self.http.get("/api/v1/streams/temps/stats").json()
+        return {"messages": body["messages"], "readings": body["readings"]}
+
+
+def start_fleet(
+    broker: Mosquitto, tmp_path: Path, devices: int, readings: int
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "zeal_edge",
+            "simulate",
+            "--dataset",
+            str(DATA),
+            "--stream",
+            "temps",
+            "--broker",
+            broker.url,
+            "--data-dir",
+            str(tmp_path / "sim"),
+            "--devices",
+            str(devices),
+            "--rate",
+            "20",
+            "--readings",
+            str(readings),
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(server: Server, expected: dict[str, int], timeout: float = 90) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    seen: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        try:
+            seen = server.stats()
+        except httpx.TransportError:
+            seen = {}
+        if seen == expected:
+            return seen
+        time.sleep(0.25)
+    return seen
+
+
+def verify(database_url: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "zeal_server", "verify"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": "off"},
+        check=False,
+    )
+    return result.stdout + result.stderr
+
+
+def test_collector_sigkill_mid_stream_loses_and_duplicates_nothing(
+    database_url: str, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """SIGKILL the collector while 100 devices publish; after restart every batch is stored once."""
+    server = Server(database_url, broker, tmp_path / "server.log").start()
+    try:
+        assert (
+            server.http.post(
+                "/api/v1/streams", json={"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
+            ).status_code
+            == 201
+        )
+        fleet = start_fleet(broker, tmp_path, 100, 180)  # 3 batches of 60 per device, 9 s
+        time.sleep(3.5)
+        server.kill()
+        time.sleep(2)
+        server.start()
+        out, err = fleet.communicate(timeout=120)
+        assert fleet.returncode == 0, err
+        assert "18000 acknowledged" in out
+        got = wait_for(server, {"messages": 300, "readings": 18_000})
+        assert got == {"messages": 300, "readings": 18_000}, server.log.read_text()[-3000:]
+    finally:
+        server.stop()
+    assert "verify: OK" in verify(database_url)
+
+
+def _pg_cluster(action: str) -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(
+        [
+            "pg_ctlcluster",
+            "--skip-systemctl-redirect",
+            version,
+            "main",
+            action,
+            *(["-m", "fast"] if action == "stop" else []),
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_postgresql_outage_is_waited_out(
+    postgres_url: str, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """PostgreSQL stopped for 10 s mid-stream: /healthz says so, nothing is acknowledged
+    unstored, and the collector catches up with everything once it is back."""
+    database_url = postgres_url
+    if not Path("/etc/postgresql").is_dir():
+        pytest.fail("PostgreSQL cluster tools are not installed")
+    server = Server(database_url, broker, tmp_path / "server.log").start()
+    try:
+        assert (
+            server.http.post(
+                "/api/v1/streams", json={"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
+            ).status_code
+            == 201
+        )
+        fleet = start_fleet(broker, tmp_path, 50, 300)  # 5 batches of 60 per device, 15 s
+        time.sleep(3)
+        _pg_cluster("stop")
+        try:
+            deadline, statuses = time.monotonic() + 10, set()
+            while time.monotonic() < deadline:
+                statuses.add(server.http.get("/healthz").status_code)
+                time.sleep(0.5)
+        finally:
+            _pg_cluster("start")
+        assert 503 in statuses
+        _out, err = fleet.communicate(timeout=120)
+        assert fleet.returncode == 0, err
+        got = wait_for(server, {"messages": 250, "readings": 15_000})
+        assert got == {"messages": 250, "readings": 15_000}, server.log.read_text()[-3000:]
+        assert server.http.get("/healthz").status_code == 200
+    finally:
+        server.stop()
+    assert "verify: OK" in verify(database_url)
