@@ -92,12 +92,9 @@ class BatchSeen(Base):
     bytes: Mapped[int] = mapped_column(Integer)
 
 
-class Aggregate(Base):
-    __tablename__ = "aggregates"
+class _Sums:
+    """The exact sums: count, then limbs of the sum of codes (s*) and of squares (q*)."""
 
-    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"), primary_key=True)
-    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
     n: Mapped[int] = mapped_column(BigInteger)
     s0: Mapped[int] = mapped_column(BigInteger)
     s1: Mapped[int] = mapped_column(BigInteger)
@@ -108,21 +105,21 @@ class Aggregate(Base):
     q3: Mapped[int] = mapped_column(BigInteger)
 
 
-class BucketTotal(Base):
+class Aggregate(_Sums, Base):
+    __tablename__ = "aggregates"
+
+    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"), primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
+
+
+class BucketTotal(_Sums, Base):
     """The same sums per (stream, bucket) over all devices: ungrouped averages read these."""
 
     __tablename__ = "bucket_totals"
 
     stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"), primary_key=True)
     bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    n: Mapped[int] = mapped_column(BigInteger)
-    s0: Mapped[int] = mapped_column(BigInteger)
-    s1: Mapped[int] = mapped_column(BigInteger)
-    s2: Mapped[int] = mapped_column(BigInteger)
-    q0: Mapped[int] = mapped_column(BigInteger)
-    q1: Mapped[int] = mapped_column(BigInteger)
-    q2: Mapped[int] = mapped_column(BigInteger)
-    q3: Mapped[int] = mapped_column(BigInteger)
 
 
 class Segment(Base):
