@@ -23,7 +23,24 @@ from pathlib import Path
 
 from zeal.brokerurl import BrokerSettings, parse_broker_url
 
-__all__ = ["ServerSettings", "SettingsError"]
+__all__ = ["VARIABLES", "ServerSettings", "SettingsError"]
+
+#: Every environment variable the server reads.
+VARIABLES = (
+    "ZEAL_MODE",
+    "ZEAL_DATA_DIR",
+    "ZEAL_DATABASE_URL",
+    "ZEAL_MQTT_URL",
+    "ZEAL_MQTT_USERNAME",
+    "ZEAL_MQTT_PASSWORD",
+    "ZEAL_MQTT_CA",
+    "ZEAL_MQTT_CERT",
+    "ZEAL_MQTT_KEY",
+    "ZEAL_SHARE_GROUP",
+    "ZEAL_COLLECTOR_ID",
+    "ZEAL_OPERATOR_TOKEN",
+    "ZEAL_READ_TOKEN",
+)
 
 
 class SettingsError(ValueError):

@@ -1,0 +1,99 @@
+"""Checks of docker-compose.yml and deploy/ that do not need Docker (it cannot run here)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from zeal_edge.settings import SETTINGS
+from zeal_server.settings import VARIABLES
+
+#: Files the compose file needs that hold secrets: created by the operator, never committed.
+SECRETS = {"deploy/.env": "deploy/env.example", "deploy/mosquitto/passwd": None}
+KNOWN = set(VARIABLES) | {s.env for s in SETTINGS}
+_REFERENCE = re.compile(r"\$\{([A-Z0-9_]+)(:-[^}]*)?\}")
+
+
+def _env_keys(path: Path) -> set[str]:
+    return {
+        line.split("=", 1)[0].strip()
+        for line in path.read_text().splitlines()
+        if "=" in line and not line.lstrip().startswith("#")
+    }
+
+
+def _ignored(root: Path, relative: str) -> bool:
+    result = subprocess.run(["git", "check-ignore", "-q", relative], cwd=root, check=False)
+    return result.returncode == 0
+
+
+def problems(root: Path) -> list[str]:
+    """Everything wrong with the compose file and deploy/; empty when all is well."""
+    found: list[str] = []
+    compose_path = root / "docker-compose.yml"
+    try:
+        compose: dict[str, Any] = yaml.safe_load(compose_path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        return [f"docker-compose.yml does not parse: {exc}"]
+    example = root / "deploy" / "env.example"
+    defined = _env_keys(example) if example.exists() else set()
+    if not example.exists():
+        found.append("deploy/env.example is missing")
+
+    def need_file(relative: str, why: str) -> None:
+        relative = relative.removeprefix("./")
+        if relative in SECRETS:
+            stand_in = SECRETS[relative]
+            if stand_in is not None and not (root / stand_in).exists():
+                found.append(f"{why}: {relative} is documented by {stand_in}, which is missing")
+            if not _ignored(root, relative):
+                found.append(f"{why}: secret file {relative} is not git-ignored")
+        elif not (root / relative).exists():
+            found.append(f"{why}: {relative} does not exist")
+
+    for name, service in compose.get("services", {}).items():
+        for volume in service.get("volumes", []):
+            host = volume.split(":")[0]
+            if host.startswith(("./", "/")):
+                need_file(host, f"service {name} mounts")
+        build = service.get("build")
+        if build:
+            context = root / build.get("context", ".")
+            dockerfile = build.get("dockerfile", "Dockerfile")
+            need_file(str((context / dockerfile).relative_to(root)), f"service {name} builds")
+            dockerfile_path = context / dockerfile
+            if dockerfile_path.exists():
+                for line in dockerfile_path.read_text().splitlines():
+                    if line.startswith("COPY "):
+                        for source in line.split()[1:-1]:
+                            need_file(
+                                str((context / source).relative_to(root)), f"{dockerfile} copies"
+                            )
+        env_file = service.get("env_file")
+        for item in [env_file] if isinstance(env_file, str) else env_file or []:
+            need_file(item, f"service {name} reads")
+        for key in service.get("environment", {}):
+            if key.startswith("ZEAL_") and key not in KNOWN:
+                found.append(f"service {name} sets {key}, which no zeal setting reads")
+        for variable, default in _REFERENCE.findall(yaml.safe_dump(service)):
+            if not default and variable not in defined:
+                found.append(
+                    f"service {name} needs ${{{variable}}}, which deploy/env.example "
+                    "does not define"
+                )
+    conf = root / "deploy" / "mosquitto" / "mosquitto.conf"
+    if conf.exists():
+        text = conf.read_text()
+        for setting in (
+            "allow_anonymous false",
+            "password_file",
+            "acl_file",
+            "max_queued_messages 0",
+        ):
+            if setting not in text:
+                found.append(f"deploy/mosquitto/mosquitto.conf lacks '{setting}'")
+    return found
