@@ -30,7 +30,7 @@ pytest: install
 test: lint typecheck pytest
 
 demo: install
-	$(BIN)/python -m zeal demo data/seattle-temps.csv --column temp --lower 0 --upper 110 --epsilon 1
+	$(BIN)/python tools/demo.py
 
 bench: install
 	$(BIN)/python -m zeal bench

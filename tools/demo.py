@@ -1,0 +1,222 @@
+"""``make demo``: a broker, the server and 200 simulated devices; served vs true average.
+
+Uses the broker at ZEAL_MQTT_URL (default mqtt://127.0.0.1:1883) when one answers there,
+otherwise starts a local ``mosquitto``. The server keeps SQLite in ``demo-data/``. Every
+5 seconds it prints the served (debiased, privatized) average next to the true average of
+exactly the readings stored so far. Ctrl-C stops everything it started.
+"""
+
+from __future__ import annotations
+
+import csv
+import getpass
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data" / "seattle-temps.csv"
+STATE = ROOT / "demo-data"
+DEVICES, RATE, BATCH = 200, 5, 30
+STREAM = "demo-temps"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def answers(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex((host, port)) == 0
+
+
+def wait_port(port: int, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not answers("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"nothing answers on port {port}")
+        time.sleep(0.1)
+
+
+def get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+def post(url: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def true_average(data: np.ndarray, devices: list[dict[str, Any]]) -> float:
+    """The mean of exactly the readings stored so far (the simulator's replay is fixed:
+    device d starts at row d * (len // DEVICES + 7) and steps one row per reading)."""
+    total, count = 0.0, 0
+    for device in devices:
+        d, n = int(device["name"].split("-")[1]), int(device["readings"])
+        rows = (d * (data.size // DEVICES + 7) + np.arange(n)) % data.size
+        total += float(data[rows].sum())
+        count += n
+    return total / count if count else float("nan")
+
+
+def main() -> int:
+    children: list[subprocess.Popen[bytes]] = []
+
+    def start(command: list[str], env: dict[str, str] | None = None, log: str = "") -> None:
+        out = (STATE / log).open("ab") if log else subprocess.DEVNULL
+        children.append(
+            subprocess.Popen(
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
+
+    def stop(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    shutil.rmtree(STATE, ignore_errors=True)
+    STATE.mkdir()
+    try:
+        url = os.environ.get("ZEAL_MQTT_URL", "mqtt://127.0.0.1:1883")
+        parts = urlsplit(url)
+        if answers(parts.hostname or "127.0.0.1", parts.port or 1883):
+            broker = url
+            print(f"broker: using {broker}")
+        else:
+            if shutil.which("mosquitto") is None:
+                print(
+                    f"no broker answers at {url} and there is no mosquitto binary; install "
+                    "one (apt-get install mosquitto) or set ZEAL_MQTT_URL",
+                    file=sys.stderr,
+                )
+                return 2
+            port = free_port()
+            (STATE / "mosquitto.conf").write_text(
+                f"user {getpass.getuser()}\nlistener {port} 127.0.0.1\nallow_anonymous true\n"
+                "max_queued_messages 0\n"
+            )
+            start(["mosquitto", "-c", str(STATE / "mosquitto.conf")], log="mosquitto.log")
+            wait_port(port)
+            broker = f"mqtt://127.0.0.1:{port}"
+            print(f"broker: no broker at {url}; started mosquitto at {broker}")
+        http_port = int(os.environ.get("ZEAL_DEMO_PORT", "0")) or free_port()
+        api = f"http://127.0.0.1:{http_port}"
+        env = {
+            **os.environ,
+            "ZEAL_DATABASE_URL": f"sqlite:///{STATE / 'zeal.sqlite'}",
+            "ZEAL_MQTT_URL": broker,
+            "ZEAL_SHARE_GROUP": f"demo-{os.getpid()}",
+            "ZEAL_COLLECTOR_ID": f"demo-{os.getpid()}",
+            "ZEAL_MODE": "development",
+        }
+        env.pop("ZEAL_OPERATOR_TOKEN", None)
+        start(
+            [sys.executable, "-m", "zeal_server", "serve", "--port", str(http_port)],
+            env,
+            "server.log",
+        )
+        wait_port(http_port)
+        for _ in range(100):
+            try:
+                if get(f"{api}/healthz").get("broker") == "ok":
+                    break
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        stream = post(
+            f"{api}/api/v1/streams",
+            {"name": STREAM, "lower": 0, "upper": 110, "epsilon": 1, "bucket_seconds": 60},
+        )
+        print(
+            f"stream {STREAM}: epsilon 1 per reading, {stream['payload_bits']} bits per "
+            f"reading on the wire (Abar = {stream['abar']:.4g})"
+        )
+        print(f"API and its docs: {api}/docs   (average: {api}/api/v1/streams/{STREAM}/average)")
+        start(
+            [
+                sys.executable,
+                "-m",
+                "zeal_edge",
+                "simulate",
+                "--devices",
+                str(DEVICES),
+                "--dataset",
+                str(DATA),
+                "--stream",
+                STREAM,
+                "--broker",
+                broker,
+                "--rate",
+                str(RATE),
+                "--batch",
+                str(BATCH),
+                "--data-dir",
+                str(STATE / "fleet"),
+                "--log-level",
+                "WARNING",
+            ],
+            log="fleet.log",
+        )
+        print(
+            f"fleet: {DEVICES} devices replaying Seattle 2010 temperatures, {RATE} readings/s "
+            "each; Ctrl-C stops everything"
+        )
+        data = np.array([float(row["temp"]) for row in csv.DictReader(DATA.open())])
+        began = time.time()
+        while True:
+            time.sleep(5)
+            if any(child.poll() is not None for child in children):
+                print("a demo process ended unexpectedly; see demo-data/*.log", file=sys.stderr)
+                return 1
+            average = get(f"{api}/api/v1/streams/{STREAM}/average")
+            estimate = average["estimate"]
+            if estimate is None:
+                print(f"t={time.time() - began:4.0f}s  waiting for the first batches ...")
+                continue
+            devices = get(f"{api}/api/v1/streams/{STREAM}/devices?limit=1000")["devices"]
+            low, high = estimate["guaranteed"]
+            print(
+                f"t={time.time() - began:4.0f}s  readings {average['n']:>8,}  "
+                f"served average {estimate['mean']:7.3f} F  (guaranteed [{low:.2f}, "
+                f"{high:.2f}])  true average {true_average(data, devices):7.3f} F",
+                flush=True,
+            )
+    except KeyboardInterrupt:
+        print("\nstopping the demo ...")
+        return 0
+    finally:
+        for child in reversed(children):
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGTERM)
+        for child in reversed(children):
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
