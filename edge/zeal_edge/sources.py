@@ -96,11 +96,12 @@ class CsvSource:
                 try:
                     value = float(row[self.column])
                 except (TypeError, ValueError):
+                    # The cell itself is not logged: it may hold a raw reading (e.g. "52.3F").
                     log.warning(
-                        "%s row %d: %r is not a number; skipped",
+                        "%s row %d: column %r is not a number; skipped",
                         self.path,
                         index + 2,
-                        row.get(self.column),
+                        self.column,
                     )
                     continue
                 stamp: int | None = None

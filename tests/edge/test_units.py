@@ -98,14 +98,19 @@ def test_budget_resumes_when_old_spend_leaves_the_window() -> None:
     assert policy.resume_ms(history, 0, 4_000_000) is None
 
 
-def test_csv_source_resumes_limits_and_skips_bad_rows(tmp_path: Path) -> None:
+def test_csv_source_resumes_limits_and_skips_bad_rows(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A CSV source starts at a saved offset, stops at a limit, skips non-numbers."""
     path = tmp_path / "x.csv"
     path.write_text(
         "date,temp\n2010/01/01 00:00,1.5\n2010/01/01 01:00,oops\n"
         "2010/01/01 02:00,3.5\n2010/01/01 03:00,4.5\n"
     )
-    values = [(r.value, r.offset) for r in CsvSource(path, column="temp")]
+    with caplog.at_level("WARNING"):
+        values = [(r.value, r.offset) for r in CsvSource(path, column="temp")]
+    assert "row 3: column 'temp' is not a number" in caplog.text
+    assert "oops" not in caplog.text  # a bad cell may hold a raw reading: never logged
     assert values == [(1.5, 1), (3.5, 3), (4.5, 4)]
     assert [r.value for r in CsvSource(path, column="temp", start=3)] == [4.5]
     assert [r.value for r in CsvSource(path, column="temp", limit=1)] == [1.5]
