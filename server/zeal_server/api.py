@@ -26,7 +26,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from zeal import Estimate, Zeal
+from zeal import Estimate
 from zeal.streamconfig import config_document
 from zeal_server import store
 from zeal_server.collector import Collector
@@ -640,15 +640,8 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         sessions = request.app.state.sessions
 
         def rows() -> Iterator[str]:
-            yield "timestamp_ms,device,estimate\n"
             with sessions() as db:
-                names = {d.id: d.name for d in store.devices_of(db, stream)}
-                params: Zeal = store.params_of(stream)
-                for _, cols in store.segment_columns(db, stream, first, stop):
-                    for t, d, x in zip(
-                        cols.timestamps, cols.devices, params.decode(cols.codes), strict=True
-                    ):
-                        yield f"{int(t)},{names.get(int(d), d)},{float(x)!r}\n"
+                yield from store.export_lines(db, stream, first, stop)
 
         return StreamingResponse(rows(), media_type="text/csv")
 

@@ -139,14 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             None if args.start is None else int(args.start.timestamp() * 1000),
             None if args.end is None else int(args.end.timestamp() * 1000),
         )
-        params = store.params_of(stream)
-        names = {d.id: d.name for d in store.devices_of(session, stream)}
-        print("timestamp_ms,device,estimate")
-        for _, cols in store.segment_columns(session, stream, first, stop):
-            for t, d, x in zip(
-                cols.timestamps, cols.devices, params.decode(cols.codes), strict=True
-            ):
-                print(f"{int(t)},{names.get(int(d), d)},{float(x)!r}")
+        for line in store.export_lines(session, stream, first, stop):
+            print(line, end="")
         return 0
 
 

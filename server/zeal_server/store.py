@@ -588,6 +588,21 @@ def segment_columns(
         yield segment.bucket, _columns(segment, stream.payload_bits)
 
 
+def export_lines(
+    session: Session,
+    stream: Stream,
+    first_bucket: int | None = None,
+    stop_bucket: int | None = None,
+) -> Iterator[str]:
+    """CSV lines (header first) of the decoded per-reading estimates stored in the segments."""
+    yield "timestamp_ms,device,estimate\n"
+    names = {d.id: d.name for d in devices_of(session, stream)}
+    params = params_of(stream)
+    for _, cols in segment_columns(session, stream, first_bucket, stop_bucket):
+        for t, d, x in zip(cols.timestamps, cols.devices, params.decode(cols.codes), strict=True):
+            yield f"{int(t)},{names.get(int(d), d)},{float(x)!r}\n"
+
+
 def verify(session: Session, stream: Stream) -> list[str]:
     """Compare every (device, bucket)'s segment sums with its aggregates; list mismatches."""
     from_segments: dict[tuple[int, int], list[int]] = {}
