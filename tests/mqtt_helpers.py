@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -139,3 +140,25 @@ def publish_retained(port: int, topic: str, payload: bytes) -> None:
     client.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
     client.disconnect()
     client.loop_stop()
+
+
+SEATTLE = Path(__file__).resolve().parents[1] / "data" / "seattle-temps.csv"
+
+
+def fleet_command(broker_url: str, data_dir: Path, *args: str, stream: str = "temps") -> list[str]:
+    """`zeal-edge simulate` replaying the Seattle temperatures into a stream of a broker."""
+    return [
+        sys.executable,
+        "-m",
+        "zeal_edge",
+        "simulate",
+        "--dataset",
+        str(SEATTLE),
+        "--stream",
+        stream,
+        "--broker",
+        broker_url,
+        "--data-dir",
+        str(data_dir),
+        *args,
+    ]

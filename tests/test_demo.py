@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from tests.mqtt_helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = re.compile(r"dashboard: (http://\S+/)")
 SERVED = re.compile(r"served average +[0-9.]+ F .* true average +[0-9.]+ F")
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -52,6 +54,9 @@ def test_make_demo_from_a_fresh_clone(tmp_path: Path) -> None:
             time.sleep(1)
         assert any(SERVED.search(line) for line in lines), "".join(lines[-30:])
         assert any("started mosquitto" in line for line in lines)
+        url = next(m.group(1) for line in lines if (m := DASHBOARD.search(line)))
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert b"/dashboard/app.js" in response.read()
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         demo.wait(timeout=60)
         time.sleep(2)

@@ -58,11 +58,26 @@ def get(url: str) -> Any:
         return json.load(response)
 
 
-def post(url: str, body: dict[str, Any]) -> Any:
+SITES = ("north", "south")
+
+
+def tag_sites(api: str, devices: list[dict[str, Any]]) -> None:
+    """Put the demo's devices into two groups (even and odd numbers) for the dashboard."""
+    for device in devices:
+        if not device["tags"]:
+            site = SITES[int(device["name"].rsplit("-", 1)[-1]) % 2]
+            post(
+                f"{api}/api/v1/streams/{STREAM}/devices/{device['name']}/tags",
+                {"tags": {"site": site}},
+                method="PUT",
+            )
+
+
+def post(url: str, body: dict[str, Any], method: str = "POST") -> Any:
     request = urllib.request.Request(
         url,
         data=json.dumps(body).encode(),
-        method="POST",
+        method=method,
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -153,7 +168,7 @@ def main() -> int:
             f"stream {STREAM}: epsilon 1 per reading, {stream['payload_bits']} bits per "
             f"reading on the wire (Abar = {stream['abar']:.4g})"
         )
-        print(f"API and its docs: {api}/docs   (average: {api}/api/v1/streams/{STREAM}/average)")
+        print(f"dashboard: {api}/   API docs: {api}/docs", flush=True)
         start(
             [
                 sys.executable,
@@ -196,6 +211,7 @@ def main() -> int:
                 print(f"t={time.time() - began:4.0f}s  waiting for the first batches ...")
                 continue
             devices = get(f"{api}/api/v1/streams/{STREAM}/devices?limit=1000")["devices"]
+            tag_sites(api, devices)
             low, high = estimate["guaranteed"]
             print(
                 f"t={time.time() - began:4.0f}s  readings {average['n']:>8,}  "

@@ -16,21 +16,30 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from importlib import resources
 from statistics import NormalDist
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    StreamingResponse,
+)
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from zeal import Estimate
+from zeal.estimate import bernstein_half_width
 from zeal.streamconfig import config_document
 from zeal_server import store
 from zeal_server.collector import Collector
 from zeal_server.db import make_engine, migrate, session_factory
+from zeal_server.efficiency import efficiency
 from zeal_server.models import BatchSeen, BucketTotal, Device, Stream
 from zeal_server.settings import ServerSettings
 
@@ -147,8 +156,33 @@ class DevicesOut(BaseModel):
     devices: list[DeviceOut]
 
 
+class GroupOut(BaseModel):
+    group: str = Field(description="key:value, usable as the group parameter")
+    devices: int
+
+
 class TagsIn(BaseModel):
     tags: dict[str, str] = Field(description='replaces the device\'s tags, e.g. {"site": "aarhus"}')
+
+
+class EfficiencyOut(BaseModel):
+    """Bits per reading, measured on the stream's data (see zeal_server.efficiency)."""
+
+    sample: int = Field(description="recent stored readings the alternatives were measured on")
+    wire_bits: float = Field(description="Zeal payload bits per reading received")
+    json_bits: float = Field(description='a JSON message {"ts", "value"} per reading')
+    float64_bits: float = Field(description="a raw float64 value (timestamp not counted)")
+    wire_vs_json: float
+    wire_vs_float64: float
+    store_bits: float = Field(description="segment bits per reading (codes, times, devices)")
+    store_code_bits: float = Field(description="bits per reading of the codes column alone")
+    paper_store_bits: float = Field(
+        description="the paper's format: privatized float64 values, zstandard level 3"
+    )
+    paper_wire_bits: float = Field(description="the paper's transmission: 64 - gamma_min bits")
+    store_vs_paper: float = Field(description="paper_store_bits / store_code_bits")
+    compression_ratio_cr: float = Field(description="paper Eq. (34) on the sample")
+    transmission_ratio_tr: float = Field(description="paper Eq. (27)")
 
 
 class StatsOut(BaseModel):
@@ -156,11 +190,38 @@ class StatsOut(BaseModel):
     readings: int
     messages: int
     devices: int
+    active_devices: int = Field(description="devices heard from in the last hour")
+    last_seen: datetime | None = Field(description="when the newest data arrived")
     bytes_received: int
     wire_bytes_per_reading: float | None
     store_bytes: dict[str, int]
     store_bits_per_reading: dict[str, float] | None
     rejects: dict[str, int]
+    efficiency: EfficiencyOut | None = Field(description="null until data is stored")
+
+
+class PreviewOut(BaseModel):
+    """What a stream with these parameters would be, before it is created."""
+
+    payload_bits: int
+    shared_bits: int
+    exponent: int
+    sampler: str
+    abar: float = Field(description="the addition constant Abar (paper Eq. (22))")
+    C: float = Field(description="the output bound C (paper Eq. (6))")
+    grid_step: float
+    realized_epsilon: float | None = Field(description="privacy loss the sampler realizes")
+    transmission_ratio: float = Field(description="TR, paper Eq. (27)")
+    n: int
+    confidence: float
+    std_error: float | None = Field(
+        description="worst-case standard error of the average of n readings "
+        "(null when it exceeds the float64 range, for astronomically wide ranges)"
+    )
+    guaranteed_half_width: float | None = Field(
+        description="half width of the guaranteed (Bernstein, Theorem 3) interval for n "
+        "readings (null when it exceeds the float64 range)"
+    )
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -247,6 +308,18 @@ def _devices_in(session: Session, stream: Stream, group: str | None) -> list[int
     return ids
 
 
+def _device_order(sort: str, descending: bool) -> list[Any]:
+    column = {
+        "name": Device.name,
+        "first_seen": Device.first_seen_ms,
+        "last_seen": Device.last_seen_ms,
+        "readings": Device.readings,
+        "epsilon_spent": Device.readings,
+    }[sort]
+    primary = column.desc() if descending else column.asc()
+    return [primary, Device.name]
+
+
 def _session(request: Request) -> Iterator[Session]:
     with request.app.state.sessions() as session:
         yield session
@@ -275,6 +348,16 @@ End = Annotated[datetime | None, Query(description="window end, exclusive (ISO 8
 Group = Annotated[
     str | None, Query(description="devices whose tag matches key:value", max_length=200)
 ]
+
+
+#: The dashboard may load and call nothing but its own origin (it works offline).
+_DASHBOARD_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
 
 
 # -- application ------------------------------------------------------------------------------
@@ -391,6 +474,42 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         """The configuration document agents use (also retained at zeal/v1/{name}/config)."""
         stream = stream_or_404(db, name)
         return config_document(stream.name, store.params_of(stream))
+
+    @app.get(f"{api}/preview", dependencies=read, response_model=PreviewOut)
+    def preview(
+        lower: Annotated[float, Query(description="lower end of the feasible range")],
+        upper: Annotated[float, Query(description="upper end of the feasible range")],
+        epsilon: Annotated[float, Query(gt=0, le=20, description="privacy budget per reading")],
+        payload_bits: Annotated[
+            int | None, Query(ge=2, le=store.MAX_SERVER_BITS, description="code width")
+        ] = None,
+        exponent: Annotated[int | None, Query(ge=-1000, le=1022)] = None,
+        n: Annotated[int, Query(ge=1, le=10**15, description="readings averaged")] = 10_000,
+        confidence: Confidence = 0.95,
+    ) -> PreviewOut:
+        """The derived parameters of a stream and the error of an average of n readings."""
+        try:
+            params = store.derive_params(lower, upper, epsilon, payload_bits, exponent)
+        except store.StoreError as exc:
+            raise invalid("query", None, str(exc)) from exc
+        variance = params.variance_bound()
+        std_error = math.sqrt(variance / n)
+        half = bernstein_half_width(confidence, n=n, variance=variance, bound=params.error_bound())
+        return PreviewOut(
+            payload_bits=params.payload_bits,
+            shared_bits=params.shared_bits,
+            exponent=params.exponent,
+            sampler=params.sampler,
+            abar=params.abar,
+            C=params.C,
+            grid_step=params.grid_step,
+            realized_epsilon=params.realized_epsilon,
+            transmission_ratio=params.transmission_ratio,
+            n=n,
+            confidence=confidence,
+            std_error=std_error if math.isfinite(std_error) else None,
+            guaranteed_half_width=half if math.isfinite(half) else None,
+        )
 
     @app.get(f"{api}/streams/{{name}}/average", dependencies=read, response_model=AverageOut)
     def average(
@@ -539,8 +658,13 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         db: Db,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+        sort: Annotated[
+            Literal["name", "first_seen", "last_seen", "readings", "epsilon_spent"],
+            Query(description="column to order by (epsilon_spent orders as readings)"),
+        ] = "name",
+        descending: bool = False,
     ) -> DevicesOut:
-        """Devices of the stream, by name, with what each sent and its epsilon spent."""
+        """Devices of the stream with what each sent and its epsilon spent, one page."""
         stream = stream_or_404(db, name)
         total = (
             db.scalar(select(func.count()).select_from(Device).where(Device.stream_id == stream.id))
@@ -549,7 +673,7 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         rows = db.scalars(
             select(Device)
             .where(Device.stream_id == stream.id)
-            .order_by(Device.name)
+            .order_by(*_device_order(sort, descending))
             .limit(limit)
             .offset(offset)
         )
@@ -559,6 +683,12 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             offset=offset,
             devices=[_device_out(d, stream.epsilon) for d in rows],
         )
+
+    @app.get(f"{api}/streams/{{name}}/groups", dependencies=read, response_model=list[GroupOut])
+    def groups(name: str, db: Db) -> list[GroupOut]:
+        """The device groups (tag key:value pairs) of the stream, for the group filter."""
+        stream = stream_or_404(db, name)
+        return [GroupOut(group=g, devices=n) for g, n in store.groups(db, stream).items()]
 
     @app.put(
         f"{api}/streams/{{name}}/devices/{{device}}/tags",
@@ -603,7 +733,14 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             db.scalar(select(func.count()).select_from(Device).where(Device.stream_id == stream.id))
             or 0
         )
+        last_ms, active = db.execute(
+            select(
+                func.max(Device.last_seen_ms),
+                func.count().filter(Device.last_seen_ms >= store.now_ms() - 3_600_000),
+            ).where(Device.stream_id == stream.id)
+        ).one()
         sizes = store.storage_bytes(db, stream)
+        measured = efficiency(db, stream, readings=int(readings), received_bytes=int(received))
         per = None
         if readings:
             segment = sizes["codes"] + sizes["timestamps"] + sizes["devices"]
@@ -617,11 +754,14 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             readings=int(readings),
             messages=int(messages),
             devices=device_count,
+            active_devices=int(active or 0),
+            last_seen=None if last_ms is None else _time(int(last_ms)),
             bytes_received=int(received),
             wire_bytes_per_reading=received / readings if readings else None,
             store_bytes=sizes,
             store_bits_per_reading=per,
             rejects=store.rejects(db, name),
+            efficiency=None if measured is None else EfficiencyOut(**measured),
         )
 
     @app.get(
@@ -644,6 +784,28 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
                 yield from store.export_lines(db, stream, first, stop)
 
         return StreamingResponse(rows(), media_type="text/csv")
+
+    dashboard = resources.files("zeal_server") / "dashboard"
+
+    @app.get("/", include_in_schema=False)
+    def index() -> HTMLResponse:
+        """The operator dashboard (static; it reads the API with the visitor's token)."""
+        return HTMLResponse(
+            dashboard.joinpath("index.html").read_text(encoding="utf-8"), headers=_DASHBOARD_HEADERS
+        )
+
+    app.mount(
+        "/dashboard",
+        StaticFiles(directory=str(dashboard), check_dir=True),
+        name="dashboard",
+    )
+
+    @app.middleware("http")
+    async def dashboard_headers(request: Request, call_next: Any) -> Response:
+        response: Response = await call_next(request)
+        if request.url.path.startswith("/dashboard/"):
+            response.headers.update(_DASHBOARD_HEADERS)
+        return response
 
     @app.get("/healthz")
     def healthz(request: Request) -> JSONResponse:

@@ -98,6 +98,27 @@ def _insert(session: Session) -> Any:
 # -- streams ----------------------------------------------------------------------------------
 
 
+def derive_params(
+    lower: float,
+    upper: float,
+    epsilon: float,
+    payload_bits: int | None = None,
+    exponent: int | None = None,
+) -> Zeal:
+    """The mechanism a stream with these parameters gets; StoreError names what is wrong."""
+    try:
+        params = Zeal(
+            lower=lower, upper=upper, epsilon=epsilon, payload_bits=payload_bits, exponent=exponent
+        )
+    except ParameterError as exc:
+        raise StoreError(str(exc)) from exc
+    if params.payload_bits > MAX_SERVER_BITS:
+        raise StoreError(
+            f"payload_bits={params.payload_bits} exceeds the store's limit of {MAX_SERVER_BITS}"
+        )
+    return params
+
+
 def create_stream(
     session: Session,
     *,
@@ -113,15 +134,9 @@ def create_stream(
     """Create a stream; its parameters are fixed for good (a change is a new stream)."""
     try:
         check_name("stream", name)
-        params = Zeal(
-            lower=lower, upper=upper, epsilon=epsilon, payload_bits=payload_bits, exponent=exponent
-        )
     except ParameterError as exc:
         raise StoreError(str(exc)) from exc
-    if params.payload_bits > MAX_SERVER_BITS:
-        raise StoreError(
-            f"payload_bits={params.payload_bits} exceeds the store's limit of {MAX_SERVER_BITS}"
-        )
+    params = derive_params(lower, upper, epsilon, payload_bits, exponent)
     if isinstance(bucket_seconds, bool) or not 1 <= bucket_seconds <= 86400:
         raise StoreError(f"bucket_seconds must be in [1, 86400], got {bucket_seconds!r}")
     if session.scalar(select(Stream.id).where(Stream.name == name)) is not None:
@@ -523,6 +538,16 @@ def group_device_ids(session: Session, stream: Stream, group: str) -> list[int]:
     return [d.id for d in devices_of(session, stream) if json.loads(d.tags).get(key) == value]
 
 
+def groups(session: Session, stream: Stream) -> dict[str, int]:
+    """Every ``key:value`` tag pair of the stream's devices, with how many devices carry it."""
+    counts: dict[str, int] = {}
+    for device in devices_of(session, stream):
+        for key, value in json.loads(device.tags).items():
+            group = f"{key}:{value}"
+            counts[group] = counts.get(group, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 # -- segments ---------------------------------------------------------------------------------
 
 
@@ -545,7 +570,7 @@ def compact(
                 select(Segment).where(Segment.stream_id == stream.id, Segment.bucket == bucket)
             )
         )
-        merged = Columns.concat([_columns(p, stream.payload_bits) for p in parts]).sorted()
+        merged = Columns.concat([columns_of(p, stream.payload_bits) for p in parts]).sorted()
         blobs = encode_columns(merged, stream.payload_bits, compress=True)
         session.execute(delete(Segment).where(Segment.id.in_([p.id for p in parts])))
         session.add(
@@ -563,7 +588,8 @@ def compact(
     return done
 
 
-def _columns(segment: Segment, payload_bits: int) -> Columns:
+def columns_of(segment: Segment, payload_bits: int) -> Columns:
+    """The decoded columns of one segment."""
     return decode_columns(
         segment.codes,
         segment.timestamps,
@@ -585,7 +611,7 @@ def segment_columns(
     if stop_bucket is not None:
         query = query.where(Segment.bucket < stop_bucket)
     for segment in session.scalars(query.order_by(Segment.bucket, Segment.id)):
-        yield segment.bucket, _columns(segment, stream.payload_bits)
+        yield segment.bucket, columns_of(segment, stream.payload_bits)
 
 
 def export_lines(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import math
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -255,6 +258,18 @@ def test_devices_stats_export_verify(client: TestClient) -> None:
         ),
         ("/api/v1/streams/temps/devices", {"limit": 0}, 422, "greater than or equal"),
         ("/api/v1/streams/temps/compare", {"a": "x:y"}, 422, "Field required"),
+        ("/api/v1/streams/temps/devices", {"sort": "secret"}, 422, "'name'"),
+        ("/api/v1/preview", {"lower": 1, "upper": 0, "epsilon": 1}, 422, "lower"),
+        ("/api/v1/preview", {"lower": 0, "upper": 1, "epsilon": 0}, 422, "greater than 0"),
+        ("/api/v1/preview", {"lower": 0, "upper": 1}, 422, "Field required"),
+        ("/api/v1/preview", {"lower": 0, "upper": 1, "epsilon": 1, "n": 0}, 422, "n"),
+        (
+            "/api/v1/preview",
+            {"lower": 0, "upper": 1, "epsilon": 1, "payload_bits": 29},
+            422,
+            "less than or equal to 28",
+        ),
+        ("/api/v1/streams/nope/groups", {}, 404, "no stream named 'nope'"),
     ],
 )
 def test_bad_query_parameters_say_what_is_wrong(
@@ -320,3 +335,91 @@ def test_redelivered_batches_change_nothing(client: TestClient) -> None:
     assert client.get("/api/v1/streams/temps/average").json()["estimate"]["mean"] == (
         PARAMS.estimate_mean(codes).mean
     )
+
+
+def test_preview_is_what_creating_the_stream_gives(client: TestClient) -> None:
+    """The form's preview: the same derived parameters as the created stream, and the
+    worst-case standard error and guaranteed half width for n readings."""
+    query = {"lower": -5, "upper": 45, "epsilon": 0.5, "n": 2500}
+    preview = client.get("/api/v1/preview", params=query).json()
+    created = create(client, name="room", lower=-5, upper=45, epsilon=0.5, payload_bits=None)
+    for key in ("payload_bits", "shared_bits", "exponent", "abar", "C", "grid_step"):
+        assert preview[key] == created[key], key
+    params = Zeal(lower=-5, upper=45, epsilon=0.5)
+    assert preview["std_error"] == pytest.approx(math.sqrt(params.variance_bound() / 2500))
+    assert preview["realized_epsilon"] <= 0.5
+    # The guaranteed interval at n readings is where Theorem 3's bound equals 5 %.
+    tail = params.absolute_bound(preview["guaranteed_half_width"], n=2500)
+    assert tail == pytest.approx(0.05, rel=1e-9)
+    narrow = client.get("/api/v1/preview", params={**query, "payload_bits": 3}).json()
+    assert narrow["payload_bits"] == 3
+    assert narrow["std_error"] > preview["std_error"]
+
+
+def test_devices_sort_groups_and_activity(client: TestClient) -> None:
+    """Devices sort by any column both ways; groups list tag pairs; stats say who is active."""
+    create(client)
+    now = store.now_ms()
+    ago = [7_200_000, 3_000_000, 0]  # received 2 h, 50 min and 0 s ago
+    for d, count in enumerate([30, 10, 20]):
+        feed(client, f"dev{d}", 0, np.full(count, 50.0), now - ago[d], rng=d)
+    order = {
+        (sort, desc): [
+            x["name"]
+            for x in client.get(
+                "/api/v1/streams/temps/devices", params={"sort": sort, "descending": desc}
+            ).json()["devices"]
+        ]
+        for sort in ("name", "readings", "last_seen")
+        for desc in (False, True)
+    }
+    assert order["name", False] == ["dev0", "dev1", "dev2"]
+    assert order["name", True] == ["dev2", "dev1", "dev0"]
+    assert order["readings", False] == ["dev1", "dev2", "dev0"]
+    assert order["readings", True] == ["dev0", "dev2", "dev1"]
+    assert order["last_seen", True] == ["dev2", "dev1", "dev0"]
+    for d, site in [(0, "north"), (1, "north"), (2, "south")]:
+        client.put(f"/api/v1/streams/temps/devices/dev{d}/tags", json={"tags": {"site": site}})
+    groups = client.get("/api/v1/streams/temps/groups").json()
+    assert groups == [{"group": "site:north", "devices": 2}, {"group": "site:south", "devices": 1}]
+    stats = client.get("/api/v1/streams/temps/stats").json()
+    assert stats["active_devices"] == 2  # dev1 and dev2: heard from in the last hour
+    assert datetime.fromisoformat(stats["last_seen"]).timestamp() * 1000 == now
+
+
+def test_efficiency_is_measured_on_the_stored_data(client: TestClient) -> None:
+    """Wire bits from the payload bytes received; JSON and the paper's float64 + zstd format
+    measured on the stored readings; store bits from the segment columns."""
+    create(client)
+    assert client.get("/api/v1/streams/temps/stats").json()["efficiency"] is None
+    stored = [
+        feed(client, f"dev{d}", s, np.full(60, 40.0 + d), T0 + 60_000 * s, rng=10 * d + s)
+        for d in range(4)
+        for s in range(5)
+    ]
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        stream = store.stream_by_name(session, "temps")
+        assert stream is not None
+        store.compact(session, stream)
+    stats = client.get("/api/v1/streams/temps/stats").json()
+    e = stats["efficiency"]
+    n = stats["readings"]
+    assert n == e["sample"] == 1200
+    assert e["wire_bits"] == pytest.approx(8 * stats["bytes_received"] / n)
+    assert e["store_code_bits"] == pytest.approx(8 * stats["store_bytes"]["codes"] / n)
+    codes = np.concatenate(stored)
+    # The sample is the stored readings in another order: the same multiset of values.
+    values = sorted(PARAMS.decode(codes).tolist())
+    json_bits = 8 * np.mean([len(json.dumps({"ts": T0, "value": v})) for v in values])
+    assert e["json_bits"] == pytest.approx(json_bits, rel=1e-12)  # every ts has 13 digits
+    assert e["paper_wire_bits"] == 64 - stats_shared_bits(client)
+    assert e["float64_bits"] == 64
+    assert 0 < e["paper_store_bits"] < 64
+    assert e["compression_ratio_cr"] == pytest.approx(e["paper_store_bits"] / 64)
+    assert e["store_vs_paper"] == pytest.approx(e["paper_store_bits"] / e["store_code_bits"])
+    assert e["wire_bits"] < e["json_bits"] / 10
+
+
+def stats_shared_bits(client: TestClient) -> int:
+    shared: int = client.get("/api/v1/streams/temps").json()["shared_bits"]
+    return shared

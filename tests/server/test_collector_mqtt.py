@@ -6,7 +6,6 @@ import csv
 import json
 import random
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.mqtt_helpers import Mosquitto
+from tests.mqtt_helpers import Mosquitto, fleet_command
 from zeal import Zeal, encode_batch
 from zeal_server import store
 from zeal_server.api import create_app
@@ -86,21 +85,7 @@ def publish_all(port: int, messages: list[tuple[str, bytes]]) -> None:
 
 def simulate(broker: Mosquitto, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "zeal_edge",
-            "simulate",
-            "--dataset",
-            str(DATA),
-            "--stream",
-            "temps",
-            "--broker",
-            broker.url,
-            "--data-dir",
-            str(tmp_path / "sim"),
-            *args,
-        ],
+        fleet_command(broker.url, tmp_path / "sim", *args),
         capture_output=True,
         text=True,
         timeout=300,

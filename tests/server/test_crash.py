@@ -13,11 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.mqtt_helpers import Mosquitto, free_port
+from tests.mqtt_helpers import Mosquitto, fleet_command, free_port
 
 pytestmark = pytest.mark.integration
-
-DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
 
 
 @pytest.fixture
@@ -79,28 +77,12 @@ def start_fleet(
     broker: Mosquitto, tmp_path: Path, devices: int, readings: int
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "zeal_edge",
-            "simulate",
-            "--dataset",
-            str(DATA),
-            "--stream",
-            "temps",
-            "--broker",
+        fleet_command(
             broker.url,
-            "--data-dir",
-            str(tmp_path / "sim"),
-            "--devices",
-            str(devices),
-            "--rate",
-            "20",
-            "--readings",
-            str(readings),
-            "--log-level",
-            "WARNING",
-        ],
+            tmp_path / "sim",
+            *("--devices", str(devices), "--rate", "20", "--readings", str(readings)),
+            *("--log-level", "WARNING"),
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -1,0 +1,850 @@
+// Zeal operator dashboard: plain JavaScript, no build step, nothing fetched from elsewhere.
+// Every figure comes from the HTTP API (/api/v1, see /docs); text from the server is only
+// ever inserted as text, never as markup.
+"use strict";
+
+const API = "/api/v1";
+const REFRESH_MS = 10000;
+const SVG_NS = "http://www.w3.org/2000/svg";
+const WINDOWS = { "1h": 3600, "1d": 86400, "1w": 604800 };
+const NICE_SECONDS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
+  21600, 43200, 86400, 172800, 604800];
+const PAGE = 25;
+
+// -- small helpers ---------------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  setAttrs(node, attrs);
+  node.append(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+  return node;
+}
+
+function svgEl(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  setAttrs(node, attrs);
+  node.append(...children.flat().filter((c) => c !== null && c !== undefined));
+  return node;
+}
+
+function setAttrs(node, attrs) {
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+}
+
+function fmt(x, digits = 3) {
+  return x === null || x === undefined || Number.isNaN(x) ? "–" : Number(x).toFixed(digits);
+}
+
+function fmtInt(x) {
+  return x === null || x === undefined ? "–" : Number(x).toLocaleString("en-US");
+}
+
+function fmtP(p) {
+  if (p === null || p === undefined) return "–";
+  return p < 1e-4 ? p.toExponential(2) : p.toPrecision(3);
+}
+
+function fmtTime(iso) {
+  if (!iso) return "never";
+  return new Date(iso).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+}
+
+function ago(iso) {
+  if (!iso) return "never";
+  const s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+  if (s < 90) return `${Math.round(s)} s ago`;
+  if (s < 5400) return `${Math.round(s / 60)} min ago`;
+  if (s < 172800) return `${Math.round(s / 3600)} h ago`;
+  return `${Math.round(s / 86400)} days ago`;
+}
+
+function isoAgo(seconds) {
+  return new Date(Date.now() - seconds * 1000).toISOString();
+}
+
+function describeDuration(seconds) {
+  if (seconds % 86400 === 0) return `${seconds / 86400} d`;
+  if (seconds % 3600 === 0) return `${seconds / 3600} h`;
+  if (seconds % 60 === 0) return `${seconds / 60} min`;
+  return `${seconds} s`;
+}
+
+class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+function token() {
+  return sessionStorage.getItem("zeal-token") || "";
+}
+
+async function api(path, options = {}) {
+  const headers = { Accept: "application/json" };
+  if (token()) headers.Authorization = `Bearer ${token()}`;
+  if (options.body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method: options.method || "GET",
+    headers,
+    body: options.body === undefined ? undefined : JSON.stringify(options.body),
+  });
+  let body = null;
+  try {
+    body = await response.json();
+  } catch (_) {
+    body = null;
+  }
+  if (!response.ok) throw new ApiError(response.status, problemText(response.status, body));
+  return body;
+}
+
+function problemText(status, body) {
+  const detail = body && body.detail;
+  let text;
+  if (Array.isArray(detail)) {
+    text = detail.map((d) => {
+      const where = (d.loc || []).filter((p) => p !== "body" && p !== "query").join(".");
+      return where ? `${where}: ${d.msg}` : d.msg;
+    }).join("; ");
+  } else {
+    text = detail || `HTTP ${status}`;
+  }
+  if (status === 401) return `${text}. Enter the token above.`;
+  if (status === 403) return `${text}. Check the token above.`;
+  return text;
+}
+
+function query(params) {
+  const parts = [];
+  for (const [key, value] of Object.entries(params)) {
+    if (value === null || value === undefined || value === "") continue;
+    parts.push(`${encodeURIComponent(key)}=${encodeURIComponent(value)}`);
+  }
+  return parts.length ? `?${parts.join("&")}` : "";
+}
+
+function streamPath(name) {
+  return `${API}/streams/${encodeURIComponent(name)}`;
+}
+
+function showProblem(message) {
+  const box = document.getElementById("problem");
+  box.textContent = message || "";
+  box.hidden = !message;
+}
+
+function figure(label, id, value = "–") {
+  return el("div", { class: "figure" },
+    el("div", { class: "label", id: `${id}-label` , text: label }),
+    el("div", { class: "value", id, "aria-labelledby": `${id}-label ${id}`, text: value }));
+}
+
+function set(id, text) {
+  const node = document.getElementById(id);
+  if (node) node.textContent = text;
+}
+
+// -- views -------------------------------------------------------------------------------------
+
+let current = null; // { refresh: async () => void }
+let generation = 0;
+
+async function runRefresh() {
+  if (!current) return;
+  const mine = generation;
+  try {
+    await current.refresh();
+    if (mine !== generation) return;
+    showProblem("");
+    set("updated", `Updated ${new Date().toISOString().replace("T", " ").slice(0, 19)} UTC`);
+  } catch (error) {
+    if (mine !== generation) return;
+    showProblem(error instanceof ApiError ? error.message : `Cannot reach the server: ${error.message}`);
+  }
+}
+
+function route() {
+  generation += 1;
+  const hash = location.hash || "#/";
+  const [path, search] = hash.slice(1).split("?");
+  const params = new URLSearchParams(search || "");
+  const main = document.getElementById("main");
+  main.replaceChildren();
+  showProblem("");
+  if (path.startsWith("/stream/")) {
+    current = streamView(main, decodeURIComponent(path.slice("/stream/".length)), params);
+  } else if (path === "/new") {
+    current = createView(main);
+  } else {
+    current = overviewView(main);
+  }
+  runRefresh();
+}
+
+// Overview: one row per stream, figures over the last hour.
+
+function overviewView(main) {
+  const body = el("tbody", { id: "streams-body" });
+  main.append(
+    el("h1", { text: "Streams" }),
+    el("section", { class: "card", "aria-labelledby": "overview-title" },
+      el("h2", { id: "overview-title", text: "Last hour" }),
+      el("table", { id: "streams" },
+        el("caption", { class: "sr-only", text: "Streams with their average over the last hour" }),
+        el("thead", {}, el("tr", {},
+          el("th", { scope: "col", text: "Stream" }),
+          el("th", { scope: "col", class: "num", text: "Average" }),
+          el("th", { scope: "col", class: "num", text: "95 % interval" }),
+          el("th", { scope: "col", class: "num", text: "Guaranteed" }),
+          el("th", { scope: "col", class: "num", text: "Readings" }),
+          el("th", { scope: "col", class: "num", text: "Devices" }),
+          el("th", { scope: "col", class: "num", text: "ε / reading" }),
+          el("th", { scope: "col", class: "num", text: "Payload bits" }),
+          el("th", { scope: "col", text: "Health" }))),
+        body)),
+  );
+  return {
+    async refresh() {
+      const streams = await api(`${API}/streams`);
+      const start = isoAgo(3600);
+      const rows = await Promise.all(streams.map(async (s) => {
+        const [avg, stats] = await Promise.all([
+          api(`${streamPath(s.name)}/average${query({ start })}`),
+          api(`${streamPath(s.name)}/stats`),
+        ]);
+        return overviewRow(s, avg, stats, start);
+      }));
+      if (!rows.length) {
+        rows.push(el("tr", {}, el("td", { colspan: 9 },
+          "No streams yet. ", el("a", { href: "#/new", text: "Create one" }), ".")));
+      }
+      body.replaceChildren(...rows);
+    },
+  };
+}
+
+function health(stats) {
+  const rejected = Object.values(stats.rejects).reduce((a, b) => a + b, 0);
+  const fresh = stats.last_seen && Date.now() - new Date(stats.last_seen).getTime() < 300000;
+  const parts = [];
+  if (!stats.last_seen) parts.push(el("span", { class: "badge idle", text: "no data yet" }));
+  else parts.push(el("span", { class: `badge ${fresh ? "ok" : "idle"}`,
+    text: fresh ? "live" : "quiet", title: `last data ${fmtTime(stats.last_seen)}` }),
+    ` last data ${ago(stats.last_seen)}`);
+  if (rejected) parts.push(" ", el("span", { class: "badge warn", text: `${fmtInt(rejected)} rejected` }));
+  return parts;
+}
+
+function overviewRow(stream, avg, stats, start) {
+  const e = avg.estimate;
+  return el("tr", { "data-stream": stream.name },
+    el("th", { scope: "row" }, el("a", { href: `#/stream/${encodeURIComponent(stream.name)}`, text: stream.name })),
+    el("td", { class: "num", "data-testid": "overview-mean", "data-start": start,
+      "data-mean": e ? String(e.mean) : "", text: e ? fmt(e.mean) : "no readings" }),
+    el("td", { class: "num", text: e ? `${fmt(e.ci[0])} – ${fmt(e.ci[1])}` : "–" }),
+    el("td", { class: "num", text: e ? `${fmt(e.guaranteed[0])} – ${fmt(e.guaranteed[1])}` : "–" }),
+    el("td", { class: "num", text: fmtInt(avg.n) }),
+    el("td", { class: "num", text: fmtInt(stats.active_devices) }),
+    el("td", { class: "num", text: String(stream.epsilon) }),
+    el("td", { class: "num", text: String(stream.payload_bits) }),
+    el("td", {}, health(stats)));
+}
+
+// Stream page: figures and chart over a window, groups, efficiency, devices, rejects.
+
+function streamView(main, name, params) {
+  const state = {
+    window: params.get("window") || "1h",
+    start: params.get("start") || "",
+    end: params.get("end") || "",
+    interval: params.get("interval") || "auto",
+    group: params.get("group") || "",
+    a: params.get("a") || "",
+    b: params.get("b") || "",
+    sort: "name",
+    descending: false,
+    page: 0,
+  };
+  let stream = null;
+  let groups = [];
+
+  const windowSelect = el("select", { id: "window" },
+    el("option", { value: "1h", text: "Last hour" }),
+    el("option", { value: "1d", text: "Last day" }),
+    el("option", { value: "1w", text: "Last week" }),
+    el("option", { value: "all", text: "All data" }),
+    el("option", { value: "custom", text: "Custom…" }));
+  const startInput = el("input", { id: "custom-start", type: "datetime-local", step: 1 });
+  const endInput = el("input", { id: "custom-end", type: "datetime-local", step: 1 });
+  const customBox = el("span", { class: "controls", id: "custom-box" },
+    el("label", { for: "custom-start" }, "From (UTC)", startInput),
+    el("label", { for: "custom-end" }, "To (UTC)", endInput));
+  const intervalSelect = el("select", { id: "interval" });
+  const groupSelect = el("select", { id: "group" });
+  const groupA = el("select", { id: "group-a" });
+  const groupB = el("select", { id: "group-b" });
+  const summary = el("div", { class: "figures", id: "summary" },
+    figure("Average", "window-mean"),
+    figure("95 % interval (normal)", "window-ci"),
+    figure("Guaranteed interval", "window-guaranteed"),
+    figure("Standard error", "window-se"),
+    figure("Readings", "window-n"));
+  const chartBox = el("div", { id: "chart-box" });
+  const pointsBody = el("tbody", { id: "points-body" });
+  const compareOut = el("div", { class: "figures", id: "compare-out" },
+    figure("Group A average", "compare-a"),
+    figure("Group B average", "compare-b"),
+    figure("Difference A − B", "compare-diff"),
+    figure("95 % interval of the difference", "compare-ci"),
+    figure("p-value (equal means)", "compare-p"));
+  const compareNote = el("p", { class: "muted", id: "compare-note" });
+  const efficiencyBody = el("tbody", { id: "efficiency-body" });
+  const devicesBody = el("tbody", { id: "devices-body" });
+  const devicesHead = el("tr", {});
+  const pagerText = el("span", { id: "devices-page", "aria-live": "polite" });
+  const prev = el("button", { type: "button", id: "devices-prev", text: "Previous" });
+  const next = el("button", { type: "button", id: "devices-next", text: "Next" });
+  const rejectsBody = el("tbody", { id: "rejects-body" });
+  const paramsList = el("dl", { class: "params", id: "stream-params" });
+  const title = el("h1", { text: name });
+
+  main.append(
+    el("p", {}, el("a", { href: "#/", text: "← All streams" })),
+    title,
+    el("section", { class: "card", "aria-labelledby": "window-title" },
+      el("h2", { id: "window-title", text: "Debiased average" }),
+      el("div", { class: "controls" },
+        el("label", { for: "window" }, "Window", windowSelect),
+        customBox,
+        el("label", { for: "interval" }, "Interval per point", intervalSelect),
+        el("label", { for: "group" }, "Devices", groupSelect)),
+      summary,
+      chartBox,
+      el("div", { class: "legend", id: "legend" },
+        el("span", {}, el("span", { class: "swatch mean" }), "debiased average per interval"),
+        el("span", {}, el("span", { class: "swatch normal" }), "95 % normal-approximation interval"),
+        el("span", {}, el("span", { class: "swatch guaranteed" }),
+          "guaranteed interval (Bernstein bound, holds for any data)")),
+      el("details", {}, el("summary", { text: "The numbers behind the chart" }),
+        el("table", { id: "points" },
+          el("thead", {}, el("tr", {},
+            el("th", { scope: "col", text: "Interval start" }),
+            el("th", { scope: "col", class: "num", text: "Readings" }),
+            el("th", { scope: "col", class: "num", text: "Average" }),
+            el("th", { scope: "col", class: "num", text: "95 % interval" }),
+            el("th", { scope: "col", class: "num", text: "Guaranteed" }))),
+          pointsBody))),
+    el("section", { class: "card", "aria-labelledby": "compare-title" },
+      el("h2", { id: "compare-title", text: "Compare two groups" }),
+      el("div", { class: "controls" },
+        el("label", { for: "group-a" }, "Group A", groupA),
+        el("label", { for: "group-b" }, "Group B", groupB)),
+      compareOut, compareNote),
+    el("div", { class: "grid2" },
+      el("section", { class: "card", "aria-labelledby": "efficiency-title" },
+        el("h2", { id: "efficiency-title", text: "Efficiency (bits per reading)" }),
+        el("table", { id: "efficiency" },
+          el("thead", {}, el("tr", {},
+            el("th", { scope: "col", text: "Format" }),
+            el("th", { scope: "col", class: "num", text: "Bits / reading" }),
+            el("th", { scope: "col", class: "num", text: "Zeal saves" }))),
+          efficiencyBody),
+        el("p", { class: "muted", id: "efficiency-note" })),
+      el("section", { class: "card", "aria-labelledby": "params-title" },
+        el("h2", { id: "params-title", text: "Parameters" }), paramsList,
+        el("h2", { id: "rejects-title", class: "spaced", text: "Rejected messages" }),
+        el("table", { id: "rejects", "aria-labelledby": "rejects-title" },
+          el("thead", {}, el("tr", {},
+            el("th", { scope: "col", text: "Reason" }),
+            el("th", { scope: "col", class: "num", text: "Messages" }))),
+          rejectsBody))),
+    el("section", { class: "card", "aria-labelledby": "devices-title" },
+      el("h2", { id: "devices-title", text: "Devices" }),
+      el("table", { id: "devices" }, el("thead", {}, devicesHead), devicesBody),
+      el("div", { class: "pager" }, prev, next, pagerText)),
+  );
+
+  windowSelect.value = state.window;
+  startInput.value = state.start;
+  endInput.value = state.end;
+
+  function keepInUrl() {
+    const keep = { window: state.window, interval: state.interval === "auto" ? "" : state.interval,
+      group: state.group, a: state.a, b: state.b };
+    if (state.window === "custom") Object.assign(keep, { start: state.start, end: state.end });
+    history.replaceState(null, "", `#/stream/${encodeURIComponent(name)}${query(keep)}`);
+  }
+
+  function windowBounds() {
+    if (state.window in WINDOWS) return { start: isoAgo(WINDOWS[state.window]), end: null };
+    if (state.window === "custom") {
+      return {
+        start: state.start ? `${state.start}Z` : null,
+        end: state.end ? `${state.end}Z` : null,
+      };
+    }
+    return { start: null, end: null };
+  }
+
+  function intervalSeconds(bounds) {
+    const bucket = stream.bucket_seconds;
+    if (state.interval !== "auto") return Number(state.interval);
+    const from = bounds.start ? new Date(bounds.start).getTime() : new Date(stream.created).getTime();
+    const to = bounds.end ? new Date(bounds.end).getTime() : Date.now();
+    const wanted = Math.max(1, (to - from) / 1000 / 120);
+    const nice = NICE_SECONDS.filter((s) => s % bucket === 0 && s >= wanted);
+    return nice.length ? nice[0] : Math.ceil(wanted / bucket) * bucket;
+  }
+
+  function fillIntervals() {
+    const bucket = stream.bucket_seconds;
+    const options = [el("option", { value: "auto", text: "Automatic" })];
+    for (const s of NICE_SECONDS.filter((x) => x % bucket === 0)) {
+      options.push(el("option", { value: String(s), text: describeDuration(s) }));
+    }
+    intervalSelect.replaceChildren(...options);
+    intervalSelect.value = state.interval;
+    if (intervalSelect.value !== state.interval) {
+      intervalSelect.append(el("option", { value: state.interval, text: describeDuration(Number(state.interval)) }));
+      intervalSelect.value = state.interval;
+    }
+  }
+
+  function fillGroups() {
+    const make = (select, value, none) => {
+      select.replaceChildren(el("option", { value: "", text: none }),
+        ...groups.map((g) => el("option", { value: g.group, text: `${g.group} (${g.devices} devices)` })));
+      select.value = value;
+    };
+    make(groupSelect, state.group, "All devices");
+    make(groupA, state.a, "Choose a group");
+    make(groupB, state.b, "Choose a group");
+  }
+
+  function showParams() {
+    const rows = [
+      ["Range", `[${stream.lower}, ${stream.upper}]`],
+      ["ε per reading", String(stream.epsilon)],
+      ["Realized ε", stream.realized_epsilon === null ? "– (paper sampler)" : stream.realized_epsilon.toPrecision(12)],
+      ["Payload bits", String(stream.payload_bits)],
+      ["Shared bits", String(stream.shared_bits)],
+      ["Sampler", stream.sampler],
+      ["Abar", stream.abar.toExponential(6)],
+      ["C", stream.C.toFixed(4)],
+      ["Grid step", stream.grid_step.toPrecision(6)],
+      ["Bucket", describeDuration(stream.bucket_seconds)],
+      ["Fingerprint", stream.fingerprint],
+      ["Created", fmtTime(stream.created)],
+    ];
+    paramsList.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+    if (stream.description) title.after(el("p", { class: "muted", text: stream.description }));
+  }
+
+  const columns = [
+    ["name", "Device", false], [null, "Tags", false], ["first_seen", "First seen", false],
+    ["last_seen", "Last seen", false], ["readings", "Readings", true], ["epsilon_spent", "ε spent", true],
+  ];
+
+  function drawDeviceHead() {
+    devicesHead.replaceChildren(...columns.map(([key, label, numeric]) => {
+      const th = el("th", { scope: "col", class: numeric ? "num" : null });
+      if (!key) {
+        th.textContent = label;
+        return th;
+      }
+      const active = state.sort === key;
+      th.setAttribute("aria-sort", active ? (state.descending ? "descending" : "ascending") : "none");
+      th.append(el("button", {
+        type: "button", "data-sort": key,
+        text: `${label}${active ? (state.descending ? " ▼" : " ▲") : ""}`,
+        onclick: () => {
+          if (state.sort === key) state.descending = !state.descending;
+          else { state.sort = key; state.descending = key !== "name"; }
+          state.page = 0;
+          drawDeviceHead();
+          loadDevices().catch((e) => showProblem(e.message));
+        },
+      }));
+      return th;
+    }));
+  }
+
+  async function loadDevices() {
+    const out = await api(`${streamPath(name)}/devices${query({
+      limit: PAGE, offset: state.page * PAGE, sort: state.sort, descending: state.descending })}`);
+    devicesBody.replaceChildren(...out.devices.map((d) => el("tr", {},
+      el("td", { text: d.name }),
+      el("td", { text: Object.entries(d.tags).map(([k, v]) => `${k}:${v}`).join(", ") }),
+      el("td", { text: fmtTime(d.first_seen) }),
+      el("td", { text: fmtTime(d.last_seen) }),
+      el("td", { class: "num", text: fmtInt(d.readings) }),
+      el("td", { class: "num", text: fmt(d.epsilon_spent, 2) }))));
+    if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 6, text: "No devices yet." })));
+    const first = out.total ? out.offset + 1 : 0;
+    pagerText.textContent = `${fmtInt(first)}–${fmtInt(out.offset + out.devices.length)} of ${fmtInt(out.total)}`;
+    prev.disabled = state.page === 0;
+    next.disabled = out.offset + out.devices.length >= out.total;
+  }
+
+  prev.addEventListener("click", () => { state.page = Math.max(0, state.page - 1); loadDevices().catch((e) => showProblem(e.message)); });
+  next.addEventListener("click", () => { state.page += 1; loadDevices().catch((e) => showProblem(e.message)); });
+
+  let windowAsked = 0;
+  let compareAsked = 0;
+
+  async function loadWindow() {
+    const mine = ++windowAsked;
+    const bounds = windowBounds();
+    const interval = intervalSeconds(bounds);
+    const common = { start: bounds.start, end: bounds.end, group: state.group };
+    const [avg, series] = await Promise.all([
+      api(`${streamPath(name)}/average${query(common)}`),
+      api(`${streamPath(name)}/series${query({ ...common, interval })}`),
+    ]);
+    if (mine !== windowAsked) return; // a newer choice is on its way
+    const e = avg.estimate;
+    summary.dataset.start = bounds.start || "";
+    summary.dataset.end = bounds.end || "";
+    summary.dataset.group = state.group;
+    summary.dataset.interval = String(interval);
+    summary.dataset.mean = e ? String(e.mean) : "";
+    set("window-mean", e ? fmt(e.mean) : "no readings");
+    set("window-ci", e ? `${fmt(e.ci[0])} – ${fmt(e.ci[1])}` : "–");
+    set("window-guaranteed", e ? `${fmt(e.guaranteed[0])} – ${fmt(e.guaranteed[1])}` : "–");
+    set("window-se", e ? fmt(e.std_error, 4) : "–");
+    set("window-n", fmtInt(avg.n));
+    chartBox.replaceChildren(drawChart(series.points, stream, interval, name, state.group));
+    pointsBody.replaceChildren(...series.points.map((p) => el("tr", {},
+      el("td", { text: fmtTime(p.start) }),
+      el("td", { class: "num", text: fmtInt(p.n) }),
+      el("td", { class: "num", text: p.estimate ? fmt(p.estimate.mean) : "–" }),
+      el("td", { class: "num", text: p.estimate ? `${fmt(p.estimate.ci[0])} – ${fmt(p.estimate.ci[1])}` : "–" }),
+      el("td", { class: "num", text: p.estimate ? `${fmt(p.estimate.guaranteed[0])} – ${fmt(p.estimate.guaranteed[1])}` : "–" }))));
+  }
+
+  async function loadCompare() {
+    const mine = ++compareAsked;
+    for (const id of ["compare-a", "compare-b", "compare-diff", "compare-ci", "compare-p"]) set(id, "–");
+    if (!state.a || !state.b) {
+      compareNote.textContent = groups.length
+        ? "Choose two groups to compare their averages over the window above."
+        : "Tag devices (PUT …/devices/{device}/tags) to compare groups.";
+      return;
+    }
+    const bounds = windowBounds();
+    const out = await api(`${streamPath(name)}/compare${query({ a: state.a, b: state.b, start: bounds.start, end: bounds.end })}`);
+    if (mine !== compareAsked) return;
+    compareOut.dataset.p = out.p_value === null ? "" : String(out.p_value);
+    compareOut.dataset.difference = out.difference === null ? "" : String(out.difference);
+    set("compare-a", out.mean_a === null ? "–" : `${fmt(out.mean_a)} (n ${fmtInt(out.n_a)})`);
+    set("compare-b", out.mean_b === null ? "–" : `${fmt(out.mean_b)} (n ${fmtInt(out.n_b)})`);
+    set("compare-diff", fmt(out.difference));
+    set("compare-ci", out.ci ? `${fmt(out.ci[0])} – ${fmt(out.ci[1])}` : "–");
+    set("compare-p", fmtP(out.p_value));
+    compareNote.textContent = out.p_value === null
+      ? "Each group needs at least two readings in the window."
+      : out.p_value < 0.05
+        ? "The groups' averages differ (p < 0.05, normal approximation)."
+        : "No evidence that the groups' averages differ at the 5 % level.";
+  }
+
+  async function loadStats() {
+    const stats = await api(`${streamPath(name)}/stats`);
+    const e = stats.efficiency;
+    if (!e) {
+      efficiencyBody.replaceChildren(el("tr", {}, el("td", { colspan: 3, text: "No stored readings yet." })));
+    } else {
+      const row = (label, bits, ratio, id) => el("tr", { id },
+        el("td", { text: label }), el("td", { class: "num", text: fmt(bits, 2) }),
+        el("td", { class: "num", text: ratio === null ? "" : `${fmt(ratio, 1)}×` }));
+      efficiencyBody.replaceChildren(
+        row("Zeal on the wire (measured payloads)", e.wire_bits, null, "eff-wire"),
+        row("JSON message per reading", e.json_bits, e.wire_vs_json, "eff-json"),
+        row("Raw float64 value", e.float64_bits, e.wire_vs_float64, "eff-float64"),
+        row("Zeal's store: codes column", e.store_code_bits, null, "eff-store"),
+        row("Paper's store: float64 x* + zstd", e.paper_store_bits, e.store_vs_paper, "eff-paper-store"),
+        row("Zeal's store with timestamps and devices", e.store_bits, null, "eff-segment"));
+      set("efficiency-note",
+        `Measured on ${fmtInt(stats.readings)} readings received and the ${fmtInt(e.sample)} most recent stored; ` +
+        `paper ratios CR = ${fmt(e.compression_ratio_cr, 4)}, TR = ${fmt(e.transmission_ratio_tr, 4)} ` +
+        `(the paper sends ${fmt(e.paper_wire_bits, 0)} bits per value before headers and timestamps). ` +
+        "Zeal's wire figure includes its headers and timestamps; the JSON row includes a timestamp; " +
+        "the float64 row is the value alone. Readings not yet compacted are stored uncompressed.");
+    }
+    const reasons = Object.entries(stats.rejects).sort((x, y) => y[1] - x[1]);
+    rejectsBody.replaceChildren(...(reasons.length
+      ? reasons.map(([reason, count]) => el("tr", {}, el("td", { text: reason }), el("td", { class: "num", text: fmtInt(count) })))
+      : [el("tr", {}, el("td", { colspan: 2, text: "None." }))]));
+  }
+
+  function changed() {
+    keepInUrl();
+    runRefresh();
+  }
+
+  windowSelect.addEventListener("change", () => {
+    state.window = windowSelect.value;
+    customBox.hidden = state.window !== "custom";
+    if (state.window === "custom" && !state.start) {
+      state.start = new Date(Date.now() - 3600000).toISOString().slice(0, 19);
+      startInput.value = state.start;
+    }
+    changed();
+  });
+  startInput.addEventListener("change", () => { state.start = startInput.value; changed(); });
+  endInput.addEventListener("change", () => { state.end = endInput.value; changed(); });
+  intervalSelect.addEventListener("change", () => { state.interval = intervalSelect.value; changed(); });
+  groupSelect.addEventListener("change", () => { state.group = groupSelect.value; changed(); });
+  groupA.addEventListener("change", () => { state.a = groupA.value; changed(); });
+  groupB.addEventListener("change", () => { state.b = groupB.value; changed(); });
+  customBox.hidden = state.window !== "custom";
+  drawDeviceHead();
+
+  return {
+    async refresh() {
+      if (!stream) {
+        stream = await api(streamPath(name));
+        fillIntervals();
+        showParams();
+      }
+      groups = await api(`${streamPath(name)}/groups`);
+      fillGroups();
+      await Promise.all([loadWindow(), loadCompare(), loadStats(), loadDevices()]);
+      main.dataset.ready = String(Date.now());
+    },
+  };
+}
+
+// The chart: our own SVG. Bands are clipped to the plot, whose height is kept near the
+// stream's range so one wide guaranteed band cannot flatten the rest.
+
+function niceTicks(lo, hi, count) {
+  const span = hi - lo;
+  const raw = span / Math.max(1, count);
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw) || raw;
+  const ticks = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) ticks.push(Number(v.toPrecision(12)));
+  return ticks;
+}
+
+function timeTicks(from, to) {
+  const span = (to - from) / 1000;
+  const step = NICE_SECONDS.find((s) => span / s <= 7) || 604800;
+  const ticks = [];
+  for (let t = Math.ceil(from / 1000 / step) * step; t * 1000 <= to; t += step) ticks.push(t * 1000);
+  const label = (ms) => {
+    const iso = new Date(ms).toISOString();
+    if (step >= 86400) return iso.slice(5, 10);
+    if (step >= 60) return iso.slice(11, 16);
+    return iso.slice(11, 19);
+  };
+  return ticks.map((t) => [t, label(t)]);
+}
+
+function drawChart(points, stream, interval, name, group) {
+  const W = 900;
+  const H = 320;
+  const m = { l: 58, r: 14, t: 12, b: 30 };
+  const pts = points.filter((p) => p.estimate);
+  const label = `Debiased average of ${name}${group ? ` for ${group}` : ""} per ${describeDuration(interval)}, ` +
+    `${pts.length} points, with the 95 % normal interval and the guaranteed interval`;
+  const root = svgEl("svg", { class: "chart", id: "chart", viewBox: `0 0 ${W} ${H}`, role: "img",
+    "aria-label": label, "data-points": pts.length });
+  if (!pts.length) {
+    root.append(svgEl("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty" }, "No readings in this window"));
+    return root;
+  }
+  const x0 = new Date(pts[0].start).getTime();
+  const x1 = new Date(pts[pts.length - 1].end).getTime();
+  const range = stream.upper - stream.lower;
+  let lo = Math.min(...pts.map((p) => p.estimate.guaranteed[0]));
+  let hi = Math.max(...pts.map((p) => p.estimate.guaranteed[1]));
+  const ciLo = Math.min(...pts.map((p) => p.estimate.ci[0]));
+  const ciHi = Math.max(...pts.map((p) => p.estimate.ci[1]));
+  lo = Math.min(ciLo, Math.max(lo, stream.lower - 0.25 * range));
+  hi = Math.max(ciHi, Math.min(hi, stream.upper + 0.25 * range));
+  if (hi - lo < 1e-9) { lo -= 1; hi += 1; }
+  const pad = (hi - lo) * 0.04;
+  lo -= pad; hi += pad;
+  const px = (t) => m.l + ((t - x0) / Math.max(1, x1 - x0)) * (W - m.l - m.r);
+  const py = (v) => m.t + (1 - (v - lo) / (hi - lo)) * (H - m.t - m.b);
+  const mid = (p) => (new Date(p.start).getTime() + new Date(p.end).getTime()) / 2;
+
+  const clipId = "plot-clip";
+  root.append(svgEl("defs", {}, svgEl("clipPath", { id: clipId },
+    svgEl("rect", { x: m.l, y: m.t, width: W - m.l - m.r, height: H - m.t - m.b }))));
+  const grid = svgEl("g", { class: "grid" });
+  const axis = svgEl("g", { class: "axis" });
+  for (const v of niceTicks(lo, hi, 6)) {
+    grid.append(svgEl("line", { x1: m.l, x2: W - m.r, y1: py(v), y2: py(v) }));
+    axis.append(svgEl("text", { x: m.l - 6, y: py(v) + 4, "text-anchor": "end" }, String(v)));
+  }
+  for (const [t, text] of timeTicks(x0, x1)) {
+    grid.append(svgEl("line", { x1: px(t), x2: px(t), y1: m.t, y2: H - m.b }));
+    const anchor = px(t) > W - m.r - 30 ? "end" : px(t) < m.l + 30 ? "start" : "middle";
+    axis.append(svgEl("text", { x: px(t), y: H - m.b + 16, "text-anchor": anchor }, text));
+  }
+  axis.append(svgEl("line", { x1: m.l, x2: W - m.r, y1: H - m.b, y2: H - m.b }),
+    svgEl("line", { x1: m.l, x2: m.l, y1: m.t, y2: H - m.b }));
+  root.append(grid, axis);
+
+  // Runs of adjacent intervals are drawn joined; a gap (no readings) breaks them.
+  const runs = [];
+  for (const p of pts) {
+    const last = runs[runs.length - 1];
+    if (last && last[last.length - 1].end === p.start) last.push(p);
+    else runs.push([p]);
+  }
+  const band = (run, which) => {
+    const xs = run.length === 1
+      ? [[new Date(run[0].start).getTime(), run[0]], [new Date(run[0].end).getTime(), run[0]]]
+      : run.map((p) => [mid(p), p]);
+    const top = xs.map(([t, p]) => `${px(t).toFixed(1)},${py(p.estimate[which][1]).toFixed(1)}`);
+    const bottom = xs.slice().reverse().map(([t, p]) => `${px(t).toFixed(1)},${py(p.estimate[which][0]).toFixed(1)}`);
+    return `M${top.join("L")}L${bottom.join("L")}Z`;
+  };
+  const plot = svgEl("g", { "clip-path": `url(#${clipId})` });
+  plot.append(svgEl("path", { class: "band-guaranteed", d: runs.map((r) => band(r, "guaranteed")).join(" ") },
+    svgEl("title", {}, "guaranteed interval")));
+  plot.append(svgEl("path", { class: "band-normal", d: runs.map((r) => band(r, "ci")).join(" ") },
+    svgEl("title", {}, "95 % normal-approximation interval")));
+  plot.append(svgEl("path", { class: "mean-line",
+    d: runs.map((r) => `M${r.map((p) => `${px(mid(p)).toFixed(1)},${py(p.estimate.mean).toFixed(1)}`).join("L")}`).join(" ") }));
+  for (const p of pts) {
+    const e = p.estimate;
+    plot.append(svgEl("circle", { class: "point", cx: px(mid(p)), cy: py(e.mean), r: pts.length > 200 ? 1.5 : 3,
+      "data-start": p.start, "data-mean": String(e.mean), "data-n": p.n },
+    svgEl("title", {}, `${fmtTime(p.start)}: average ${fmt(e.mean)} from ${fmtInt(p.n)} readings; ` +
+      `95 % ${fmt(e.ci[0])} – ${fmt(e.ci[1])}; guaranteed ${fmt(e.guaranteed[0])} – ${fmt(e.guaranteed[1])}`)));
+  }
+  root.append(plot);
+  return root;
+}
+
+// New stream: parameters previewed by the server before anything is saved.
+
+function createView(main) {
+  const field = (id, label, attrs) => el("label", { for: id }, label, el("input", { id, name: id, ...attrs }));
+  const form = el("form", { class: "form", id: "create-form", novalidate: true },
+    field("name", "Name", { required: true, pattern: "[A-Za-z0-9_.\\-]{1,64}", placeholder: "room-temps" }),
+    field("lower", "Lower end of the range", { type: "number", step: "any", required: true, value: "0" }),
+    field("upper", "Upper end of the range", { type: "number", step: "any", required: true, value: "110" }),
+    field("epsilon", "ε per reading", { type: "number", step: "any", min: "0", required: true, value: "1" }),
+    field("payload_bits", "Payload bits (blank: library default)", { type: "number", min: "2", max: "28", step: "1" }),
+    field("bucket_seconds", "Bucket (seconds)", { type: "number", min: "1", max: "86400", step: "1", value: "60" }),
+    field("preview_n", "Readings in an average (for the preview)", { type: "number", min: "1", step: "1", value: "10000" }),
+    el("label", { for: "description", class: "wide" }, "Description",
+      el("input", { id: "description", name: "description", maxlength: "500" })),
+    el("div", { class: "wide" },
+      el("button", { type: "submit", class: "primary", id: "create-button", text: "Create stream" }),
+      el("span", { class: "muted", text: " Needs the operator token (enter it at the top). Parameters never change once created." })));
+  const preview = el("dl", { class: "params", id: "preview" });
+  const previewNote = el("p", { class: "muted", id: "preview-note", "aria-live": "polite" });
+  const message = el("div", { class: "message", id: "create-message", role: "status", "aria-live": "polite" });
+  main.append(
+    el("h1", { text: "New stream" }),
+    el("div", { class: "grid2" },
+      el("section", { class: "card", "aria-labelledby": "form-title" },
+        el("h2", { id: "form-title", text: "Parameters" }), form, message),
+      el("section", { class: "card", "aria-labelledby": "preview-title" },
+        el("h2", { id: "preview-title", text: "Derived parameters (preview)" }), preview, previewNote)));
+
+  const value = (id) => document.getElementById(id).value.trim();
+  let timer = null;
+  let asked = 0;
+
+  async function updatePreview() {
+    const mine = ++asked;
+    const params = { lower: value("lower"), upper: value("upper"), epsilon: value("epsilon"),
+      payload_bits: value("payload_bits"), n: value("preview_n") || 10000 };
+    try {
+      const p = await api(`${API}/preview${query(params)}`);
+      if (mine !== asked) return;
+      const rows = [
+        ["Payload bits", String(p.payload_bits)],
+        ["Shared bits", String(p.shared_bits)],
+        ["Abar", p.abar.toExponential(6)],
+        ["C", p.C.toFixed(4)],
+        ["Grid step", p.grid_step.toPrecision(6)],
+        ["Realized ε", p.realized_epsilon === null ? "–" : p.realized_epsilon.toPrecision(12)],
+        ["Transmission ratio TR", p.transmission_ratio.toFixed(4)],
+        [`Standard error, ${fmtInt(p.n)} readings`, p.std_error === null ? "beyond float64" : `≤ ${p.std_error.toPrecision(4)}`],
+        [`Guaranteed ±, ${fmtInt(p.n)} readings`, p.guaranteed_half_width === null ? "beyond float64"
+          : `${p.guaranteed_half_width.toPrecision(4)} (${Math.round(p.confidence * 100)} %)`],
+      ];
+      preview.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+      preview.dataset.payloadBits = String(p.payload_bits);
+      previewNote.textContent = "The standard error is the worst case over all readings in the range.";
+      previewNote.classList.remove("error");
+    } catch (error) {
+      if (mine !== asked) return;
+      preview.replaceChildren();
+      previewNote.textContent = error.message;
+    }
+  }
+
+  form.addEventListener("input", () => {
+    clearTimeout(timer);
+    timer = setTimeout(updatePreview, 250);
+  });
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    message.className = "message";
+    message.textContent = "Creating…";
+    const body = {
+      name: value("name"),
+      lower: Number(value("lower")),
+      upper: Number(value("upper")),
+      epsilon: Number(value("epsilon")),
+      bucket_seconds: Number(value("bucket_seconds") || 60),
+      description: value("description"),
+    };
+    if (value("payload_bits")) body.payload_bits = Number(value("payload_bits"));
+    try {
+      const created = await api(`${API}/streams`, { method: "POST", body });
+      message.className = "message ok";
+      message.replaceChildren(`Stream ${created.name} created (${created.payload_bits} payload bits). `,
+        el("a", { href: `#/stream/${encodeURIComponent(created.name)}`, text: "Open it" }), ".");
+    } catch (error) {
+      message.className = "message error";
+      message.setAttribute("role", "alert");
+      message.textContent = `Not created: ${error.message}`;
+    }
+  });
+  return { refresh: updatePreview, manual: true };
+}
+
+// -- start -------------------------------------------------------------------------------------
+
+function showTokenState() {
+  set("token-state", token() ? "token set for this tab" : "no token");
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const input = document.getElementById("token");
+    sessionStorage.setItem("zeal-token", input.value.trim());
+    input.value = "";
+    showTokenState();
+    runRefresh();
+  });
+  document.getElementById("token-clear").addEventListener("click", () => {
+    sessionStorage.removeItem("zeal-token");
+    showTokenState();
+    runRefresh();
+  });
+  showTokenState();
+  window.addEventListener("hashchange", route);
+  setInterval(() => {
+    if (document.getElementById("auto-refresh").checked && current && !current.manual) runRefresh();
+  }, REFRESH_MS);
+  route();
+});

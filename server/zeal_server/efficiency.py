@@ -1,0 +1,98 @@
+"""Bits per reading on the wire and in the store, beside the formats they replace.
+
+Everything here is measured on the stream's own stored data: the wire figure from the
+payload bytes the collector received, the store figure from the segment columns, and the
+alternatives by encoding a sample of the most recent stored readings in those formats:
+
+* a JSON message per reading, ``{"ts": <ms>, "value": <privatized value>}`` (the device is
+  in the topic, as with Zeal's own payload);
+* a raw float64 value (64 bits, timestamp not counted: the comparison most flattering to
+  the alternative);
+* the paper's storage format: the privatized float64 values x* = x + Abar (paper Eq. (11)),
+  compressed with zstandard at level 3, as measured by the paper's compression ratio CR
+  (Eq. (34)); it holds values only, so it is compared with the store's codes column, and
+  the whole segment (codes, timestamps, devices) is reported beside it;
+* the paper's transmission format, 64 - gamma_min bits per value (TR, Eq. (27)).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import zstandard
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from zeal_server import store
+from zeal_server.models import Segment, Stream
+from zeal_server.segments import Columns
+
+__all__ = ["SAMPLE", "efficiency", "recent_columns"]
+
+#: Readings (most recent first) from which the alternative formats are measured.
+SAMPLE = 65_536
+
+
+def recent_columns(session: Session, stream: Stream, limit: int = SAMPLE) -> Columns | None:
+    """Up to ``limit`` readings from the stream's most recent segments (None if none)."""
+    parts: list[Columns] = []
+    held = 0
+    query = (
+        select(Segment)
+        .where(Segment.stream_id == stream.id)
+        .order_by(Segment.bucket.desc(), Segment.id.desc())
+    )
+    for segment in session.scalars(query):
+        cols = store.columns_of(segment, stream.payload_bits)
+        parts.append(cols)
+        held += len(cols)
+        if held >= limit:
+            break
+    if not parts:
+        return None
+    both = Columns.concat(parts)
+    return Columns(both.codes[:limit], both.timestamps[:limit], both.devices[:limit])
+
+
+def efficiency(
+    session: Session, stream: Stream, *, readings: int, received_bytes: int
+) -> dict[str, Any] | None:
+    """Bits per reading of Zeal and of the alternatives, with the ratios (None: no data)."""
+    sample = recent_columns(session, stream)
+    if sample is None or readings == 0:
+        return None
+    params = store.params_of(stream)
+    sizes = store.storage_bytes(session, stream)
+    values = params.decode(sample.codes)
+    json_bits = 8 * float(
+        np.mean(
+            [
+                len(json.dumps({"ts": int(t), "value": float(v)}))
+                for t, v in zip(sample.timestamps, values, strict=True)
+            ]
+        )
+    )
+    privatized = params.to_float64(sample.codes)
+    paper_bits = (
+        8 * len(zstandard.ZstdCompressor(level=3).compress(privatized.tobytes())) / len(sample)
+    )
+    wire_bits = 8 * received_bytes / readings
+    store_bits = 8 * (sizes["codes"] + sizes["timestamps"] + sizes["devices"]) / readings
+    code_bits = 8 * sizes["codes"] / readings
+    return {
+        "sample": len(sample),
+        "wire_bits": wire_bits,
+        "json_bits": json_bits,
+        "float64_bits": 64.0,
+        "wire_vs_json": json_bits / wire_bits,
+        "wire_vs_float64": 64.0 / wire_bits,
+        "store_bits": store_bits,
+        "store_code_bits": code_bits,
+        "paper_store_bits": paper_bits,
+        "paper_wire_bits": float(64 - params.shared_bits),
+        "store_vs_paper": paper_bits / code_bits,
+        "compression_ratio_cr": paper_bits / 64,
+        "transmission_ratio_tr": params.transmission_ratio,
+    }

@@ -1,0 +1,368 @@
+"""The operator dashboard in a real browser (Debian's Chromium driven by Playwright).
+
+One server (a subprocess, SQLite, a private Mosquitto) is fed by `zeal-edge simulate`; the
+figures the page shows are compared with what the API answers for the same window, interval
+and group. Screenshots go to ``test-artifacts/dashboard/`` (or $ZEAL_TEST_ARTIFACTS).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.mqtt_helpers import Mosquitto, fleet_command, free_port, wait_for_port
+
+playwright_api = pytest.importorskip("playwright.sync_api", reason="make test installs playwright")
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+TOKEN = "operator-secret-for-the-browser-test"
+DEVICES, RATE, READINGS = 40, 10, 80
+ARTIFACTS = Path(os.environ.get("ZEAL_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "dashboard"
+
+
+@dataclass
+class Server:
+    origin: str
+
+    def call(
+        self, path: str, *, method: str = "GET", body: Any = None, token: str | None = None
+    ) -> Any:
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.origin + path, data, headers, method=method)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def get(self, path: str, **params: Any) -> Any:
+        query = urllib.parse.urlencode({k: v for k, v in params.items() if v not in (None, "")})
+        return self.call(f"{path}?{query}" if query else path)
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A fed server: 40 devices x 80 readings, 10 per second, tagged north/south/unset."""
+    tmp = tmp_path_factory.mktemp("dashboard")
+    broker = Mosquitto(tmp / "broker").start()
+    port = free_port()
+    env = {
+        **os.environ,
+        "ZEAL_DATABASE_URL": f"sqlite:///{tmp}/zeal.sqlite",
+        "ZEAL_MQTT_URL": broker.url,
+        "ZEAL_OPERATOR_TOKEN": TOKEN,
+        "ZEAL_COLLECTOR_ID": "dashboard-test",
+    }
+    log = (tmp / "server.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "zeal_server", "serve", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for_port(port, timeout=30)
+        srv = Server(f"http://127.0.0.1:{port}")
+        wait_until(lambda: srv.call("/healthz").get("broker") == "ok", 30, "the collector")
+        body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "bucket_seconds": 1}
+        srv.call("/api/v1/streams", method="POST", body=body, token=TOKEN)
+        fleet = subprocess.run(
+            fleet_command(
+                broker.url,
+                tmp / "fleet",
+                *("--devices", str(DEVICES), "--rate", str(RATE), "--readings", str(READINGS)),
+                *("--batch", "10"),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert fleet.returncode == 0, fleet.stderr[-2000:]
+        wait_until(
+            lambda: srv.get("/api/v1/streams/temps/stats")["readings"] == DEVICES * READINGS,
+            30,
+            "every reading stored",
+        )
+        for d in range(20):
+            site = "north" if d < 10 else "south"
+            srv.call(
+                f"/api/v1/streams/temps/devices/sim-{d:05d}/tags",
+                method="PUT",
+                body={"tags": {"site": site}},
+                token=TOKEN,
+            )
+        yield srv
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        log.close()
+        broker.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)")
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any, server: Server, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh page recording every request it makes and every script error."""
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    tab = context.new_page()
+    errors: list[str] = []
+    requested: list[str] = []
+    tab.on("request", lambda r: requested.append(r.url))
+    tab.on("pageerror", lambda e: errors.append(str(e)))
+    tab.requested = requested
+    yield tab
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+    context.close()
+    assert not errors, errors
+    foreign = [u for u in requested if not u.startswith(server.origin + "/")]
+    assert not foreign, f"requests outside {server.origin}: {foreign[:10]}"
+
+
+def text(page: Any, selector: str) -> str:
+    return str(page.locator(selector).inner_text()).strip()
+
+
+def wait_for_summary(page: Any, **expected: str) -> dict[str, str]:
+    """Wait until the stream page shows figures computed for the expected window/group."""
+    conditions = " && ".join(
+        f"s.dataset.{key} === {json.dumps(value)}" for key, value in expected.items()
+    )
+    page.wait_for_function(
+        f"() => {{ const s = document.getElementById('summary'); "
+        f"return s && s.dataset.mean !== undefined && {conditions or 'true'}; }}",
+        timeout=15000,
+    )
+    data: dict[str, str] = page.eval_on_selector("#summary", "s => ({...s.dataset})")
+    return data
+
+
+def assert_page_matches_api(page: Any, server: Server, summary: dict[str, str]) -> None:
+    """The figures and every chart point equal the API's answer for the same query."""
+    common = {
+        "start": summary["start"] or None,
+        "end": summary["end"] or None,
+        "group": summary["group"] or None,
+    }
+    average = server.get("/api/v1/streams/temps/average", **common)
+    mean = average["estimate"]["mean"]
+    assert float(summary["mean"]) == mean
+    assert text(page, "#window-mean") == f"{mean:.3f}"
+    assert text(page, "#window-n") == f"{average['n']:,}"
+    low, high = average["estimate"]["guaranteed"]
+    assert text(page, "#window-guaranteed") == f"{low:.3f} – {high:.3f}"
+    series = server.get("/api/v1/streams/temps/series", interval=summary["interval"], **common)[
+        "points"
+    ]
+    drawn = page.eval_on_selector_all(
+        "#chart circle.point", "cs => cs.map(c => [c.dataset.start, Number(c.dataset.mean)])"
+    )
+    assert drawn, "no points drawn"
+    expected = [
+        [datetime.fromisoformat(p["start"]), p["estimate"]["mean"]] for p in series if p["estimate"]
+    ]
+    assert [[datetime.fromisoformat(s), m] for s, m in drawn] == expected
+
+
+def test_overview_shows_the_api_average(page: Any, server: Server) -> None:
+    page.goto(server.origin + "/")
+    cell = page.locator("tr[data-stream=temps] [data-testid=overview-mean]")
+    cell.wait_for(timeout=15000)
+    start = cell.get_attribute("data-start")
+    average = server.get("/api/v1/streams/temps/average", start=start)
+    mean = average["estimate"]["mean"]
+    assert average["n"] == DEVICES * READINGS
+    assert cell.inner_text().strip() == f"{mean:.3f}"
+    assert float(cell.get_attribute("data-mean")) == mean
+    row = page.locator("tr[data-stream=temps]").inner_text()
+    assert f"{DEVICES * READINGS:,}" in row
+    assert "live" in row
+
+
+def test_stream_page_draws_both_bands_from_the_series(page: Any, server: Server) -> None:
+    page.goto(server.origin + "/#/stream/temps?window=all")
+    summary = wait_for_summary(page, group="")
+    for band in ("band-guaranteed", "band-normal"):
+        d = page.get_attribute(f"#chart path.{band}", "d")
+        assert d, band
+        assert d.startswith("M"), band
+        assert d.count("L") >= 3, band
+    legend = text(page, "#legend")
+    assert "guaranteed interval" in legend
+    assert "normal-approximation interval" in legend
+    assert_page_matches_api(page, server, summary)
+    # The guaranteed band is the wider one: it encloses the normal band at every point.
+    series = server.get("/api/v1/streams/temps/series", interval=summary["interval"])["points"]
+    for p in series:
+        g, c = p["estimate"]["guaranteed"], p["estimate"]["ci"]
+        assert g[0] < c[0] < c[1] < g[1]
+
+
+def test_window_interval_and_group_change_the_chart_to_the_api_values(
+    page: Any, server: Server
+) -> None:
+    page.goto(server.origin + "/#/stream/temps?window=all")
+    everyone = wait_for_summary(page, group="")
+    page.select_option("#group", "site:north")
+    north = wait_for_summary(page, group="site:north")
+    assert north["mean"] != everyone["mean"]
+    assert_page_matches_api(page, server, north)
+    page.screenshot(path=str(ARTIFACTS / "group-north.png"), full_page=False)
+
+    page.select_option("#interval", "2")
+    two = wait_for_summary(page, group="site:north", interval="2")
+    assert_page_matches_api(page, server, two)
+
+    # A custom window over part of the data: the figures follow it.
+    stamps = server.get("/api/v1/streams/temps/series", interval=1)["points"]
+    first = datetime.fromisoformat(stamps[0]["start"])
+    start = (first + timedelta(seconds=2)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    end = (first + timedelta(seconds=5)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    page.select_option("#window", "custom")
+    page.fill("#custom-start", start)
+    page.dispatch_event("#custom-start", "change")
+    page.fill("#custom-end", end)
+    page.dispatch_event("#custom-end", "change")
+    custom = wait_for_summary(page, start=f"{start}Z", end=f"{end}Z", group="site:north")
+    assert_page_matches_api(page, server, custom)
+    assert int(text(page, "#window-n").replace(",", "")) < DEVICES * READINGS // 4
+
+    page.select_option("#window", "all")
+    page.select_option("#group", "")
+    page.select_option("#group-a", "site:north")
+    page.select_option("#group-b", "site:south")
+    page.wait_for_function(
+        "() => document.getElementById('compare-out').dataset.p !== undefined", timeout=15000
+    )
+    compare = server.get("/api/v1/streams/temps/compare", a="site:north", b="site:south")
+    p_value = compare["p_value"]
+    shown = f"{p_value:.2e}" if p_value < 1e-4 else f"{p_value:#.3g}"
+    assert text(page, "#compare-p") == shown.replace("e-0", "e-")
+    assert text(page, "#compare-diff") == f"{compare['difference']:.3f}"
+
+
+def test_devices_table_sorts_and_pages(page: Any, server: Server) -> None:
+    page.goto(server.origin + "/#/stream/temps?window=all")
+    wait_for_summary(page)
+    page.wait_for_function("() => document.querySelectorAll('#devices-body tr').length === 25")
+    assert text(page, "#devices-page") == f"1–25 of {DEVICES}"
+    page.click("#devices-next")
+    page.wait_for_function(
+        f"() => document.getElementById('devices-page').textContent === '26–{DEVICES} of {DEVICES}'"
+    )
+    assert page.locator("#devices-body tr").first.inner_text().startswith("sim-00025")
+    page.click("button[data-sort=name]")  # name, now descending
+    page.wait_for_function(
+        "() => document.querySelector('#devices-body td').textContent === 'sim-00039'"
+    )
+    assert page.get_attribute("th:has(button[data-sort=name])", "aria-sort") == "descending"
+    efficiency = text(page, "#efficiency")
+    assert "JSON message per reading" in efficiency
+    stats = server.get("/api/v1/streams/temps/stats")
+    assert f"{stats['efficiency']['wire_bits']:.2f}" in text(page, "#eff-wire")
+    assert f"{stats['efficiency']['wire_vs_json']:.1f}×" in text(page, "#eff-json")
+
+
+def wait_for_message(page: Any, fragment: str) -> None:
+    page.wait_for_function(
+        "f => document.getElementById('create-message').textContent.includes(f)", arg=fragment
+    )
+
+
+def test_creating_a_stream_needs_the_operator_token(page: Any, server: Server) -> None:
+    page.goto(server.origin + "/#/new")
+    page.fill("#name", "from-browser")
+    page.fill("#lower", "10")
+    page.fill("#upper", "30")
+    page.fill("#epsilon", "0.5")
+    preview = server.get("/api/v1/preview", lower=10, upper=30, epsilon=0.5, n=10000)
+    page.wait_for_function(
+        f"() => document.getElementById('preview').dataset.payloadBits === "
+        f"'{preview['payload_bits']}' && document.getElementById('preview').textContent"
+        f".includes('{preview['std_error']:.4g}')",
+        timeout=10000,
+    )
+
+    page.click("#create-button")
+    message = page.locator("#create-message")
+    wait_for_message(page, "Not created")
+    assert "operator token required" in message.inner_text()
+
+    page.fill("#token", "not-the-token")
+    page.click("#token-form button[type=submit]")
+    page.click("#create-button")
+    wait_for_message(page, "wrong")
+    assert "wrong operator token" in message.inner_text()
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        server.get("/api/v1/streams/from-browser")
+
+    page.fill("#token", TOKEN)
+    page.click("#token-form button[type=submit]")
+    page.click("#create-button")
+    wait_for_message(page, "created")
+    created = server.get("/api/v1/streams/from-browser")
+    assert (created["lower"], created["upper"], created["epsilon"]) == (10, 30, 0.5)
+    assert created["payload_bits"] == preview["payload_bits"]
+    # A bad value gets the server's own explanation.
+    page.fill("#name", "bad name with spaces")
+    page.click("#create-button")
+    wait_for_message(page, "Not created")
+    assert "name" in message.inner_text()
+
+
+def test_the_page_requests_nothing_outside_its_origin(page: Any, server: Server) -> None:
+    """Every view, fully loaded, asked its own origin only (the fixture checks every test's
+    requests the same way), and the server forbids anything else by its CSP header."""
+    views = {
+        "/": "[data-testid=overview-mean]",
+        "/#/stream/temps?window=all&a=site:north&b=site:south": "#chart circle.point",
+        "/#/new": "#preview dt",
+    }
+    for view, ready in views.items():
+        page.goto(server.origin + view)
+        page.locator(ready).first.wait_for(timeout=15000)
+    page.wait_for_load_state("networkidle")
+    requested = page.requested
+    assert any(u.endswith("/dashboard/app.js") for u in requested)
+    assert any("/api/v1/streams/temps/series" in u for u in requested)
+    assert any("/api/v1/preview" in u for u in requested)
+    foreign = [u for u in requested if not u.startswith(server.origin + "/")]
+    assert not foreign, foreign[:10]
+    with urllib.request.urlopen(server.origin + "/", timeout=10) as response:
+        policy = response.headers["Content-Security-Policy"]
+    assert "default-src 'self'" in policy
