@@ -120,6 +120,9 @@ def main() -> int:
             broker = url
             print(f"broker: using {broker}")
         else:
+            # No embedded Python broker as a fallback: amqtt 0.12.1, the maintained one,
+            # refuses MQTT 5 clients ("Unsupported protocol version"), and the agent and the
+            # collector speak MQTT 5 (shared subscriptions, reason codes).
             if shutil.which("mosquitto") is None:
                 print(
                     f"no broker answers at {url} and there is no mosquitto binary; install "
