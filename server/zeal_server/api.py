@@ -28,6 +28,7 @@ from fastapi.responses import (
     StreamingResponse,
 )
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, Field
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -387,7 +388,7 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
                 app.state.collector.stop()
             engine.dispose()
 
-    app = FastAPI(
+    app = FastAPIOffline(  # /docs and /redoc from bundled files, not a CDN: works offline
         responses=ERRORS,
         title="Zeal",
         version="0.1.0",
