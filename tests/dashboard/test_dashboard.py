@@ -371,3 +371,31 @@ def test_the_page_requests_nothing_outside_its_origin(page: Any, server: Server)
     with urllib.request.urlopen(server.origin + "/", timeout=10) as response:
         policy = response.headers["Content-Security-Policy"]
     assert "default-src 'self'" in policy
+
+
+def test_every_control_has_a_label_and_the_page_refreshes_itself(page: Any, server: Server) -> None:
+    """Accessibility: each input, select and button has an accessible name. And with the
+    refresh box ticked the figures are fetched again without any action (every 10 s)."""
+    unlabelled_js = """() => [...document.querySelectorAll('input, select, button')]
+        .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label')
+                     && !e.textContent.trim())
+        .map(e => e.outerHTML.slice(0, 80))"""
+    for view, ready in {
+        "/": "[data-testid=overview-mean]",
+        "/#/stream/temps?window=all": "#chart circle.point",
+        "/#/new": "#preview dt",
+    }.items():
+        page.goto(server.origin + view)
+        page.locator(ready).first.wait_for(timeout=15000)
+        assert page.evaluate(unlabelled_js) == [], view
+    assert page.locator("svg#chart").count() == 0  # left the stream page
+    page.goto(server.origin + "/#/stream/temps?window=all")
+    page.locator("#chart circle.point").first.wait_for(timeout=15000)
+    assert page.get_attribute("#chart", "role") == "img"
+    assert "guaranteed interval" in (page.get_attribute("#chart", "aria-label") or "")
+    first = page.eval_on_selector("main", "m => m.dataset.ready")
+    page.wait_for_function(
+        "before => document.querySelector('main').dataset.ready !== before",
+        arg=first,
+        timeout=15000,
+    )
