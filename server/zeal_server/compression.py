@@ -14,7 +14,6 @@ Every figure is in bits per reading; CR (paper Eq. (34)) is compressed bits / 64
 from __future__ import annotations
 
 import csv
-import math
 import tempfile
 from pathlib import Path
 
@@ -23,10 +22,11 @@ import numpy.typing as npt
 import zstandard
 
 from zeal import Zeal, encode_batch
+from zeal.baselines import PiecewiseFloat
 from zeal_server import store
 from zeal_server.db import make_engine, migrate, session_factory
 
-__all__ = ["empirical_entropy", "measure", "plain_pm_float64"]
+__all__ = ["empirical_entropy", "measure"]
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
 
@@ -36,25 +36,6 @@ def empirical_entropy(codes: npt.NDArray[np.uint64]) -> float:
     _, counts = np.unique(codes, return_counts=True)
     p = counts / codes.size
     return float(-(p * np.log2(p)).sum())
-
-
-def plain_pm_float64(
-    params: Zeal, readings: npt.NDArray[np.float64], rng: np.random.Generator
-) -> npt.NDArray[np.float64]:
-    """Piecewise-mechanism outputs in float64 with Abar = 0 (Eq. (7) by inverse CDF)."""
-    h, ebar, c, p = params.half_width, params.ebar, params.C, params.p
-    p_tail = p / math.exp(params.epsilon)
-    left = (c + h) / 2 * ((readings - ebar) / h) - (c - h) / 2 + ebar
-    right = left + c - h
-    m1 = (left - (ebar - c)) * p_tail
-    m2 = (right - left) * p
-    u = rng.random(readings.size)
-    values: npt.NDArray[np.float64] = np.where(
-        u < m1,
-        ebar - c + u / p_tail,
-        np.where(u < m1 + m2, left + (u - m1) / p, right + (u - m1 - m2) / p_tail),
-    )
-    return values
 
 
 def measure(
@@ -110,7 +91,8 @@ def measure(
     stored = per_device * devices
     stored_codes = codes[:stored]
     level3 = zstandard.ZstdCompressor(level=3)
-    pm_bits = 8 * len(level3.compress(plain_pm_float64(params, values[:stored], rng).tobytes()))
+    plain = PiecewiseFloat(0, 110, 1).perturb(values[:stored], rng=rng)
+    pm_bits = 8 * len(level3.compress(plain.tobytes()))
     privatized_bits = 8 * len(level3.compress(params.to_float64(stored_codes).tobytes()))
     segment = sizes["codes"] + sizes["timestamps"] + sizes["devices"]
     return {
