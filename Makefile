@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEPS   := constraints.txt requirements-dev.txt shared/pyproject.toml edge/pyproject.toml server/pyproject.toml
 
-.PHONY: install lint typecheck pytest test demo bench clean
+.PHONY: install lint typecheck pytest test demo bench bench-quick clean
 
 $(STAMP): $(DEPS)
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,10 @@ bench: install
 	$(BIN)/python -m zeal_edge.bench
 	$(BIN)/python bench/simulate_throughput.py
 	$(BIN)/python -m zeal_server.compression
-	$(BIN)/python bench/server_bench.py
+	$(BIN)/python bench/report.py   # baselines side by side: writes bench/REPORT.md (+ server speed)
+
+bench-quick: install
+	$(BIN)/python bench/report.py --quick --out $(or $(OUT),bench-quick)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

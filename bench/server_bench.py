@@ -59,10 +59,12 @@ def private_broker(tmp: str) -> tuple[str, subprocess.Popen[bytes]]:
     return f"mqtt://127.0.0.1:{port}", process
 
 
-def ingest_rate(tmp: str, broker: str) -> float:
+def ingest_rate(
+    tmp: str, broker: str, database_url: str | None = None, label: str = "SQLite"
+) -> float:
     settings = ServerSettings.from_env(
         {
-            "ZEAL_DATABASE_URL": f"sqlite:///{tmp}/e2e.sqlite",
+            "ZEAL_DATABASE_URL": database_url or f"sqlite:///{tmp}/e2e.sqlite",
             "ZEAL_MQTT_URL": broker,
             "ZEAL_COLLECTOR_ID": f"bench-{os.getpid()}",
             "ZEAL_SHARE_GROUP": f"bench-{os.getpid()}",
@@ -96,7 +98,7 @@ def ingest_rate(tmp: str, broker: str) -> float:
                 "--readings",
                 "3000",
                 "--data-dir",
-                tmp,
+                os.path.join(tmp, f"sim-{label}"),
                 "--log-level",
                 "WARNING",
             ],
@@ -113,7 +115,7 @@ def ingest_rate(tmp: str, broker: str) -> float:
             time.sleep(0.05)
         seconds = time.time() - started
     print(
-        f"end-to-end ingest into SQLite: {total:,} readings in {seconds:.1f} s = "
+        f"end-to-end ingest into {label}: {total:,} readings in {seconds:.1f} s = "
         f"{total / seconds:,.0f} readings/s committed (target 50,000)"
     )
     return total / seconds

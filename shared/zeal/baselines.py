@@ -475,6 +475,7 @@ class ZealMechanism:
         self.bits_per_reading = params.payload_bits
         self.realized_epsilon = params.realized_epsilon
         self.name = f"Zeal {params.sampler} k={params.payload_bits}"
+        self._exact: dict[float, float] = {}
 
     def perturb(self, readings: npt.ArrayLike, *, rng: Randomness = None) -> npt.NDArray[np.uint64]:
         return self.params.perturb(readings, rng=rng)
@@ -486,7 +487,17 @@ class ZealMechanism:
         return 0.0
 
     def variance(self, reading: float) -> float:
-        return self.params.variance(float(reading))
+        """Grid sampler: the exact Var[decode] of the reading's output distribution (the
+        D**2/6 rounding term of :meth:`Zeal.variance` is an average that fails at 2-3 bits,
+        where a reading's outputs cover only a few codes). Paper sampler: Theorem 2 + D**2/6,
+        nominal only (that sampler is biased)."""
+        x = float(reading)
+        if self.params.sampler != "grid":
+            return self.params.variance(x)
+        cached = self._exact.get(x)
+        if cached is None:
+            cached = self._exact[x] = float(self.params.output_distribution(x).variance())
+        return cached
 
 
 def predicted_rmse(mech: Mechanism, readings: npt.ArrayLike) -> tuple[float, float]:
