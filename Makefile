@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEPS   := constraints.txt requirements-dev.txt shared/pyproject.toml edge/pyproject.toml server/pyproject.toml
 
-.PHONY: install lint typecheck pytest test demo bench bench-quick clean
+.PHONY: install lint typecheck pytest test demo bench bench-quick reliability clean
 
 $(STAMP): $(DEPS)
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,9 @@ bench: install
 	$(BIN)/python bench/simulate_throughput.py
 	$(BIN)/python -m zeal_server.compression
 	$(BIN)/python bench/report.py   # baselines side by side: writes bench/REPORT.md (+ server speed)
+
+reliability: install   # the 5-minute load test of docs/reliability.md (not in make test)
+	$(BIN)/python bench/reliability.py --out bench/reliability.json
 
 bench-quick: install
 	$(BIN)/python bench/report.py --quick --out $(or $(OUT),bench-quick)

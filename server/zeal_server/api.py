@@ -826,6 +826,7 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             body["broker"] = "ok" if coll.broker_connected else "down"
             body["collector"] = {
                 "queue": coll.queue.qsize(),
+                "commit_lag_ms": coll.lag_ms(),
                 "database_ok": coll.database_ok,
                 "last_error": coll.last_error,
                 **dict(coll.counts),
@@ -841,7 +842,7 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         coll: Collector | None = request.app.state.collector
         lines = ["# TYPE zeal_collector_messages_total counter"]
         counts = dict(coll.counts) if coll else {}
-        for status in ("stored", "duplicate", "rejected"):
+        for status in ("stored", "duplicate", "rejected", "rate_limited", "too_large"):
             lines.append(
                 f'zeal_collector_messages_total{{status="{status}"}} {counts.get(status, 0)}'
             )
@@ -850,6 +851,13 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             f"zeal_collector_readings_total {counts.get('readings', 0)}",
             "# TYPE zeal_collector_queue gauge",
             f"zeal_collector_queue {coll.queue.qsize() if coll else 0}",
+            "# TYPE zeal_collector_commit_lag_seconds gauge",
+            *(
+                f'zeal_collector_commit_lag_seconds{{quantile="{q}"}} {lag[key] / 1000:.4f}'
+                for lag in [coll.lag_ms() if coll else None]
+                if lag is not None
+                for q, key in (("0.5", "p50"), ("0.99", "p99"))
+            ),
             "# TYPE zeal_broker_connected gauge",
             f"zeal_broker_connected {int(bool(coll and coll.broker_connected))}",
         ]

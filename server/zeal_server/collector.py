@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,17 +28,67 @@ from paho.mqtt.reasoncodes import ReasonCode
 from sqlalchemy.orm import Session, sessionmaker
 
 from zeal.streamconfig import config_document
+from zeal.wire import MAX_PAYLOAD_BYTES
 from zeal_server import store
 from zeal_server.models import Stream
 from zeal_server.settings import ServerSettings
 
-__all__ = ["Collector", "config_topic"]
+__all__ = ["Collector", "config_topic", "data_subscription"]
 
 log = logging.getLogger("zeal_server.collector")
 
 
+def data_subscription(share_group: str) -> str:
+    """What the collector subscribes to: every device's data, shared when a group is set.
+
+    One collector (the default) uses a plain subscription. Mosquitto (2.0.11 here) loses
+    messages of a *shared* subscription across a broker restart: those queued for the
+    collector's session while it was away are dropped when it subscribes again, and without
+    subscribing again it receives nothing new (tests/server/test_crash.py,
+    test_broker_restart_while_100_devices_publish, found it; deploy/SCALING.md). Several
+    collectors need a group (ZEAL_SHARE_GROUP), on a broker whose shared subscriptions
+    survive restarts.
+    """
+    data = "zeal/v1/+/+/up"
+    return f"$share/{share_group}/{data}" if share_group else data
+
+
 def config_topic(stream: str) -> str:
     return f"zeal/v1/{stream}/config"
+
+
+#: A topic may cause this many rejects in a burst, then REJECT_RATE per second; beyond that
+#: its messages are dropped at the door (acknowledged, counted as ``rate_limited``) without
+#: being decoded or written, so a device flooding garbage cannot crowd out the others.
+REJECT_BURST = 100
+REJECT_RATE = 10.0
+
+
+class RejectBudget:
+    """A token bucket per topic, spent by rejected messages only."""
+
+    def __init__(self, burst: int = REJECT_BURST, rate: float = REJECT_RATE) -> None:
+        self.burst, self.rate = float(burst), rate
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def _level(self, topic: str, now: float) -> float:
+        tokens, since = self._buckets.get(topic, (self.burst, now))
+        return min(self.burst, tokens + (now - since) * self.rate)
+
+    def allows(self, topic: str) -> bool:
+        with self._lock:
+            return topic not in self._buckets or self._level(topic, time.monotonic()) >= 1
+
+    def spend(self, topic: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            # Never below -burst: a device that stops misbehaving is heard again within
+            # (burst + 1) / rate seconds (about 10 s), however long it flooded.
+            self._buckets[topic] = (max(-self.burst, self._level(topic, now) - 1), now)
+            if len(self._buckets) > 100_000:  # forget the fullest buckets (well-behaved topics)
+                for key in [k for k, (t, _) in self._buckets.items() if t >= self.burst - 1]:
+                    del self._buckets[key]
 
 
 @dataclass(frozen=True)
@@ -66,8 +116,14 @@ class Collector:
         self.settings, self.sessions = settings, sessions
         self.queue: queue.Queue[_Message] = queue.Queue(maxsize=queue_size)
         self.batch_max, self.compact_every = batch_max, compact_every
-        self.ingest = store.Ingest()
+        self.ingest = store.Ingest(
+            max_future_ms=settings.max_future_seconds * 1000,
+            backfill_ms=settings.backfill_seconds * 1000,
+        )
         self.counts: Counter[str] = Counter()
+        self.budget = RejectBudget()
+        self.dropped: Counter[tuple[str, str]] = Counter()  # (topic, reason) shed at the door
+        self._lags: deque[tuple[float, int]] = deque(maxlen=200_000)
         self.broker_connected = False
         self.subscribed = threading.Event()
         self.database_ok = True
@@ -130,12 +186,10 @@ class Collector:
             log.error("broker refused the collector: %s", reason)
             return
         self.broker_connected = True
-        log.info(
-            "collector connected; subscribing to $share/%s/zeal/v1/+/+/up",
-            self.settings.share_group,
-        )
-        client.subscribe(f"$share/{self.settings.share_group}/zeal/v1/+/+/up", qos=1)
         self.counts["connects"] += 1
+        topic = data_subscription(self.settings.share_group)
+        log.info("collector connected; subscribing to %s", topic)
+        client.subscribe(topic, qos=1)
 
     def _on_disconnect(
         self, client: mqtt.Client, userdata: Any, flags: Any, reason: ReasonCode, properties: Any
@@ -145,6 +199,19 @@ class Collector:
         self.broker_connected = False
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        reason = None
+        if len(message.payload) > MAX_PAYLOAD_BYTES:
+            reason = "too_large"
+        elif not self.budget.allows(message.topic):
+            reason = "rate_limited"
+        if reason is not None:
+            # Shed without decoding or queueing; acknowledged so the broker does not resend.
+            self.budget.spend(message.topic)
+            self.dropped[(message.topic, reason)] += 1
+            self.counts["rejected"] += 1
+            self.counts[reason] += 1
+            client.ack(message.mid, message.qos)
+            return
         self.queue.put(
             _Message(
                 message.topic,
@@ -204,14 +271,48 @@ class Collector:
                 continue
             backoff = 0.5
             self.database_ok = True
+            committed = time.time() * 1000
             for message, outcome in zip(pending, outcomes, strict=True):
                 self.client.ack(message.mid, message.qos)
                 self.counts[outcome.status] += 1
                 if outcome.status == "stored":
                     self.counts["readings"] += outcome.readings
+                    self._lags.append((committed, int(committed - message.received_ms)))
                 elif outcome.status == "rejected":
+                    self.budget.spend(message.topic)
                     self._log_reject(outcome)
             pending = []
+            self._record_dropped()
+
+    def _record_dropped(self) -> None:
+        """Write the counts of messages shed at the door into the rejects table."""
+        if not self.dropped:
+            return
+        shed, self.dropped = self.dropped, Counter()
+        try:
+            with self.sessions() as session, session.begin():
+                for (topic, reason), count in shed.items():
+                    parts = topic.split("/")
+                    stream, device = (parts[2], parts[3]) if len(parts) == 5 else ("", "")
+                    self.ingest.reject(
+                        session, stream, device, reason, int(time.time() * 1000), count=count
+                    )
+                    self._log_reject(store.Outcome("rejected", reason, stream, device))
+        except Exception as exc:  # counts only; they are retried with the next batch
+            self.dropped.update(shed)
+            log.error("could not record %d shed messages: %s", sum(shed.values()), exc)
+
+    def lag_ms(self, window_s: float = 60.0) -> dict[str, float] | None:
+        """Receive-to-commit lag of messages stored in the last `window_s`: p50, p99, max."""
+        since = time.time() * 1000 - window_s * 1000
+        lags = sorted(lag for when, lag in list(self._lags) if when >= since)
+        if not lags:
+            return None
+
+        def pick(q: float) -> float:
+            return float(lags[min(len(lags) - 1, int(q * len(lags)))])
+
+        return {"p50": pick(0.5), "p99": pick(0.99), "max": float(lags[-1]), "n": len(lags)}
 
     def _store(self, messages: list[_Message]) -> list[store.Outcome]:
         with self.sessions() as session, session.begin():

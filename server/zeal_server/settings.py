@@ -8,10 +8,12 @@
 | ZEAL_MQTT_URL | mqtt://127.0.0.1:1883 | broker; ``off`` runs the API without a collector |
 | ZEAL_MQTT_USERNAME / ZEAL_MQTT_PASSWORD | none | broker credentials |
 | ZEAL_MQTT_CA / ZEAL_MQTT_CERT / ZEAL_MQTT_KEY | none | TLS files for mqtts:// |
-| ZEAL_SHARE_GROUP | zeal | shared-subscription group of the collectors |
+| ZEAL_SHARE_GROUP | none | shared-subscription group, for several collectors |
 | ZEAL_COLLECTOR_ID | zeal-collector-HOSTNAME | MQTT client id (persistent session) |
 | ZEAL_OPERATOR_TOKEN | none | bearer token for writes |
 | ZEAL_READ_TOKEN | none | bearer token for reads (reads are open without it) |
+| ZEAL_MAX_FUTURE_SECONDS | 86400 | reject readings stamped later than arrival + this |
+| ZEAL_BACKFILL_SECONDS | 300 | reject readings stamped before stream creation - this |
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ VARIABLES = (
     "ZEAL_COLLECTOR_ID",
     "ZEAL_OPERATOR_TOKEN",
     "ZEAL_READ_TOKEN",
+    "ZEAL_MAX_FUTURE_SECONDS",
+    "ZEAL_BACKFILL_SECONDS",
 )
 
 
@@ -51,11 +55,13 @@ class SettingsError(ValueError):
 class ServerSettings:
     database_url: str
     broker: BrokerSettings | None
-    share_group: str = "zeal"
+    share_group: str = ""
     collector_id: str = "zeal-collector"
     operator_token: str | None = None
     read_token: str | None = None
     mode: str = "development"
+    max_future_seconds: int = 86_400
+    backfill_seconds: int = 300
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServerSettings:
@@ -91,12 +97,42 @@ class ServerSettings:
         ):
             if token is not None and len(token) < 16:
                 raise SettingsError(f"{name} must be at least 16 characters")
+        limits = {
+            name: _seconds(env, name, default)
+            for name, default in (
+                ("ZEAL_MAX_FUTURE_SECONDS", 86_400),
+                ("ZEAL_BACKFILL_SECONDS", 300),
+            )
+        }
         return cls(
+            max_future_seconds=limits["ZEAL_MAX_FUTURE_SECONDS"],
+            backfill_seconds=limits["ZEAL_BACKFILL_SECONDS"],
             database_url=url,
             broker=broker,
-            share_group=env.get("ZEAL_SHARE_GROUP", "zeal"),
+            share_group=_share_group(env.get("ZEAL_SHARE_GROUP", "")),
             collector_id=env.get("ZEAL_COLLECTOR_ID", f"zeal-collector-{socket.gethostname()}"),
             operator_token=operator,
             read_token=env.get("ZEAL_READ_TOKEN") or None,
             mode=mode,
         )
+
+
+def _seconds(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number of seconds, got {text!r}") from None
+    if not 0 <= value <= 100 * 365 * 86_400:
+        raise SettingsError(f"{name} must be between 0 and 100 years in seconds, got {value}")
+    return value
+
+
+def _share_group(text: str) -> str:
+    if text and not all(c.isalnum() or c in "-_." for c in text):
+        raise SettingsError(
+            f"ZEAL_SHARE_GROUP must be letters, digits, '-', '_' or '.', got {text!r}"
+        )
+    return text

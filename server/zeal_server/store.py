@@ -189,6 +189,7 @@ class _StreamEntry:
     id: int
     params: Zeal
     bucket_ms: int
+    created_ms: int
 
 
 class _Writes:
@@ -218,9 +219,17 @@ _VALUE_COLUMNS = ["n", *_SUM_COLUMNS, *_SQUARE_COLUMNS]
 
 
 class Ingest:
-    """Validates and stores messages; caches streams, devices and compiled statements."""
+    """Validates and stores messages; caches streams, devices and compiled statements.
 
-    def __init__(self) -> None:
+    With ``max_future_ms`` set, a batch holding a reading timestamped more than that after
+    its arrival is rejected (``future_timestamp``); with ``backfill_ms`` set, one holding a
+    reading timestamped more than that before its stream was created is rejected
+    (``before_stream``): its codes cannot have been made with the stream's parameters unless
+    the device's clock is wrong. The collector sets both from the server settings.
+    """
+
+    def __init__(self, *, max_future_ms: int | None = None, backfill_ms: int | None = None) -> None:
+        self.max_future_ms, self.backfill_ms = max_future_ms, backfill_ms
         self._streams: dict[str, _StreamEntry | None] = {}
         self._devices: dict[tuple[int, str], int] = {}
         self._statements: dict[tuple[str, str], Any] = {}
@@ -276,7 +285,7 @@ class Ingest:
             row = stream_by_name(session, name)
             if row is None:
                 return None
-            entry = _StreamEntry(row.id, params_of(row), row.bucket_seconds * 1000)
+            entry = _StreamEntry(row.id, params_of(row), row.bucket_seconds * 1000, row.created_ms)
             self._streams[name] = entry
         return entry
 
@@ -305,14 +314,19 @@ class Ingest:
             self._devices[key] = device_id
         return device_id
 
-    def reject(self, session: Session, stream: str, device: str, reason: str, when: int) -> Outcome:
+    def reject(
+        self, session: Session, stream: str, device: str, reason: str, when: int, count: int = 1
+    ) -> Outcome:
         stmt = _insert(session)(Reject).values(
-            stream=stream[:128], device=device[:128], reason=reason, count=1, last_ms=when
+            stream=stream[:128], device=device[:128], reason=reason, count=count, last_ms=when
         )
         session.execute(
             stmt.on_conflict_do_update(
                 index_elements=["stream", "device", "reason"],
-                set_={"count": Reject.count + 1, "last_ms": stmt.excluded.last_ms},
+                set_={
+                    "count": Reject.count + stmt.excluded.count,
+                    "last_ms": stmt.excluded.last_ms,
+                },
             )
         )
         return Outcome("rejected", reason, stream, device)
@@ -352,6 +366,17 @@ class Ingest:
             batch = decode_batch(payload, entry.params, device=device_name)
         except WireError as exc:
             return self.reject(session, stream_name, device_name, exc.reason, received_ms)
+        if len(batch):
+            if self.max_future_ms is not None and int(batch.timestamps.max()) > (
+                received_ms + self.max_future_ms
+            ):
+                return self.reject(
+                    session, stream_name, device_name, "future_timestamp", received_ms
+                )
+            if self.backfill_ms is not None and int(batch.timestamps.min()) < (
+                entry.created_ms - self.backfill_ms
+            ):
+                return self.reject(session, stream_name, device_name, "before_stream", received_ms)
         device_id = self._device(session, entry.id, device_name, received_ms)
         sequence = batch.sequence - (1 << 64) if batch.sequence >= 1 << 63 else batch.sequence
         # RETURNING tells whether the row went in; rowcount is not reliable for

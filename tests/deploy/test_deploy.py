@@ -58,7 +58,9 @@ def test_validation_fails_when_a_file_or_variable_is_missing(tmp_path: Path) -> 
 
 
 class _Client:
-    def __init__(self, port: int, user: str | None, password: str | None) -> None:
+    def __init__(
+        self, port: int, user: str | None, password: str | None, ca: Path | None = None
+    ) -> None:
         self.messages: list[tuple[str, bytes]] = []
         self.refused: str | None = None
         self.connected = False
@@ -69,6 +71,8 @@ class _Client:
         )
         if user is not None:
             self.client.username_pw_set(user, password)
+        if ca is not None:
+            self.client.tls_set(ca_certs=str(ca))
         self.client.on_connect = self._on_connect
         self.client.on_message = lambda c, u, m: self.messages.append((m.topic, bytes(m.payload)))
         self.client.connect("127.0.0.1", port)
@@ -95,12 +99,86 @@ class _Client:
         self.client.loop_stop()
 
 
+def make_certificates(directory: Path) -> dict[str, Path]:
+    """A test CA and a server certificate for 127.0.0.1, made with openssl."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, ca, key, csr, crt = (
+        directory / n for n in ("ca.key", "ca.crt", "server.key", "server.csr", "server.crt")
+    )
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(ca),
+        "-days",
+        "2",
+        "-subj",
+        "/CN=zeal-test-ca",
+    )
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    ext = directory / "ext.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-out",
+        str(crt),
+        "-days",
+        "2",
+        "-extfile",
+        str(ext),
+    )
+    return {"ca": ca, "cert": crt, "key": key}
+
+
 @pytest.mark.integration
-def test_broker_config_enforces_device_topics(tmp_path: Path) -> None:
-    """deploy/mosquitto: anonymous refused; a device cannot publish as, or read, another
-    device; its own topic reaches the collector; configs are readable by devices."""
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None:
+    """deploy/mosquitto, on its plain listener and on its TLS listener (a test CA): anonymous
+    and wrong-password clients refused; a device cannot publish as, or read, another device;
+    its own topic reaches the collector; configs are readable by devices."""
     port = free_port()
     conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
+    ca = None
+    if tls:
+        certs = make_certificates(tmp_path / "certs")
+        ca = certs["ca"]
+        assert "#listener 8883" in conf
+        conf = (
+            conf.replace("listener 1883\n", "")
+            .replace("#listener 8883", f"listener {port} 127.0.0.1")
+            .replace("#cafile /mosquitto/certs/ca.crt", f"cafile {certs['ca']}")
+            .replace("#certfile /mosquitto/certs/server.crt", f"certfile {certs['cert']}")
+            .replace("#keyfile /mosquitto/certs/server.key", f"keyfile {certs['key']}")
+            .replace("#tls_version", "tls_version")
+        )
     conf = (
         conf.replace("listener 1883", f"listener {port} 127.0.0.1")
         .replace("/mosquitto/config/passwd", str(tmp_path / "passwd"))
@@ -130,15 +208,22 @@ def test_broker_config_enforces_device_topics(tmp_path: Path) -> None:
     )
     try:
         wait_for_port(port)
-        anonymous = _Client(port, None, None)
-        wrong = _Client(port, "dev1", "not-the-password")
+        if tls:
+            try:  # plain MQTT to the TLS listener: no session at all
+                untrusting = _Client(port, "dev1", "pw-dev1")
+                assert not untrusting.connected
+                untrusting.close()
+            except OSError:
+                pass
+        anonymous = _Client(port, None, None, ca)
+        wrong = _Client(port, "dev1", "not-the-password", ca)
         assert anonymous.refused
         assert not anonymous.connected
         assert wrong.refused
         assert not wrong.connected
-        collector = _Client(port, "zeal-collector", "pw-zeal-collector")
-        dev1 = _Client(port, "dev1", "pw-dev1")
-        dev2 = _Client(port, "dev2", "pw-dev2")
+        collector = _Client(port, "zeal-collector", "pw-zeal-collector", ca)
+        dev1 = _Client(port, "dev1", "pw-dev1", ca)
+        dev2 = _Client(port, "dev2", "pw-dev2", ca)
         assert collector.connected
         assert dev1.connected
         assert dev2.connected

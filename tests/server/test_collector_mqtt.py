@@ -26,7 +26,9 @@ from zeal_server.settings import ServerSettings
 pytestmark = pytest.mark.integration
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
-T0 = 1767225600000
+# The next whole minute: after the streams the tests create (the collector rejects readings
+# stamped before their stream existed) and well within its future tolerance (one day).
+T0 = (int(time.time() * 1000) // 60_000 + 1) * 60_000
 
 
 @pytest.fixture
@@ -36,13 +38,16 @@ def broker(tmp_path: Path) -> Iterator[Mosquitto]:
     server.stop()
 
 
-def server_app(database_url: str, broker: Mosquitto, collector_id: str = "c1") -> Any:
+def server_app(
+    database_url: str, broker: Mosquitto, collector_id: str = "c1", share_group: str = ""
+) -> Any:
     return create_app(
         ServerSettings.from_env(
             {
                 "ZEAL_DATABASE_URL": database_url,
                 "ZEAL_MQTT_URL": broker.url,
                 "ZEAL_COLLECTOR_ID": collector_id,
+                "ZEAL_SHARE_GROUP": share_group,
             }
         )
     )
@@ -211,8 +216,8 @@ def test_two_collectors_share_the_load_and_store_everything_once(
 ) -> None:
     """Two collectors on one shared subscription: both store some, together all, once."""
     with (
-        TestClient(server_app(database_url, broker, "c1")) as one,
-        TestClient(server_app(database_url, broker, "c2")) as two,
+        TestClient(server_app(database_url, broker, "c1", "zeal")) as one,
+        TestClient(server_app(database_url, broker, "c2", "zeal")) as two,
     ):
         create_stream(one, bucket_seconds=60)
         wait_until(lambda: two.app.state.collector.broker_connected, what="second collector")  # type: ignore[attr-defined]
