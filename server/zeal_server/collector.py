@@ -123,7 +123,8 @@ class Collector:
         self.counts: Counter[str] = Counter()
         self.budget = RejectBudget()
         self.dropped: Counter[tuple[str, str]] = Counter()  # (topic, reason) shed at the door
-        self._lags: deque[tuple[float, int]] = deque(maxlen=200_000)
+        # The commit lag of the last 20,000 stored messages (bounded: memory stays flat).
+        self._lags: deque[tuple[float, int]] = deque(maxlen=20_000)
         self.broker_connected = False
         self.subscribed = threading.Event()
         self.database_ok = True
@@ -303,7 +304,8 @@ class Collector:
             log.error("could not record %d shed messages: %s", sum(shed.values()), exc)
 
     def lag_ms(self, window_s: float = 60.0) -> dict[str, float] | None:
-        """Receive-to-commit lag of messages stored in the last `window_s`: p50, p99, max."""
+        """Receive-to-commit lag of the messages stored in the last `window_s` (at most the
+        last 20,000): p50, p99, max and how many."""
         since = time.time() * 1000 - window_s * 1000
         lags = sorted(lag for when, lag in list(self._lags) if when >= since)
         if not lags:
