@@ -39,7 +39,7 @@ bench: install
 	$(BIN)/python -m zeal_server.compression
 	$(BIN)/python bench/report.py   # baselines side by side: writes bench/REPORT.md (+ server speed)
 
-reliability: install   # the 5-minute load test of docs/reliability.md (not in make test)
+reliability: install   # the 10-minute load test of docs/reliability.md (not in make test)
 	$(BIN)/python bench/reliability.py --out bench/reliability.json
 
 bench-quick: install
