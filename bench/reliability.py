@@ -15,9 +15,9 @@ the last 3 minutes, and prints the figures (and writes them to --out as JSON).
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,12 +28,13 @@ from typing import Any
 import httpx
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_bench import private_broker
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -53,23 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args(argv)
-    per_device = int(args.rate * args.seconds)
+    per_device = -(-int(args.rate * args.seconds) // 60) * 60  # simulate sends whole batches
     total = args.devices * per_device
     with tempfile.TemporaryDirectory() as tmp:
-        port, http_port = free_port(), free_port()
-        (Path(tmp) / "mosquitto.conf").write_text(
-            f"user {getpass.getuser()}\nlistener {port} 127.0.0.1\nallow_anonymous true\n"
-            "max_queued_messages 0\nmax_inflight_messages 0\n"
-        )
-        broker = subprocess.Popen(
-            ["mosquitto", "-c", f"{tmp}/mosquitto.conf"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        broker_url, broker = private_broker(tmp, "max_inflight_messages 0\n")
+        http_port = free_port()
         env = {
             **os.environ,
             "ZEAL_DATABASE_URL": os.environ.get("ZEAL_DATABASE_URL", f"sqlite:///{tmp}/z.sqlite"),
-            "ZEAL_MQTT_URL": f"mqtt://127.0.0.1:{port}",
+            "ZEAL_MQTT_URL": broker_url,
             "ZEAL_COLLECTOR_ID": "load",
         }
         server = subprocess.Popen(
@@ -95,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 [
                     sys.executable, "-m", "zeal_edge", "simulate",
                     "--dataset", str(ROOT / "data" / "seattle-temps.csv"),
-                    "--stream", "load", "--broker", f"mqtt://127.0.0.1:{port}",
+                    "--stream", "load", "--broker", broker_url,
                     "--data-dir", f"{tmp}/fleet", "--devices", str(args.devices),
                     "--rate", str(args.rate), "--readings", str(per_device),
                     "--log-level", "WARNING",

@@ -57,6 +57,7 @@ from zeal.baselines import (  # noqa: E402
 )
 from zeal.errors import ParameterError  # noqa: E402
 from zeal.wire import CodecParams  # noqa: E402
+from zeal_edge.bench import publish_packet_size  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -249,9 +250,8 @@ def check_tolerances(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def packet(payload_len: int) -> int:
-    remaining = 2 + len(TOPIC) + 2 + 1 + payload_len  # MQTT v5 PUBLISH, QoS 1, no properties
-    varint = 1 if remaining < 128 else 2 if remaining < 16384 else 3
-    return 1 + varint + remaining
+    """A whole MQTT v5 PUBLISH at QoS 1 (zeal_edge.bench's arithmetic, checked against paho)."""
+    return publish_packet_size(TOPIC, payload_len)
 
 
 def payload_bytes(bits: int, batch: int) -> int:

@@ -39,14 +39,15 @@ ROOT = Path(__file__).resolve().parents[1]
 BROKER = os.environ.get("ZEAL_MQTT_URL", "")
 
 
-def private_broker(tmp: str) -> tuple[str, subprocess.Popen[bytes]]:
+def private_broker(tmp: str, extra: str = "") -> tuple[str, subprocess.Popen[bytes]]:
+    """Mosquitto on a free port that never drops queued QoS 1 messages (+ `extra` lines)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config = Path(tmp) / "mosquitto.conf"
     config.write_text(
         f"user {getpass.getuser()}\nlistener {port} 127.0.0.1\n"
-        "allow_anonymous true\nmax_queued_messages 0\n"
+        f"allow_anonymous true\nmax_queued_messages 0\n{extra}"
     )
     process = subprocess.Popen(
         ["mosquitto", "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

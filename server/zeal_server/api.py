@@ -718,7 +718,17 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         return _device_out(row, stream.epsilon)
 
     @app.get(f"{api}/streams/{{name}}/stats", dependencies=read, response_model=StatsOut)
-    def stats(name: str, db: Db) -> StatsOut:
+    def stats(
+        name: str,
+        db: Db,
+        efficiency_figures: Annotated[
+            bool,
+            Query(
+                alias="efficiency",
+                description="measure the efficiency figures (decodes a sample; false skips it)",
+            ),
+        ] = True,
+    ) -> StatsOut:
         """Readings, messages, bytes on the wire and in the store, rejects by reason."""
         stream = stream_or_404(db, name)
         readings, messages, received = db.execute(
@@ -741,7 +751,13 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             ).where(Device.stream_id == stream.id)
         ).one()
         sizes = store.storage_bytes(db, stream)
-        measured = efficiency(db, stream, readings=int(readings), received_bytes=int(received))
+        measured = (
+            efficiency(
+                db, stream, readings=int(readings), received_bytes=int(received), sizes=sizes
+            )
+            if efficiency_figures
+            else None
+        )
         per = None
         if readings:
             segment = sizes["codes"] + sizes["timestamps"] + sizes["devices"]

@@ -57,14 +57,21 @@ def recent_columns(session: Session, stream: Stream, limit: int = SAMPLE) -> Col
 
 
 def efficiency(
-    session: Session, stream: Stream, *, readings: int, received_bytes: int
+    session: Session,
+    stream: Stream,
+    *,
+    readings: int,
+    received_bytes: int,
+    sizes: dict[str, int],
 ) -> dict[str, Any] | None:
-    """Bits per reading of Zeal and of the alternatives, with the ratios (None: no data)."""
+    """Bits per reading of Zeal and of the alternatives, with the ratios (None: no data).
+
+    ``sizes`` is :func:`store.storage_bytes` of the stream, which the caller already has.
+    """
     sample = recent_columns(session, stream)
     if sample is None or readings == 0:
         return None
     params = store.params_of(stream)
-    sizes = store.storage_bytes(session, stream)
     values = params.decode(sample.codes)
     json_bits = 8 * float(
         np.mean(

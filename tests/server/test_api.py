@@ -418,6 +418,9 @@ def test_efficiency_is_measured_on_the_stored_data(client: TestClient) -> None:
     assert e["compression_ratio_cr"] == pytest.approx(e["paper_store_bits"] / 64)
     assert e["store_vs_paper"] == pytest.approx(e["paper_store_bits"] / e["store_code_bits"])
     assert e["wire_bits"] < e["json_bits"] / 10
+    quick = client.get("/api/v1/streams/temps/stats", params={"efficiency": "false"}).json()
+    assert quick["efficiency"] is None
+    assert quick["readings"] == stats["readings"]
 
 
 def stats_shared_bits(client: TestClient) -> int:

@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.mqtt_helpers import Mosquitto, Subscriber, fleet_command
-from tests.server.test_crash import Server, start_fleet, verify, wait_for
+from tests.server.test_crash import Server, create_temps, start_fleet, verify, wait_for
 from zeal import Zeal, decode_batch, encode_batch
 from zeal_server import store
 from zeal_server.api import create_app
@@ -219,8 +219,7 @@ def test_sqlite_disk_full_is_reported_and_nothing_unstored_is_acknowledged(
     url = f"sqlite:///{small_disk}/zeal.sqlite"
     server = Server(url, broker, tmp_path / "server.log").start()
     try:
-        body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
-        assert server.http.post("/api/v1/streams", json=body).status_code == 201
+        create_temps(server)
         filler = fill(small_disk)
         fleet = start_fleet(broker, tmp_path, 50, 300)  # 5 batches of 60 per device, 15 s
         deadline, health = time.monotonic() + 30, None
@@ -375,7 +374,7 @@ def test_a_flooding_device_does_not_slow_the_others(broker: Mosquitto, tmp_path:
     broker.start()
     server = Server(f"sqlite:///{tmp_path}/z.sqlite", broker, tmp_path / "server.log").start()
     try:
-        create_stream(server)
+        create_temps(server)
         ingest_seconds(server, broker, tmp_path / "warm", flood=False)  # warm caches and disk
         quiet, loud, flooded = [], [], 0
         for run in range(2):  # alternate, so a drift of the machine hits both alike
@@ -395,32 +394,3 @@ def test_a_flooding_device_does_not_slow_the_others(broker: Mosquitto, tmp_path:
     assert flooded > 10_000
     assert sum(stats["rejects"].values()) > 1000
     assert lo < 1.2 * q
-
-
-def create_stream(server: Server) -> None:
-    body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
-    assert server.http.post("/api/v1/streams", json=body).status_code == 201
-
-
-def test_reject_budget_sheds_a_flooding_topic_and_forgives_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """100 rejects in a burst, then 10 a second; other topics are never touched; a topic that
-    stops misbehaving is heard again within about 10 s, however long it flooded."""
-    from zeal_server import collector
-
-    now = [1000.0]
-    monkeypatch.setattr(collector.time, "monotonic", lambda: now[0])
-    budget = collector.RejectBudget()
-    evil, good = "zeal/v1/t/evil/up", "zeal/v1/t/good/up"
-    for _ in range(100):
-        assert budget.allows(evil)
-        budget.spend(evil)
-    assert not budget.allows(evil)
-    assert budget.allows(good)
-    for _ in range(100_000):  # a long flood, shed at the door (each still spends)
-        budget.spend(evil)
-    now[0] += 10.0
-    assert not budget.allows(evil)
-    now[0] += 0.2
-    assert budget.allows(evil)

@@ -216,7 +216,7 @@ function overviewView(main) {
       const rows = await Promise.all(streams.map(async (s) => {
         const [avg, stats] = await Promise.all([
           api(`${streamPath(s.name)}/average${query({ start })}`),
-          api(`${streamPath(s.name)}/stats`),
+          api(`${streamPath(s.name)}/stats?efficiency=false`),  // the overview shows none
         ]);
         return overviewRow(s, avg, stats, start);
       }));
