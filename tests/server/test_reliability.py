@@ -394,3 +394,27 @@ def test_a_flooding_device_does_not_slow_the_others(broker: Mosquitto, tmp_path:
     assert flooded > 10_000
     assert sum(stats["rejects"].values()) > 1000
     assert lo < 1.2 * q
+
+
+def test_reject_budget_sheds_a_flooding_topic_and_forgives_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """100 rejects in a burst, then 10 a second; other topics are never touched; a topic that
+    stops misbehaving is heard again within about 10 s, however long it flooded."""
+    from zeal_server import collector
+
+    now = [1000.0]
+    monkeypatch.setattr(collector.time, "monotonic", lambda: now[0])
+    budget = collector.RejectBudget()
+    evil, good = "zeal/v1/t/evil/up", "zeal/v1/t/good/up"
+    for _ in range(100):
+        assert budget.allows(evil)
+        budget.spend(evil)
+    assert not budget.allows(evil)
+    assert budget.allows(good)
+    for _ in range(100_000):  # a long flood, shed at the door (each still spends)
+        budget.spend(evil)
+    now[0] += 10.0
+    assert not budget.allows(evil)
+    now[0] += 0.2
+    assert budget.allows(evil)
