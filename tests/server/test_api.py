@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from zeal import Zeal, encode_batch
 from zeal.streamconfig import config_document
-from zeal_server import store
+from zeal_server import efficiency, store
 from zeal_server.api import create_app
 from zeal_server.settings import ServerSettings, SettingsError
 
@@ -421,6 +421,38 @@ def test_efficiency_is_measured_on_the_stored_data(client: TestClient) -> None:
     quick = client.get("/api/v1/streams/temps/stats", params={"efficiency": "false"}).json()
     assert quick["efficiency"] is None
     assert quick["readings"] == stats["readings"]
+
+
+def test_json_bits_equal_json_dumps_for_every_length_of_timestamp() -> None:
+    """The vectorized JSON size is the mean length of the real json.dumps texts, for
+    timestamps of every digit count and sign and for the values of a 16-bit stream."""
+    rng = np.random.default_rng(7)
+    zeal = Zeal(lower=-40, upper=125, epsilon=0.5, payload_bits=16)
+    values = zeal.decode(rng.integers(zeal.code_min, 1 << 16, 5000))
+    edges = np.array([0, 9, 10, 99, 100, 10**12 - 1, 10**12, 10**13, -1, -10, -(10**13)])
+    timestamps = np.concatenate([edges, rng.integers(-(10**15), 10**15, 5000 - edges.size)])
+    texts = [
+        json.dumps({"ts": int(t), "value": float(v)})
+        for t, v in zip(timestamps, values, strict=True)
+    ]
+    assert efficiency.json_bits(timestamps, values) == pytest.approx(
+        8 * np.mean([len(t) for t in texts]), rel=1e-12
+    )
+
+
+def test_the_efficiency_sample_is_the_most_recent_readings(client: TestClient) -> None:
+    """Only the newest segments are read, newest bucket first: a limit of 90 readings takes
+    the last 60-reading batch whole and 30 of the one before."""
+    create(client)
+    for s in range(6):  # one-minute batches (one bucket each), half an hour apart
+        feed(client, "dev0", s, np.full(60, 40.0), T0 + 1_800_000 * s, rng=s)
+    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+        stream = store.stream_by_name(session, "temps")
+        assert stream is not None
+        sample = efficiency.recent_columns(session, stream, limit=90)
+    assert sample is not None
+    batch = (sample.timestamps - T0) // 1_800_000
+    assert batch.tolist() == [5] * 60 + [4] * 30
 
 
 def stats_shared_bits(client: TestClient) -> int:
