@@ -635,7 +635,9 @@ def segment_columns(
         query = query.where(Segment.bucket >= first_bucket)
     if stop_bucket is not None:
         query = query.where(Segment.bucket < stop_bucket)
-    for segment in session.scalars(query.order_by(Segment.bucket, Segment.id)):
+    # yield_per: an ORM query otherwise loads every segment before the first is yielded.
+    query = query.order_by(Segment.bucket, Segment.id).execution_options(yield_per=256)
+    for segment in session.scalars(query):
         yield segment.bucket, columns_of(segment, stream.payload_bits)
 
 
