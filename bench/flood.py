@@ -15,6 +15,7 @@ is shed within its reject budget, counted, and stores nothing).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=5, help="quiet and flooded runs each")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args(argv)
+    if args.pairs < 1:
+        parser.error("--pairs must be at least 1")
     with tempfile.TemporaryDirectory() as tmp:
         broker = Mosquitto(Path(tmp) / "broker").start()
         limit_packet_size(broker)
@@ -44,17 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
             broker.stop()
     print(trial.summary())
-    figures = {
-        "pairs": args.pairs,
-        "quiet_s": trial.quiet,
-        "loud_s": trial.loud,
-        "slowdown": trial.slowdown,
-        "flooded": trial.flooded,
-        "flood_seconds": trial.flood_seconds,
-        "rejects": trial.rejects,
-        "readings": trial.readings,
-        "sent": trial.sent,
-    }
+    figures = {"pairs": args.pairs, **dataclasses.asdict(trial), "slowdown": trial.slowdown}
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2))
     ok = trial.slowdown < LIMIT and trial.readings == trial.sent

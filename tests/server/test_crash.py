@@ -70,7 +70,9 @@ class Server:
             self.process.wait(timeout=30)
 
     def stats(self) -> dict[str, int]:
-        body = self.http.get("/api/v1/streams/temps/stats").json()
+        # Counts only: the efficiency figures are not needed for polling.
+        stats = "/api/v1/streams/temps/stats?efficiency=false"
+        body = self.http.get(stats).json()
         return {"messages": body["messages"], "readings": body["readings"]}
 
 
