@@ -1,4 +1,5 @@
-"""`make demo` from a fresh clone: reaches the served average, and Ctrl-C leaves nothing."""
+"""`make demo` from a fresh clone: reaches the served average, and Ctrl-C, SIGTERM or
+SIGHUP leave nothing behind."""
 
 from __future__ import annotations
 
@@ -6,14 +7,17 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.mqtt_helpers import free_port
+from tests.mqtt_helpers import Mosquitto, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = re.compile(r"dashboard: (http://\S+/)")
@@ -70,3 +74,88 @@ def test_make_demo_from_a_fresh_clone(tmp_path: Path) -> None:
         f"served average after {time.monotonic() - started:.0f} s: "
         f"{next(line for line in lines if SERVED.search(line)).strip()}"
     )
+
+
+def run_demo_until_serving(clone: Path, broker_url: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """tools/demo.py of `clone` (with this environment's Python), until it serves averages."""
+    demo = subprocess.Popen(
+        [sys.executable, "tools/demo.py"],
+        cwd=clone,
+        env={**os.environ, "ZEAL_MQTT_URL": broker_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    threading.Thread(
+        target=lambda: lines.extend(iter(demo.stdout.readline, "")),  # type: ignore[union-attr]
+        daemon=True,
+    ).start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(SERVED.search(line) for line in lines):
+        assert demo.poll() is None, "".join(lines[-30:])
+        time.sleep(0.5)
+    assert any(SERVED.search(line) for line in lines), "".join(lines[-30:])
+    return demo, lines
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
+def test_the_demo_stops_everything_it_started_on_sighup_and_sigterm(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Closing the terminal (SIGHUP to the process group) or SIGTERM stops the demo, its
+    server, its broker and its 200-device fleet, as Ctrl-C does."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    demo, lines = run_demo_until_serving(clone, f"mqtt://127.0.0.1:{free_port()}")
+    port = next(m.group(1) for line in lines if (m := DASHBOARD.search(line))).split(":")[-1]
+    port = port.strip("/")
+    mine = [*processes_mentioning(str(clone)), *processes_mentioning(f"--port {port}")]
+    assert len(mine) >= 3, mine  # demo, broker, fleet (and the server, by its port)
+    try:
+        os.killpg(demo.pid, sig)
+        demo.wait(timeout=60)
+        time.sleep(2)
+        assert processes_mentioning(str(clone)) == []
+        assert processes_mentioning(f"--port {port}") == []
+        assert any("stopping the demo" in line for line in lines), "".join(lines[-20:])
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+        for line in processes_mentioning(str(clone)) + processes_mentioning(f"--port {port}"):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
+def test_the_demo_withdraws_its_configuration_from_a_broker_that_outlives_it(
+    tmp_path: Path,
+) -> None:
+    """On a broker it did not start, the demo's retained stream configuration is gone after
+    the demo stops: a later agent cannot configure itself for a server that is gone."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    broker = Mosquitto(tmp_path / "broker").start()
+    try:
+        demo, _ = run_demo_until_serving(clone, broker.url)
+        assert retained(broker.port, "zeal/v1/demo-temps/config") != b""
+        os.killpg(demo.pid, signal.SIGINT)
+        demo.wait(timeout=60)
+        assert retained(broker.port, "zeal/v1/demo-temps/config") == b""
+    finally:
+        broker.stop()
+
+
+def retained(port: int, topic: str, wait: float = 2.0) -> bytes:
+    """The retained message of a topic (b"" when there is none)."""
+    got: list[bytes] = []
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+    client.on_message = lambda c, u, m: got.append(bytes(m.payload))
+    client.connect("127.0.0.1", port)
+    client.subscribe(topic, qos=1)
+    client.loop_start()
+    deadline = time.monotonic() + wait
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.disconnect()
+    client.loop_stop()
+    return got[0] if got else b""

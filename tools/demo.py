@@ -1,9 +1,12 @@
 """``make demo``: a broker, the server and 200 simulated devices; served vs true average.
 
 Uses the broker at ZEAL_MQTT_URL (default mqtt://127.0.0.1:1883) when one answers there,
-otherwise starts a local ``mosquitto``. The server keeps SQLite in ``demo-data/``. Every
-5 seconds it prints the served (debiased, privatized) average next to the true average of
-exactly the readings stored so far. Ctrl-C stops everything it started.
+otherwise starts a local ``mosquitto``. Each run starts from an empty ``demo-data/`` (the
+server's SQLite database and the logs) and leaves it there for inspection. Every 5 seconds
+it prints the served (debiased, privatized) average next to the true average of exactly the
+readings stored so far. Ctrl-C, SIGTERM or SIGHUP (the terminal closing) stop everything it
+started; on a broker it did not start, it then withdraws the demo stream's retained
+configuration, so no later agent configures itself for a server that is gone.
 """
 
 from __future__ import annotations
@@ -110,14 +113,16 @@ def main() -> int:
     def stop(*_: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
     shutil.rmtree(STATE, ignore_errors=True)
     STATE.mkdir()
+    external: str | None = None  # a broker the demo did not start
     try:
         url = os.environ.get("ZEAL_MQTT_URL", "mqtt://127.0.0.1:1883")
         parts = urlsplit(url)
         if answers(parts.hostname or "127.0.0.1", parts.port or 1883):
-            broker = url
+            broker = external = url
             print(f"broker: using {broker}")
         else:
             # No embedded Python broker as a fallback: amqtt 0.12.1, the maintained one,
@@ -223,9 +228,11 @@ def main() -> int:
                 flush=True,
             )
     except KeyboardInterrupt:
-        print("\nstopping the demo ...")
+        print("\nstopping the demo ...", flush=True)
         return 0
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the clean-up
         for child in reversed(children):
             if child.poll() is None:
                 os.killpg(child.pid, signal.SIGTERM)
@@ -235,6 +242,28 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
+        if external is not None:
+            withdraw_config(external)
+
+
+def withdraw_config(url: str) -> None:
+    """Clear the demo stream's retained configuration on a broker that outlives the demo."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+    from zeal.brokerurl import parse_broker_url
+    from zeal.topics import config_topic
+
+    broker = parse_broker_url(url)
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+    try:
+        client.connect(broker.host, broker.port)
+        client.loop_start()
+        client.publish(config_topic(STREAM), b"", qos=1, retain=True).wait_for_publish(5)
+        client.disconnect()
+        client.loop_stop()
+    except (OSError, RuntimeError, ValueError) as exc:
+        print(f"could not withdraw the demo's configuration from {url}: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

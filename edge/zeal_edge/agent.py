@@ -3,9 +3,24 @@
 Life of a reading: a source yields it; the agent charges its epsilon against the budget (or
 skips it at the cap, never perturbing it); up to ``batch`` readings wait in memory (at most
 ``interval`` seconds); then they are perturbed with the CSPRNG, encoded with the next
-sequence number, and committed to the outbox together with the budget spend. Only then is
-the batch published (QoS 1); it leaves the outbox on PUBACK. A crash before the commit loses
-the in-memory readings (never released); after it, the same bytes are sent again on restart.
+sequence number, and committed to the outbox together with the budget spend ("queued").
+Only then is the batch published (QoS 1); it leaves the outbox on PUBACK ("confirmed by
+the broker"). A crash before the commit loses the in-memory readings (never released);
+after it, the same bytes are sent again on restart.
+
+The agent stops (:class:`AgentError`, exit status 3) rather than spend budget in vain:
+
+- another agent already runs this device id: each announces itself, retained, on its
+  presence topic with a Last Will that marks it offline, and a newcomer that finds another
+  instance online refuses to start (of two that start together, the younger gives way);
+- the server that configured the stream withdraws its configuration (the stream was
+  deleted) or reports ``unknown_stream`` on the device's notice topic. The halt is kept in
+  the outbox, so a restart refuses too, until the stream is created anew (a new
+  configuration) or ``zeal-edge resume`` clears it.
+
+Other notices are logged and counted (``zeal-edge status``); a ``sequence_reset`` notice
+(the outbox is new but the server knows the device) moves the sequence numbers past the
+server's.
 """
 
 from __future__ import annotations
@@ -23,22 +38,34 @@ from typing import Any
 import numpy as np
 
 from zeal import ParameterError, Zeal, encode_batch
-from zeal.streamconfig import params_from_config
+from zeal.streamconfig import StreamConfig, read_config
+from zeal.topics import (
+    Notice,
+    Presence,
+    TopicError,
+    config_topic,
+    notice_topic,
+    presence_topic,
+)
 from zeal_edge.budget import BudgetPolicy, micro_epsilon
-from zeal_edge.mqtt import BrokerSettings, Connection
-from zeal_edge.outbox import Outbox
+from zeal_edge.errors import AgentError
+from zeal_edge.mqtt import BrokerSettings, Connection, Message
+from zeal_edge.outbox import DataDirLock, Halt, Outbox
 from zeal_edge.pipeline import Pipeline
 from zeal_edge.sources import Reading, Source
 
-__all__ = ["Agent", "AgentOptions", "Throttle", "config_topic"]
+__all__ = ["Agent", "AgentError", "AgentOptions", "Throttle", "config_topic"]
 
 log = logging.getLogger("zeal_edge.agent")
 _END = object()
-
-
-def config_topic(stream: str) -> str:
-    """Where a stream's parameters are retained."""
-    return f"zeal/v1/{stream}/config"
+#: Notices after which the agent stops: the server no longer has the stream.
+FATAL = frozenset({"unknown_stream"})
+#: How long a starting agent waits for the broker before it goes on offline (seconds).
+PRESENCE_WAIT = 5.0
+#: After the SUBACK, how long a retained presence message may take to arrive (seconds).
+RETAINED_GRACE = 0.5
+#: On a stop, how long to wait for the broker to confirm what is in flight (seconds).
+DRAIN_WAIT = 5.0
 
 
 class Throttle:
@@ -78,19 +105,44 @@ class Agent:
     ) -> None:
         self.options = options
         self.clock = clock
-        self.outbox = Outbox(options.data_dir / "outbox.sqlite")
-        self.namespace = self.outbox.ensure(options.stream, options.device)
+        self.broker = broker
+        self.lock = DataDirLock(options.data_dir)
+        try:
+            self.outbox = Outbox(options.data_dir / "outbox.sqlite")
+        except BaseException:
+            self.lock.release()
+            raise
+        stream, device = options.stream, options.device
+        self.namespace = self.outbox.ensure(stream, device)
+        self.instance = self.outbox.instance(self.namespace)
+        self.started_ms = self.now_ms()
+        self.topics = {
+            "config": config_topic(stream),
+            "presence": presence_topic(stream, device),
+            "notice": notice_topic(stream, device),
+        }
+        offline = Presence(self.instance, False, self.started_ms).to_json()
         self.connection = Connection(
             broker,
-            client_id=f"zeal-edge-{options.stream}-{options.device}",
-            subscriptions=[config_topic(options.stream)],
+            client_id=f"zeal-edge-{stream}-{device}-{self.instance[:8]}",
+            subscriptions=list(self.topics.values()),
+            will=(self.topics["presence"], offline),
         )
         self.pipeline = Pipeline(self.outbox, self.connection)
-        self.params: Zeal | None = None
+        self.config: StreamConfig | None = None
         self._pending: list[Reading] = []
         self._pending_since = 0.0
         self._stop = threading.Event()
         self._throttle = Throttle(60)
+        self._announced = 0  # the connection (SUBACK count) our presence was announced on
+        self._subacked_at: tuple[int, float] = (0, 0.0)
+        self._presence_owner: str | None = None  # the instance last seen on our topic
+        self._failure: AgentError | None = None
+        self._invalid_booked = 0
+
+    @property
+    def params(self) -> Zeal | None:
+        return None if self.config is None else self.config.params
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -99,38 +151,185 @@ class Agent:
         """Ask run() to flush what it holds and return (e.g. on SIGTERM)."""
         self._stop.set()
 
-    # -- parameters -------------------------------------------------------------------------
+    def _fail(self, error: AgentError) -> None:
+        if self._failure is None:
+            self._failure = error
+        self._stop.set()
 
-    def _take_config_messages(self) -> None:
+    # -- messages from the broker -------------------------------------------------------
+
+    def _take_messages(self) -> None:
         while not self.connection.messages.empty():
-            topic, payload = self.connection.messages.get_nowait()
-            if topic != config_topic(self.options.stream) or not payload:
-                continue
-            try:
-                params = params_from_config(payload, stream=self.options.stream)
-            except ParameterError as exc:
-                log.error("ignoring stream configuration on %s: %s", topic, exc)
-                continue
-            if self.params is not None and params != self.params:
-                log.warning(
-                    "stream %s has new parameters (fingerprint %s); flushing and switching",
-                    self.options.stream,
-                    params.fingerprint.hex(),
+            message = self.connection.messages.get_nowait()
+            if message.topic == self.topics["config"]:
+                self._on_config(message)
+            elif message.topic == self.topics["presence"]:
+                self._on_presence(message)
+            elif message.topic == self.topics["notice"]:
+                self._on_notice(message)
+        if self.connection.taken_over.is_set():
+            self._fail(
+                AgentError(
+                    f"another client connected to {self.broker.url} with this agent's client "
+                    f"id and took its session over: is a second agent running device "
+                    f"{self.options.device} of stream {self.options.stream} from a copy of "
+                    f"the data directory {self.options.data_dir}? Stop one of them."
                 )
-                self._flush()
-            if params != self.params:
-                log.info("stream parameters: %r", params)
-            self._use(params)
+            )
 
-    def _use(self, params: Zeal) -> None:
-        self.params = params
+    def _on_config(self, message: Message) -> None:
+        if self.options.params_file is not None:
+            return  # --params given: the local document is the configuration
+        if not message.payload:
+            if self.config is not None:
+                self._halt(
+                    "stream_deleted",
+                    f"the server withdrew the configuration of stream {self.options.stream} "
+                    "from the broker: the stream was deleted",
+                )
+            return
+        try:
+            config = read_config(message.payload, stream=self.options.stream)
+        except ParameterError as exc:
+            log.error("ignoring stream configuration on %s: %s", message.topic, exc)
+            return
+        if self.config is not None and config.params != self.config.params:
+            log.warning(
+                "stream %s has new parameters (fingerprint %s); flushing and switching",
+                self.options.stream,
+                config.params.fingerprint.hex(),
+            )
+            self._flush()
+        if self.config is None or config.identity != self.config.identity:
+            log.info("stream parameters: %r (server %s)", config.params, config.server)
+        self._use(config)
+
+    def _use(self, config: StreamConfig) -> None:
+        halt = self.outbox.halt(self.namespace)
+        if halt is not None:
+            if halt.identity == config.identity:
+                self._fail(AgentError(_halted_text(self.options, halt)))
+                return
+            log.info(
+                "stream %s was created anew since this agent stopped (%s): sending again",
+                self.options.stream,
+                halt.reason,
+            )
+            self.outbox.set_halt(self.namespace, None)
+        self.config = config
         policy = self.options.budget
         self.outbox.set_policy(
             self.namespace,
-            cost_micro=micro_epsilon(params.epsilon),
+            cost_micro=micro_epsilon(config.params.epsilon),
             cap_micro=policy.cap_micro,
             window_s=policy.window_s,
         )
+
+    def _on_presence(self, message: Message) -> None:
+        if not message.payload:
+            return
+        try:
+            presence = Presence.from_json(message.payload)
+        except TopicError as exc:
+            log.warning("ignoring a presence message on %s: %s", message.topic, exc)
+            return
+        self._presence_owner = presence.instance
+        if presence.instance == self.instance or not presence.online:
+            return
+        other = (presence.since_ms, presence.instance)
+        if self._announced and other > (self.started_ms, self.instance):
+            # A younger agent with our device id: it gives way; restore our announcement.
+            log.warning(
+                "another agent (instance %s) started with device id %s; it was told to stop",
+                presence.instance,
+                self.options.device,
+            )
+            self._announce()
+            return
+        self._fail(
+            AgentError(
+                f"device {self.options.device} of stream {self.options.stream} is already "
+                f"running elsewhere (agent instance {presence.instance}, online since "
+                f"{_when(presence.since_ms)}, as announced on {self.broker.url}). Two agents "
+                "must not share a device id: stop the other one or give this one another "
+                "--device. (An agent that died less than a minute ago is still shown "
+                "online until the broker notices; try again then.)"
+            )
+        )
+
+    def _announce(self) -> None:
+        presence = Presence(self.instance, True, self.started_ms)
+        self.connection.publish(self.topics["presence"], presence.to_json(), retain=True)
+        self._presence_owner = self.instance
+
+    def _check_presence(self) -> None:
+        """Once per connection, after the retained presence had time to arrive: announce."""
+        count = self.connection.subscribed
+        if count == 0 or count == self._announced or self._failure is not None:
+            return
+        if self._subacked_at[0] != count:
+            self._subacked_at = (count, time.monotonic())
+            return
+        if time.monotonic() - self._subacked_at[1] < RETAINED_GRACE:
+            return
+        self._take_messages()
+        if self._failure is None:
+            self._announced = count
+            self._announce()
+
+    def _on_notice(self, message: Message) -> None:
+        try:
+            notice = Notice.from_json(message.payload)
+        except TopicError as exc:
+            log.warning("ignoring a notice on %s: %s", message.topic, exc)
+            return
+        ours = self.config.server if self.config else None
+        if ours is not None and notice.server != ours:
+            if self._throttle.ready(f"foreign-{notice.server}-{notice.reason}"):
+                log.warning(
+                    "server %s, which did not configure stream %s (server %s did), reports "
+                    "%s: %s. Two servers share the broker; this agent follows %s.",
+                    notice.server,
+                    self.options.stream,
+                    ours,
+                    notice.reason,
+                    notice.message,
+                    ours,
+                )
+            return
+        now = self.now_ms()
+        if notice.reason == "sequence_reset":
+            log.warning(
+                "the server already knew device %s: %s. No reading is lost.",
+                self.options.device,
+                notice.message,
+            )
+            if notice.last_sequence is not None and self.outbox.advance_sequence(
+                self.namespace, notice.last_sequence + 1
+            ):
+                log.info("sequence numbers continue at %d", notice.last_sequence + 1)
+            return
+        self.outbox.record_server_reject(self.namespace, notice.reason, now_ms=now)
+        if notice.reason in FATAL and ours is not None:
+            self._halt(notice.reason, f"the server rejected a batch: {notice.message}")
+            return
+        if self._throttle.ready(f"notice-{notice.reason}"):
+            log.error(
+                "the server rejected batch #%s (%s): %s (logged once a minute; counted in "
+                "zeal-edge status)",
+                notice.sequence,
+                notice.reason,
+                notice.message,
+            )
+
+    def _halt(self, reason: str, message: str) -> None:
+        identity = self.config.identity if self.config else None
+        halt = Halt(reason, message, self.now_ms(), identity)
+        self.outbox.set_halt(self.namespace, halt)
+        self._pending = []  # never perturbed: nothing spent on them
+        self._fail(AgentError(_halted_text(self.options, halt)))
+
+    # -- parameters and presence before reading ---------------------------------------
 
     def _load_params(self) -> None:
         if self.options.params_file is not None:
@@ -140,24 +339,54 @@ class Agent:
                 raise ParameterError(
                     f"cannot read --params {self.options.params_file}: {exc}"
                 ) from exc
-            self._use(params_from_config(text, stream=self.options.stream))
+            self._use(read_config(text, stream=self.options.stream))
             log.info("stream parameters from %s: %r", self.options.params_file, self.params)
             return
         deadline = time.monotonic() + self.options.wait_for_params
-        while self.params is None and not self._stop.is_set():
+        while self.config is None and not self._stop.is_set():
             if time.monotonic() > deadline:
                 raise ParameterError(
                     f"no stream parameters arrived on {config_topic(self.options.stream)}"
                 )
             if self._throttle.ready("params"):
                 log.warning(
-                    "waiting for stream parameters on %s (no --params given): not reading "
-                    "or sending until they arrive",
+                    "waiting for stream parameters on %s at %s (no --params given): not "
+                    "reading or sending until they arrive",
                     config_topic(self.options.stream),
+                    self.broker.url,
                 )
-            self.pipeline.pump()
-            self._take_config_messages()
+            self._step()
             time.sleep(0.1)
+
+    def _await_presence(self) -> None:
+        """Before reading anything, make sure no other agent runs this device id."""
+        deadline = time.monotonic() + PRESENCE_WAIT
+        while not self._announced and not self._stop.is_set():
+            if time.monotonic() > deadline:
+                log.warning(
+                    "no broker at %s yet: starting offline (batches wait in the outbox; the "
+                    "device id is checked once connected)",
+                    self.broker.url,
+                )
+                return
+            self._step()
+            time.sleep(0.05)
+
+    def _step(self) -> None:
+        self._pump()
+        self._take_messages()
+        self._check_presence()
+
+    def _pump(self) -> None:
+        """Publish what waits, and say which batches the broker confirmed."""
+        confirmed = sorted(seq for _, seq in self.pipeline.pump())
+        if confirmed:
+            which = (
+                f"batch #{confirmed[0]}"
+                if len(confirmed) == 1
+                else f"{len(confirmed)} batches, #{confirmed[0]} to #{confirmed[-1]}"
+            )
+            log.info("confirmed by the broker: %s", which)
 
     # -- batches ----------------------------------------------------------------------------
 
@@ -187,7 +416,7 @@ class Agent:
 
     def _flush(self) -> None:
         """Perturb, encode and commit the readings held in memory as one batch."""
-        if not self._pending or self.params is None:
+        if not self._pending or self.params is None or self._failure is not None:
             return
         readings, self._pending = self._pending, []
         now = self.now_ms()
@@ -220,7 +449,22 @@ class Agent:
             fingerprint=self.params.fingerprint.hex(),
         )
         self.pipeline.committed([(self.namespace, sequence)])
-        log.info("batch #%d: %d readings, %d bytes", sequence, len(readings), len(payload))
+        waiting = self.pipeline.unacknowledged
+        log.info(
+            "batch #%d: %d readings, %d bytes, queued (%d batch%s awaiting the broker%s)",
+            sequence,
+            len(readings),
+            len(payload),
+            waiting,
+            "" if waiting == 1 else "es",
+            "" if self.connection.connected else f"; not connected to {self.broker.url}",
+        )
+
+    def _book_invalid(self, source: Source) -> None:
+        skipped = getattr(source, "skipped", 0)
+        if skipped > self._invalid_booked:
+            self.outbox.record_invalid(self.namespace, skipped - self._invalid_booked)
+            self._invalid_booked = skipped
 
     # -- main loop --------------------------------------------------------------------------
 
@@ -228,12 +472,22 @@ class Agent:
         """Send everything the source yields; return 0 once it ends and all is acknowledged.
 
         ``source_factory(offset)`` opens the source, skipping ``offset`` already-sent rows.
+        Raises AgentError when the agent must stop (see the module docstring).
         """
+        if self.outbox.is_new(self.namespace):
+            log.info(
+                "new outbox for stream %s, device %s in %s: sequence numbers start at 0",
+                self.options.stream,
+                self.options.device,
+                self.options.data_dir,
+            )
         self.connection.start()
+        source: Source | None = None
         try:
             self._load_params()
+            self._await_presence()
             if self._stop.is_set():
-                return 0
+                return self._finish()
             source = source_factory(self.outbox.source_offset(self.namespace))
             log.info(
                 "reading %s for stream %s as device %s",
@@ -255,10 +509,11 @@ class Agent:
                     item = inbox.get(timeout=0.05)
                 except queue.Empty:
                     item = None
-                self._take_config_messages()
+                self._take_messages()
+                self._check_presence()
                 if item is _END:
                     ended = True
-                elif isinstance(item, Reading):
+                elif isinstance(item, Reading) and self._failure is None:
                     self._admit(item)
                 full = len(self._pending) >= self.options.batch
                 stale = (
@@ -267,19 +522,79 @@ class Agent:
                 )
                 if full or stale or (ended and self._pending):
                     self._flush()
-                self.pipeline.pump()
+                self._book_invalid(source)
+                self._pump()
+                self._warn_if_waiting()
                 if (
                     ended
                     and not self._pending
                     and (not linger or self.pipeline.unacknowledged == 0)
                 ):
-                    return 0
+                    return self._finish()
             self._flush()
-            return 0
+            return self._finish()
         finally:
-            self.pipeline.pump()
-            self.connection.stop()
-            self.outbox.close()
+            if source is not None:
+                self._book_invalid(source)
+            self._close()
+
+    def _warn_if_waiting(self) -> None:
+        if self.connection.connected or not self.pipeline.unacknowledged:
+            return
+        if self._throttle.ready("waiting"):
+            log.warning(
+                "not connected to the broker at %s: %d batches wait in the outbox",
+                self.broker.url,
+                self.pipeline.unacknowledged,
+            )
+
+    def _finish(self) -> int:
+        """Give in-flight batches a moment to be confirmed, say what is left, or raise."""
+        deadline = time.monotonic() + DRAIN_WAIT
+        while (
+            self.pipeline.unacknowledged
+            and self.connection.connected
+            and self._failure is None
+            and time.monotonic() < deadline
+        ):
+            self._pump()
+            time.sleep(0.02)
+        self._pump()
+        if self._failure is not None:
+            raise self._failure
+        return 0
+
+    def _close(self) -> None:
+        left = self.outbox.pending(self.namespace, limit=1_000_000)
+        if left:
+            log.warning(
+                "stopping with %d batches (%d readings) not confirmed by the broker: they stay "
+                "in %s and are sent on the next start",
+                len(left),
+                sum(b.readings for b in left),
+                self.outbox.path,
+            )
+        else:
+            log.info("stopping: every batch was confirmed by the broker")
+        if self.connection.connected and self._presence_owner == self.instance:
+            offline = Presence(self.instance, False, self.now_ms())
+            self.connection.publish(self.topics["presence"], offline.to_json(), retain=True)
+        self.connection.stop()
+        self.outbox.close()
+        self.lock.release()
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+
+
+def _halted_text(options: AgentOptions, halt: Halt) -> str:
+    return (
+        f"stream {options.stream} is no longer accepted by its server ({halt.reason}, since "
+        f"{_when(halt.since_ms)}): {halt.message}. Stopped: no further reading of device "
+        f"{options.device} is privatized or sent. Once the stream exists again this agent "
+        f"starts by itself; `zeal-edge resume --data-dir {options.data_dir}` clears the halt."
+    )
 
 
 def _read_into(source: Source, inbox: queue.Queue[Any], stop: threading.Event) -> None:
@@ -300,6 +615,6 @@ def _read_into(source: Source, inbox: queue.Queue[Any], stop: threading.Event) -
 
 
 def install_signal_handlers(agent: Agent) -> None:
-    """SIGTERM and SIGINT flush the readings in memory and stop the agent cleanly."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    """SIGTERM, SIGINT and SIGHUP flush the readings in memory and stop the agent cleanly."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: agent.stop())

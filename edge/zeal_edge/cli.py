@@ -2,7 +2,11 @@
 
 zeal-edge run --stream NAME --device ID --source SPEC [--broker URL] [--batch N] ...
 zeal-edge status [--data-dir DIR] [--json]
+zeal-edge resume [--data-dir DIR]       clear a halt (the server had stopped accepting)
 zeal-edge simulate --devices N --dataset FILE --stream NAME [--rate R] ...
+
+Exit status: 0 done, 2 a bad setting, 3 the agent must not go on (its device id runs
+elsewhere, or the server no longer accepts its stream); the message says why.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from zeal import ParameterError
 from zeal_edge.budget import BudgetPolicy
+from zeal_edge.errors import AgentError
 from zeal_edge.mqtt import parse_broker_url
 from zeal_edge.outbox import NamespaceStatus, Outbox
 from zeal_edge.settings import SETTINGS, SettingsError, add_arguments, resolve
@@ -45,6 +50,14 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="outbox depth, sequences and privacy budget")
     add_arguments(status, {"data_dir"})
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    resume = commands.add_parser(
+        "resume",
+        help="clear a halt, so the agent sends its stream again",
+        description="An agent halts when the server that configured its stream no longer "
+        "accepts it (the stream was deleted). It starts again by itself once the stream is "
+        "created anew; this clears the halt at once (e.g. after a database was restored).",
+    )
+    add_arguments(resume, {"data_dir"})
     from zeal_edge.simulate import add_simulate_arguments
 
     add_simulate_arguments(
@@ -114,6 +127,11 @@ def _status_record(outbox: Outbox, st: NamespaceStatus, now_ms: int) -> dict[str
         "sent_readings": st.sent_readings,
         "skipped_for_budget": st.skipped_budget,
         "last_skip": _when(st.last_skip_ms),
+        "skipped_invalid": st.skipped_invalid,
+        "server_rejects": st.server_rejects or {},
+        "halted": None
+        if st.halt is None
+        else {"reason": st.halt.reason, "since": _when(st.halt.since_ms), "why": st.halt.message},
     }
     if st.window_s is not None:
         spent = outbox.spent(st.namespace, now_ms=now_ms, window_s=st.window_s)
@@ -138,15 +156,35 @@ def _status_record(outbox: Outbox, st: NamespaceStatus, now_ms: int) -> dict[str
     return record
 
 
-def _status(args: argparse.Namespace) -> int:
+def _outbox(args: argparse.Namespace) -> Outbox | None:
     values = resolve(args, os.environ, {"data_dir"}, set())
     path = Path(values["data_dir"]) / "outbox.sqlite"
     if not path.exists():
         print(f"no agent state in {path}", file=sys.stderr)
+        return None
+    return Outbox(path)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    outbox = _outbox(args)
+    if outbox is None:
         return 1
+    cleared = [st for st in outbox.status() if st.halt is not None]
+    for st in cleared:
+        outbox.set_halt(st.namespace, None)
+        print(f"{st.stream}/{st.device}: halt cleared ({st.halt.reason if st.halt else ''})")
+    outbox.close()
+    if not cleared:
+        print("no halted stream here")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
     import time
 
-    outbox = Outbox(path)
+    outbox = _outbox(args)
+    if outbox is None:
+        return 1
     now = int(time.time() * 1000)
     records = [_status_record(outbox, st, now) for st in outbox.status()]
     outbox.close()
@@ -155,15 +193,26 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     for r in records:
         print(f"{r['stream']}/{r['device']}  (parameters {r['fingerprint'] or 'not yet known'})")
+        if r["halted"]:
+            print(f"  HALTED            since {r['halted']['since']}: {r['halted']['why']}")
+            print("                    (zeal-edge resume clears it)")
         print(
-            f"  outbox            {r['outbox_batches']} batches ({r['outbox_readings']} readings) "
-            "awaiting PUBACK"
+            f"  queued            {r['outbox_batches']} batches ({r['outbox_readings']} readings) "
+            "in the outbox, awaiting the broker's PUBACK"
         )
         print(
-            f"  sequences         next {r['next_sequence']}, last acknowledged "
+            f"  sequences         next {r['next_sequence']}, last confirmed "
             f"{r['last_acknowledged'] if r['last_acknowledged'] is not None else 'none'}"
         )
-        print(f"  sent              {r['sent_batches']} batches, {r['sent_readings']} readings")
+        print(
+            f"  confirmed         {r['sent_batches']} batches, {r['sent_readings']} readings "
+            "(by the broker; the server reports rejects below)"
+        )
+        if r["server_rejects"]:
+            counts = ", ".join(f"{k} {v}" for k, v in r["server_rejects"].items())
+            print(f"  server rejected   {counts}")
+        if r["skipped_invalid"]:
+            print(f"  skipped           {r['skipped_invalid']} reading(s) not a finite number")
         if "budget_spent" in r:
             cap = "no cap" if r["budget_cap"] is None else f"cap {r['budget_cap']:.6f}"
             print(
@@ -197,9 +246,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "status":
             return _status(args)
+        if args.command == "resume":
+            return _resume(args)
         from zeal_edge.simulate import run_simulation
 
         return run_simulation(args)
+    except AgentError as exc:
+        print(f"zeal-edge: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except (SettingsError, ParameterError, ValueError, OSError) as exc:
         print(f"zeal-edge: error: {exc}", file=sys.stderr)
         return 2

@@ -3,6 +3,10 @@
 Callbacks run on paho's network thread and only hand events to queues; the agent's own
 thread does all database work. paho keeps QoS 1 messages it has not seen acknowledged and
 sends them again (DUP) after a reconnect; the agent limits how many it hands over at once.
+
+A failed connection attempt is logged with the broker's address and the cause (once a
+minute while it lasts); a session taken over by another client with the same id sets
+``taken_over`` instead of reconnecting into a loop.
 """
 
 from __future__ import annotations
@@ -10,35 +14,58 @@ from __future__ import annotations
 import logging
 import queue
 import ssl
-from typing import Any
+import threading
+import time
+from typing import Any, NamedTuple
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
-from zeal.brokerurl import BrokerSettings, parse_broker_url
+from zeal.brokerurl import BrokerSettings, parse_broker_url, why_unreachable
 
-__all__ = ["BrokerSettings", "Connection", "parse_broker_url"]
+__all__ = ["BrokerSettings", "Connection", "Message", "parse_broker_url"]
 
 
 log = logging.getLogger("zeal_edge.mqtt")
+#: MQTT v5 reason code of a DISCONNECT sent because another client took the session.
+SESSION_TAKEN_OVER = 142
+
+
+class Message(NamedTuple):
+    topic: str
+    payload: bytes
+    retain: bool
 
 
 class Connection:
     """A paho client that reconnects with backoff and resubscribes after every reconnect."""
 
     def __init__(
-        self, settings: BrokerSettings, *, client_id: str, subscriptions: list[str]
+        self,
+        settings: BrokerSettings,
+        *,
+        client_id: str,
+        subscriptions: list[str],
+        will: tuple[str, bytes] | None = None,
     ) -> None:
         self.settings = settings
         self.subscriptions = subscriptions
         self.acks: queue.SimpleQueue[tuple[int, bool, str]] = queue.SimpleQueue()
-        self.messages: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+        self.messages: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self.connected = False
+        #: Incremented once the subscriptions of a connection are acknowledged (SUBACK).
+        self.subscribed = 0
+        self.failed_attempts = 0
+        self.taken_over = threading.Event()
         self._stopping = False
+        self._last_failure_log = -1e18
+        self._suback_mid: int | None = None
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
         )
+        if will is not None:  # published (retained) by the broker if we vanish
+            client.will_set(will[0], will[1], qos=1, retain=True)
         client.reconnect_delay_set(min_delay=1, max_delay=30)
         client.max_inflight_messages_set(100)
         if settings.username is not None:
@@ -51,9 +78,11 @@ class Connection:
                 tls_version=ssl.PROTOCOL_TLS_CLIENT,
             )
         client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
         self.client = client
 
     def start(self) -> None:
@@ -65,9 +94,9 @@ class Connection:
         self.client.disconnect()
         self.client.loop_stop()
 
-    def publish(self, topic: str, payload: bytes) -> int:
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> int:
         """Queue a QoS 1 message (sent now or after the next connect); returns its mid."""
-        info = self.client.publish(topic, payload, qos=1)
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
             raise RuntimeError(f"paho refused to queue a message: {mqtt.error_string(info.rc)}")
         return int(info.mid)
@@ -78,27 +107,42 @@ class Connection:
         self, client: mqtt.Client, userdata: Any, flags: Any, reason: ReasonCode, properties: Any
     ) -> None:
         if reason.is_failure:
-            log.error(
-                "broker %s:%d refused the connection: %s",
-                self.settings.host,
-                self.settings.port,
-                reason,
-            )
+            log.error("broker %s refused the connection: %s", self.settings.url, reason)
             return
         self.connected = True
-        log.info("connected to %s:%d", self.settings.host, self.settings.port)
-        for topic in self.subscriptions:
-            client.subscribe(topic, qos=1)
+        after = f" after {self.failed_attempts} failed attempts" if self.failed_attempts else ""
+        log.info("connected to %s%s", self.settings.url, after)
+        self.failed_attempts = 0
+        if self.subscriptions:
+            _, self._suback_mid = client.subscribe([(topic, 1) for topic in self.subscriptions])
+
+    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        self.failed_attempts += 1
+        now = time.monotonic()
+        if now - self._last_failure_log >= 60:
+            self._last_failure_log = now
+            log.warning(
+                "cannot connect to the broker at %s: %s; retrying (logged once a minute), "
+                "batches wait in the outbox meanwhile",
+                self.settings.url,
+                why_unreachable(self.settings),
+            )
+
+    def _on_subscribe(
+        self, client: mqtt.Client, userdata: Any, mid: int, codes: Any, properties: Any
+    ) -> None:
+        if mid == self._suback_mid:
+            self.subscribed += 1
 
     def _on_disconnect(
         self, client: mqtt.Client, userdata: Any, flags: Any, reason: ReasonCode, properties: Any
     ) -> None:
-        if self.connected and not self._stopping:
+        if getattr(reason, "value", None) == SESSION_TAKEN_OVER:
+            self.taken_over.set()
+            client.disconnect()  # do not take it back: that would knock the other one off
+        elif self.connected and not self._stopping:
             log.warning(
-                "disconnected from %s:%d (%s); reconnecting with backoff",
-                self.settings.host,
-                self.settings.port,
-                reason,
+                "disconnected from %s (%s); reconnecting with backoff", self.settings.url, reason
             )
         self.connected = False
 
@@ -108,4 +152,4 @@ class Connection:
         self.acks.put((mid, bool(reason.is_failure), str(reason)))
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        self.messages.put((message.topic, bytes(message.payload)))
+        self.messages.put(Message(message.topic, bytes(message.payload), bool(message.retain)))

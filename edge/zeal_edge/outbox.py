@@ -8,17 +8,28 @@ are never written.
 
 A batch and everything it changes (its sequence number, the budget it spends, the source
 position) are committed in one transaction, so a crash leaves either all of it or none.
+
+Each namespace also keeps the agent's *instance* id (made once, sent in its presence
+messages), a *halt* (why the server stopped accepting the stream, so a restart does not
+spend budget on it again), readings skipped as not finite, and rejects the server reported.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import secrets
 import sqlite3
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import IO, Any
 
-__all__ = ["NamespaceStatus", "Outbox", "PendingBatch"]
+from zeal_edge.errors import AgentError
+
+__all__ = ["DataDirLock", "Halt", "NamespaceStatus", "Outbox", "PendingBatch"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS namespaces (
@@ -37,6 +48,13 @@ CREATE TABLE IF NOT EXISTS namespaces (
     cap_micro INTEGER,
     window_s INTEGER
 );
+CREATE TABLE IF NOT EXISTS server_rejects (
+    namespace TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    last_ms INTEGER NOT NULL,
+    PRIMARY KEY (namespace, reason)
+);
 CREATE TABLE IF NOT EXISTS batches (
     namespace TEXT NOT NULL,
     sequence INTEGER NOT NULL,
@@ -52,6 +70,34 @@ CREATE TABLE IF NOT EXISTS spend (
     PRIMARY KEY (namespace, second)
 );
 """
+
+
+#: Columns added to ``namespaces`` after the first release, with their SQL types: an outbox
+#: written by an older agent gains them when it is opened.
+_ADDED_COLUMNS = {
+    "instance": "TEXT",
+    "skipped_invalid": "INTEGER NOT NULL DEFAULT 0",
+    "halt": "TEXT",
+}
+
+
+@dataclass(frozen=True)
+class Halt:
+    """Why an agent stopped sending a stream, and for which configuration."""
+
+    reason: str
+    message: str
+    since_ms: int
+    identity: str | None
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> Halt:
+        data: dict[str, Any] = json.loads(text)
+        reason, message = str(data["reason"]), str(data["message"])
+        return cls(reason, message, int(data["since_ms"]), data["identity"])
 
 
 @dataclass(frozen=True)
@@ -83,6 +129,38 @@ class NamespaceStatus:
     cost_micro: int | None
     cap_micro: int | None
     window_s: int | None
+    skipped_invalid: int = 0
+    halt: Halt | None = None
+    server_rejects: dict[str, int] | None = None
+
+
+class DataDirLock:
+    """An exclusive lock on a data directory for the life of one agent process."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / "agent.lock"
+        self._handle: IO[str] | None = self.path.open("a+", encoding="utf-8")
+        try:
+            fcntl.flock(self._handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._handle.seek(0)
+            holder = self._handle.read().strip() or "another process"
+            self._handle.close()
+            self._handle = None
+            raise AgentError(
+                f"the data directory {directory} is in use by {holder}: one agent per "
+                "directory (give this one its own --data-dir)"
+            ) from None
+        self._handle.seek(0)
+        self._handle.truncate()
+        self._handle.write(f"zeal-edge pid {os.getpid()}\n")
+        self._handle.flush()
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
 
 
 def namespace_of(stream: str, device: str) -> str:
@@ -101,6 +179,10 @@ class Outbox:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        present = {row[1] for row in self._db.execute("PRAGMA table_info(namespaces)")}
+        for column, kind in _ADDED_COLUMNS.items():
+            if column not in present:
+                self._db.execute(f"ALTER TABLE namespaces ADD COLUMN {column} {kind}")
 
     def close(self) -> None:
         with self._lock:
@@ -111,10 +193,73 @@ class Outbox:
         ns = namespace_of(stream, device)
         with self._lock:
             self._db.execute(
-                "INSERT OR IGNORE INTO namespaces (namespace, stream, device) VALUES (?, ?, ?)",
-                (ns, stream, device),
+                "INSERT OR IGNORE INTO namespaces (namespace, stream, device, instance) "
+                "VALUES (?, ?, ?, ?)",
+                (ns, stream, device, secrets.token_hex(8)),
             )
         return ns
+
+    def _one(self, query: str, namespace: str) -> Any:
+        with self._lock:
+            row = self._db.execute(query, (namespace,)).fetchone()
+        if row is None:
+            raise KeyError(namespace)
+        return row[0]
+
+    def instance(self, namespace: str) -> str:
+        """The id of this outbox's agent for the namespace (made once, kept)."""
+        value = self._one("SELECT instance FROM namespaces WHERE namespace = ?", namespace)
+        if value is None:  # an outbox from before instance ids
+            value = secrets.token_hex(8)
+            with self._lock:
+                self._db.execute(
+                    "UPDATE namespaces SET instance = ? WHERE namespace = ?", (value, namespace)
+                )
+        return str(value)
+
+    def is_new(self, namespace: str) -> bool:
+        """Whether nothing was ever committed in the namespace."""
+        query = "SELECT next_sequence FROM namespaces WHERE namespace = ?"
+        return int(self._one(query, namespace)) == 0
+
+    def halt(self, namespace: str) -> Halt | None:
+        text = self._one("SELECT halt FROM namespaces WHERE namespace = ?", namespace)
+        return None if text is None else Halt.from_json(text)
+
+    def set_halt(self, namespace: str, halt: Halt | None) -> None:
+        """Record (or with None clear) why the agent stopped sending this stream."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE namespaces SET halt = ? WHERE namespace = ?",
+                (None if halt is None else halt.to_json(), namespace),
+            )
+
+    def advance_sequence(self, namespace: str, at_least: int) -> bool:
+        """Make the next sequence number at least `at_least` (True if it moved)."""
+        with self._lock:
+            moved = self._db.execute(
+                "UPDATE namespaces SET next_sequence = ? WHERE namespace = ? AND next_sequence < ?",
+                (at_least, namespace, at_least),
+            ).rowcount
+        return bool(moved)
+
+    def record_invalid(self, namespace: str, count: int) -> None:
+        """Count readings skipped because they were not finite numbers."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE namespaces SET skipped_invalid = skipped_invalid + ? WHERE namespace = ?",
+                (count, namespace),
+            )
+
+    def record_server_reject(self, namespace: str, reason: str, *, now_ms: int) -> None:
+        """Count a reject the server reported on the device's notice topic."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO server_rejects (namespace, reason, count, last_ms) "
+                "VALUES (?, ?, 1, ?) ON CONFLICT (namespace, reason) "
+                "DO UPDATE SET count = count + 1, last_ms = ?",
+                (namespace, reason, now_ms, now_ms),
+            )
 
     def next_sequence(self, namespace: str) -> int:
         with self._lock:
@@ -274,9 +419,23 @@ class Outbox:
             rows = self._db.execute(
                 "SELECT n.namespace, stream, device, next_sequence, last_acked, "
                 "COUNT(b.sequence), COALESCE(SUM(b.readings), 0), sent_batches, sent_readings, "
-                "skipped_budget, last_skip_ms, fingerprint, cost_micro, cap_micro, window_s "
+                "skipped_budget, last_skip_ms, fingerprint, cost_micro, cap_micro, window_s, "
+                "skipped_invalid, halt "
                 "FROM namespaces n "
                 "LEFT JOIN batches b ON b.namespace = n.namespace GROUP BY n.namespace "
                 "ORDER BY n.namespace"
             ).fetchall()
-        return [NamespaceStatus(*row) for row in rows]
+            rejects: dict[str, dict[str, int]] = {}
+            for ns, reason, count in self._db.execute(
+                "SELECT namespace, reason, count FROM server_rejects ORDER BY reason"
+            ):
+                rejects.setdefault(ns, {})[reason] = int(count)
+        names = [f.name for f in fields(NamespaceStatus)][:16]
+        return [
+            NamespaceStatus(
+                **dict(zip(names, row[:16], strict=True)),
+                halt=None if row[16] is None else Halt.from_json(row[16]),
+                server_rejects=rejects.get(row[0], {}),
+            )
+            for row in rows
+        ]

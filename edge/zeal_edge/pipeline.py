@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
+from zeal.topics import data_topic
 from zeal_edge.mqtt import Connection
 from zeal_edge.outbox import Outbox
 
@@ -22,7 +23,8 @@ log = logging.getLogger("zeal_edge.pipeline")
 
 def topic_of(namespace: str) -> str:
     """The data topic of a namespace (stream/device): zeal/v1/{stream}/{device}/up."""
-    return f"zeal/v1/{namespace}/up"
+    stream, device = namespace.split("/", 1)
+    return data_topic(stream, device)
 
 
 class Pipeline:
@@ -43,8 +45,11 @@ class Pipeline:
     def unacknowledged(self) -> int:
         return len(self._waiting) + len(self._inflight)
 
-    def pump(self) -> None:
-        """Book acknowledgements, then hand waiting batches to paho up to the window."""
+    def pump(self) -> list[tuple[str, int]]:
+        """Book acknowledgements, then hand waiting batches to paho up to the window.
+
+        Returns the batches the broker confirmed since the last call.
+        """
         acked: list[tuple[str, int]] = []
         while not self.connection.acks.empty():
             mid, failed, reason = self.connection.acks.get_nowait()
@@ -70,3 +75,4 @@ class Pipeline:
             if payload is None:
                 continue
             self._inflight[self.connection.publish(topic_of(ns), payload)] = (ns, seq)
+        return acked

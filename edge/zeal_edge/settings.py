@@ -16,12 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from zeal.streamconfig import check_name
+from zeal_edge.errors import SettingsError
 
 __all__ = ["SETTINGS", "Setting", "SettingsError", "add_arguments", "resolve"]
-
-
-class SettingsError(ValueError):
-    """A setting is missing or invalid; the message names it and where it came from."""
 
 
 @dataclass(frozen=True)

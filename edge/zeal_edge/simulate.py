@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from zeal import Zeal, encode_batch
 from zeal.streamconfig import check_name, params_from_config
-from zeal_edge.agent import config_topic
+from zeal.topics import config_topic
 from zeal_edge.budget import micro_epsilon
 from zeal_edge.mqtt import Connection, parse_broker_url
 from zeal_edge.outbox import Outbox
@@ -95,9 +95,9 @@ def _params(values: dict[str, object], connection: Connection, stream: str, wait
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         while not connection.messages.empty():
-            topic, payload = connection.messages.get_nowait()
-            if topic == config_topic(stream) and payload:
-                return params_from_config(payload, stream=stream)
+            message = connection.messages.get_nowait()
+            if message.topic == config_topic(stream) and message.payload:
+                return params_from_config(message.payload, stream=stream)
         time.sleep(0.05)
     raise ValueError(
         f"no stream parameters on {config_topic(stream)} within {wait} s; "

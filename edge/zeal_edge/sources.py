@@ -3,6 +3,10 @@
 A source is anything iterable over :class:`Reading`; adding one means writing a class with
 ``__iter__`` and registering its prefix in :func:`open_source`. Sources that know when a
 reading was taken (a replayed file) stamp it; others leave the stamp to the agent.
+
+A value that is not a finite number (text, an empty cell, NaN, inf) is skipped with a
+warning naming its row or line, never its content (it may hold a raw reading), and counted
+in the source's ``skipped``; the agent books that count in its outbox.
 """
 
 from __future__ import annotations
@@ -39,8 +43,18 @@ class Source(Protocol):
     """Something that yields readings until it is exhausted."""
 
     description: str
+    skipped: int
 
     def __iter__(self) -> Iterator[Reading]: ...
+
+
+def finite(text: str | None) -> float | None:
+    """The number in `text`, or None unless it is a finite float."""
+    try:
+        value = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _parse_time(text: str) -> float | None:
@@ -75,6 +89,7 @@ class CsvSource:
         self.path, self.column, self.time_column = path, column, time_column
         self.speedup, self.start, self.limit = speedup, start, limit
         self.description = f"csv:{path} column {column!r}"
+        self.skipped = 0
         with path.open(newline="") as handle:
             header = next(csv.reader(handle), [])
         if column not in header:
@@ -93,12 +108,12 @@ class CsvSource:
                     continue
                 if self.limit is not None and emitted >= self.limit:
                     return
-                try:
-                    value = float(row[self.column])
-                except (TypeError, ValueError):
+                value = finite(row[self.column])
+                if value is None:
                     # The cell itself is not logged: it may hold a raw reading (e.g. "52.3F").
+                    self.skipped += 1
                     log.warning(
-                        "%s row %d: column %r is not a number; skipped",
+                        "%s row %d: column %r is not a finite number; skipped",
                         self.path,
                         index + 2,
                         self.column,
@@ -123,6 +138,7 @@ class LineSource:
 
     def __init__(self, stream: IO[str], description: str) -> None:
         self.stream, self.description = stream, description
+        self.skipped = 0
 
     def __iter__(self) -> Iterator[Reading]:
         for number, line in enumerate(self.stream, start=1):
@@ -130,19 +146,23 @@ class LineSource:
             if not text or text.startswith("#"):
                 continue
             parts = text.split(",")
-            try:
-                if len(parts) == 1:
-                    yield Reading(float(parts[0]))
-                elif len(parts) == 2:
-                    yield Reading(float(parts[1]), int(parts[0]))
-                else:
-                    raise ValueError("too many fields")
-            except ValueError:
+            value = finite(parts[-1]) if len(parts) <= 2 else None
+            stamp: int | None = None
+            if value is not None and len(parts) == 2:
+                try:
+                    stamp = int(parts[0])
+                except ValueError:
+                    value = None
+            if value is None:
+                self.skipped += 1
                 log.warning(
-                    "%s line %d is not 'VALUE' or 'TIMESTAMP_MS,VALUE'; skipped",
+                    "%s line %d is not 'VALUE' or 'TIMESTAMP_MS,VALUE' with a finite number; "
+                    "skipped",
                     self.description,
                     number,
                 )
+                continue
+            yield Reading(value, stamp)
 
 
 class CommandSource:
@@ -153,11 +173,16 @@ class CommandSource:
         if not self.argv:
             raise ValueError("cmd: needs a command")
         self.description = f"cmd:{command}"
+        self.skipped = 0
 
     def __iter__(self) -> Iterator[Reading]:
         with subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True) as process:
             assert process.stdout is not None
-            yield from LineSource(process.stdout, self.description)
+            lines = LineSource(process.stdout, self.description)
+            for reading in lines:
+                self.skipped = lines.skipped
+                yield reading
+            self.skipped = lines.skipped
         if process.returncode:
             log.warning("%s exited with status %d", self.description, process.returncode)
 

@@ -36,7 +36,6 @@ from sqlalchemy.orm import Session
 
 from zeal import Estimate
 from zeal.estimate import bernstein_half_width
-from zeal.streamconfig import config_document
 from zeal_server import store
 from zeal_server.collector import Collector
 from zeal_server.db import make_engine, migrate, session_factory
@@ -67,6 +66,9 @@ class StreamIn(BaseModel):
     exponent: int | None = Field(None, ge=-1000, le=1022, description="binade exponent E_U*")
     bucket_seconds: int = Field(60, ge=1, le=86400, description="time aggregation bucket")
     description: str = Field("", max_length=500)
+    unit: str = Field(
+        "", max_length=32, description="what the readings measure in, e.g. degF, kWh, mg/dL"
+    )
 
 
 class StreamOut(BaseModel):
@@ -85,7 +87,13 @@ class StreamOut(BaseModel):
     abar: float
     grid_step: float
     description: str
+    unit: str
     created: datetime
+
+
+class DeletedOut(BaseModel):
+    stream: str
+    readings: int = Field(description="readings that were stored for it and are now gone")
 
 
 class EstimateOut(BaseModel):
@@ -148,6 +156,11 @@ class DeviceOut(BaseModel):
     readings: int
     batches: int
     epsilon_spent: float
+    duplicates: int = Field(description="batches received again and dropped (a lost PUBACK)")
+    sequence_resets: int = Field(
+        description="batches stored although their sequence number had been used before "
+        "for other content: the device's outbox was reset, or two agents share its id"
+    )
 
 
 class DevicesOut(BaseModel):
@@ -194,6 +207,8 @@ class StatsOut(BaseModel):
     active_devices: int = Field(description="devices heard from in the last hour")
     last_seen: datetime | None = Field(description="when the newest data arrived")
     bytes_received: int
+    duplicates: int = Field(description="batches received again and dropped, all devices")
+    sequence_resets: int = Field(description="batches stored after a sequence reset")
     wire_bytes_per_reading: float | None
     store_bytes: dict[str, int]
     store_bits_per_reading: dict[str, float] | None
@@ -270,6 +285,7 @@ def _stream_out(stream: Stream) -> StreamOut:
         abar=params.abar,
         grid_step=params.grid_step,
         description=stream.description,
+        unit=stream.unit,
         created=_time(stream.created_ms),
     )
 
@@ -462,7 +478,7 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             raise invalid("body", None, str(exc)) from exc
         db.commit()
         if request.app.state.collector is not None:
-            request.app.state.collector.publish_config(stream)
+            request.app.state.collector.publish_config(store.config_of(db, stream))
         return _stream_out(stream)
 
     @app.get(f"{api}/streams/{{name}}", dependencies=read, response_model=StreamOut)
@@ -470,11 +486,26 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         """One stream's parameters and derived values."""
         return _stream_out(stream_or_404(db, name))
 
+    @app.delete(
+        f"{api}/streams/{{name}}", dependencies=[Depends(operator)], response_model=DeletedOut
+    )
+    def delete_stream(name: str, request: Request, db: Db) -> DeletedOut:
+        """Delete a stream and everything stored for it (operator token). Its retained
+        configuration is withdrawn from the broker, and agents sending to it stop."""
+        stream = stream_or_404(db, name)
+        readings = store.delete_stream(db, stream)
+        db.commit()
+        if request.app.state.collector is not None:
+            request.app.state.collector.clear_config(name)
+            request.app.state.collector.streams_changed()
+        log.warning("stream %s deleted through the API (%d readings)", name, readings)
+        return DeletedOut(stream=name, readings=readings)
+
     @app.get(f"{api}/streams/{{name}}/config", dependencies=read)
     def get_config(name: str, db: Db) -> dict[str, Any]:
-        """The configuration document agents use (also retained at zeal/v1/{name}/config)."""
-        stream = stream_or_404(db, name)
-        return config_document(stream.name, store.params_of(stream))
+        """The configuration document agents use (also retained at zeal/v1/{name}/config);
+        save it as the agent's --params file."""
+        return store.config_of(db, stream_or_404(db, name))
 
     @app.get(f"{api}/preview", dependencies=read, response_model=PreviewOut)
     def preview(
@@ -651,6 +682,8 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             readings=device.readings,
             batches=device.batches,
             epsilon_spent=device.readings * epsilon,
+            duplicates=device.duplicates,
+            sequence_resets=device.sequence_resets,
         )
 
     @app.get(f"{api}/streams/{{name}}/devices", dependencies=read, response_model=DevicesOut)
@@ -744,10 +777,12 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             db.scalar(select(func.count()).select_from(Device).where(Device.stream_id == stream.id))
             or 0
         )
-        last_ms, active = db.execute(
+        last_ms, active, duplicates, resets = db.execute(
             select(
                 func.max(Device.last_seen_ms),
                 func.count().filter(Device.last_seen_ms >= store.now_ms() - 3_600_000),
+                func.coalesce(func.sum(Device.duplicates), 0),
+                func.coalesce(func.sum(Device.sequence_resets), 0),
             ).where(Device.stream_id == stream.id)
         ).one()
         sizes = store.storage_bytes(db, stream)
@@ -774,6 +809,8 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             active_devices=int(active or 0),
             last_seen=None if last_ms is None else _time(int(last_ms)),
             bytes_received=int(received),
+            duplicates=int(duplicates),
+            sequence_resets=int(resets),
             wire_bytes_per_reading=received / readings if readings else None,
             store_bytes=sizes,
             store_bits_per_reading=per,
@@ -841,6 +878,7 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         else:
             body["broker"] = "ok" if coll.broker_connected else "down"
             body["collector"] = {
+                "client_id": coll.client_id,
                 "queue": coll.queue.qsize(),
                 "commit_lag_ms": coll.lag_ms(),
                 "database_ok": coll.database_ok,
@@ -865,6 +903,8 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         lines += [
             "# TYPE zeal_collector_readings_total counter",
             f"zeal_collector_readings_total {counts.get('readings', 0)}",
+            "# TYPE zeal_collector_sequence_resets_total counter",
+            f"zeal_collector_sequence_resets_total {counts.get('sequence_reset', 0)}",
             "# TYPE zeal_collector_queue gauge",
             f"zeal_collector_queue {coll.queue.qsize() if coll else 0}",
             "# TYPE zeal_collector_commit_lag_seconds gauge",

@@ -1,12 +1,15 @@
 """``zeal-server``: serve the API and collector, manage streams, check and export the store.
 
 zeal-server serve [--host H] [--port P]      API + collector (settings: ZEAL_* variables)
-zeal-server streams create NAME --lower L --upper U --epsilon E [--payload-bits K]
+zeal-server streams create NAME --lower L --upper U --epsilon E [--unit degF] ...
 zeal-server streams list
+zeal-server streams delete NAME --yes        the stream and all its data
 zeal-server verify [STREAM]                  segment sums == aggregates, per device/bucket
 zeal-server compact [STREAM]                 merge closed buckets' parts into segments
 zeal-server export STREAM [--start T] [--end T]   decoded estimates as CSV
 zeal-server migrate                          bring the database schema up to date
+
+Errors (a bad setting, an unreachable database) are one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -19,109 +22,169 @@ import sys
 from collections.abc import Sequence
 from datetime import datetime
 
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
 from zeal_server import store
 from zeal_server.db import make_engine, migrate, session_factory
-from zeal_server.settings import ServerSettings, SettingsError
+from zeal_server.settings import ServerSettings, SettingsError, variables_help
 
 __all__ = ["main"]
+
+log = logging.getLogger("zeal_server.cli")
+_DATABASE = ("ZEAL_DATA_DIR", "ZEAL_DATABASE_URL")
+_FORMATTER = argparse.RawDescriptionHelpFormatter
+
+
+def _command(
+    commands: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    text: str,
+    variables: tuple[str, ...] | None = _DATABASE,
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name,
+        help=text,
+        description=text,
+        epilog=variables_help(variables),
+        formatter_class=_FORMATTER,
+    )
+    return parser
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zeal-server",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=variables_help(),
+        formatter_class=_FORMATTER,
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the HTTP API and the MQTT collector")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--no-collector", action="store_true", help="API only")
-    streams = commands.add_parser("streams", help="create or list streams")
-    sub = streams.add_subparsers(dest="action", required=True)
-    create = sub.add_parser("create", help="create a stream (parameters are then fixed)")
-    create.add_argument("name")
-    create.add_argument("--lower", type=float, required=True)
-    create.add_argument("--upper", type=float, required=True)
-    create.add_argument("--epsilon", type=float, required=True)
-    create.add_argument("--payload-bits", type=int)
-    create.add_argument("--exponent", type=int)
-    create.add_argument("--bucket-seconds", type=int, default=60)
-    create.add_argument("--description", default="")
-    sub.add_parser("list", help="list streams as JSON")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="how much to log on stderr (DEBUG also shows the schema migrations' steps)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = _command(
+        commands,
+        "serve",
+        "run the HTTP API, the operator dashboard and the MQTT collector",
+        variables=None,
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
+    serve.add_argument("--port", type=int, default=8000, help="HTTP port [8000]")
+    serve.add_argument(
+        "--no-collector", action="store_true", help="serve the API only (no MQTT collector)"
+    )
+
+    streams = _command(commands, "streams", "create, list or delete streams")
+    sub = streams.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = _command(
+        sub,
+        "create",
+        "create a stream; its parameters never change afterwards (a running server "
+        "retains its configuration on the broker within seconds)",
+    )
+    create.add_argument("name", help="1-64 letters, digits, '_', '.' or '-'")
+    create.add_argument("--lower", type=float, required=True, help="lower end of the range")
+    create.add_argument("--upper", type=float, required=True, help="upper end of the range")
+    create.add_argument("--epsilon", type=float, required=True, help="privacy budget per reading")
+    create.add_argument("--payload-bits", type=int, help="code width [chosen by the library]")
+    create.add_argument("--exponent", type=int, help="binade exponent E_U* [from the width]")
+    create.add_argument(
+        "--bucket-seconds", type=int, default=60, help="time aggregation bucket [60]"
+    )
+    create.add_argument("--unit", default="", help="what the readings measure in, e.g. degF")
+    create.add_argument("--description", default="", help="free text, at most 500 characters")
+    listing = _command(sub, "list", "list the streams")
+    listing.add_argument("--json", action="store_true", help="names as a JSON array (for scripts)")
+    delete = _command(
+        sub,
+        "delete",
+        "delete a stream and every reading stored for it; a running server withdraws its "
+        "configuration from the broker, and agents sending to it stop",
+    )
+    delete.add_argument("name")
+    delete.add_argument("--yes", action="store_true", help="confirm: the data cannot come back")
     for name, text in (
-        ("verify", "check segment sums against aggregates"),
+        ("verify", "check that segment sums equal the aggregates, per device and bucket"),
         ("compact", "merge closed buckets into compressed segments"),
     ):
-        p = commands.add_parser(name, help=text)
-        p.add_argument("stream", nargs="?", help="one stream (default: all)")
-    export = commands.add_parser("export", help="decoded per-reading estimates as CSV")
+        p = _command(commands, name, text)
+        p.add_argument("stream", nargs="?", help="one stream [all]")
+    export = _command(commands, "export", "decoded per-reading estimates as CSV on stdout")
     export.add_argument("stream")
-    export.add_argument("--start", type=datetime.fromisoformat)
-    export.add_argument("--end", type=datetime.fromisoformat)
-    commands.add_parser("migrate", help="bring the schema to the latest revision")
+    export.add_argument(
+        "--start", type=datetime.fromisoformat, help="ISO 8601 time; whole buckets from it"
+    )
+    export.add_argument("--end", type=datetime.fromisoformat, help="ISO 8601 time, exclusive")
+    _command(commands, "migrate", "bring the database schema to the latest revision")
     return parser
 
 
+def _fail(message: str) -> int:
+    print(f"zeal-server: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _database_error(engine: Engine, exc: SQLAlchemyError) -> str:
+    cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    where = engine.url.render_as_string(hide_password=True)
+    return f"cannot use the database at {where}: {cause[0] if cause else type(exc).__name__}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO,
+        level=args.log_level,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    args = _parser().parse_args(argv)
     try:
         settings = ServerSettings.from_env(os.environ)
     except SettingsError as exc:
-        print(f"zeal-server: error: {exc}", file=sys.stderr)
-        return 2
-    if args.command == "serve":
-        import uvicorn
-
-        from zeal_server.api import create_app
-
-        app = create_app(settings, collector=not args.no_collector)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-        return 0
+        return _fail(str(exc))
     engine = make_engine(settings.database_url)
-    migrate(engine)
+    try:
+        migrate(engine)
+        if args.command == "serve":
+            engine.dispose()
+            return _serve(settings, args)
+        return _run(engine, args)
+    except SQLAlchemyError as exc:
+        return _fail(_database_error(engine, exc))
+    except store.StoreError as exc:
+        return _fail(str(exc))
+    finally:
+        engine.dispose()
+
+
+def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from zeal_server.api import create_app
+
+    app = create_app(settings, collector=not args.no_collector)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    return 0
+
+
+def _run(engine: Engine, args: argparse.Namespace) -> int:
     sessions = session_factory(engine)
     with sessions() as session:
         if args.command == "migrate":
             print("schema is up to date")
             return 0
         if args.command == "streams":
-            if args.action == "list":
-                print(json.dumps([s.name for s in store.list_streams(session)]))
-                return 0
-            try:
-                stream = store.create_stream(
-                    session,
-                    name=args.name,
-                    lower=args.lower,
-                    upper=args.upper,
-                    epsilon=args.epsilon,
-                    payload_bits=args.payload_bits,
-                    exponent=args.exponent,
-                    bucket_seconds=args.bucket_seconds,
-                    description=args.description,
-                )
-            except store.StoreError as exc:
-                print(f"zeal-server: error: {exc}", file=sys.stderr)
-                return 2
-            session.commit()
-            print(
-                f"created stream {stream.name}: {stream.payload_bits} payload bits, "
-                f"fingerprint {stream.fingerprint} (the server retains its configuration "
-                "on the broker when it runs)"
-            )
-            return 0
+            return _streams(session, args)
         streams = store.list_streams(session)
         if getattr(args, "stream", None):
             streams = [s for s in streams if s.name == args.stream]
             if not streams:
-                print(f"zeal-server: error: no stream named {args.stream!r}", file=sys.stderr)
-                return 2
+                return _fail(f"no stream named {args.stream!r}")
         if args.command == "compact":
             for stream in streams:
                 print(f"{stream.name}: {store.compact(session, stream)} buckets compacted")
@@ -142,6 +205,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in store.export_lines(session, stream, first, stop):
             print(line, end="")
         return 0
+
+
+def _streams(session: Session, args: argparse.Namespace) -> int:
+    if args.action == "list":
+        streams = store.list_streams(session)
+        if args.json:
+            print(json.dumps([s.name for s in streams]))
+        for s in [] if args.json else streams:
+            unit = f" {s.unit}" if s.unit else ""
+            print(
+                f"{s.name}  [{s.lower:g}, {s.upper:g}]{unit}  epsilon {s.epsilon:g}  "
+                f"{s.payload_bits} bits  fingerprint {s.fingerprint}"
+            )
+        if not streams and not args.json:
+            print("no streams yet (zeal-server streams create --help)")
+        return 0
+    if args.action == "delete":
+        found = store.stream_by_name(session, args.name)
+        if found is None:
+            return _fail(f"no stream named {args.name!r}")
+        if not args.yes:
+            return _fail(
+                f"deleting stream {args.name!r} removes every reading stored for it; "
+                "add --yes to confirm"
+            )
+        readings = store.delete_stream(session, found)
+        session.commit()
+        print(
+            f"deleted stream {args.name} and its {readings} readings (a running server "
+            "withdraws its configuration from the broker within seconds)"
+        )
+        return 0
+    stream = store.create_stream(
+        session,
+        name=args.name,
+        lower=args.lower,
+        upper=args.upper,
+        epsilon=args.epsilon,
+        payload_bits=args.payload_bits,
+        exponent=args.exponent,
+        bucket_seconds=args.bucket_seconds,
+        description=args.description,
+        unit=args.unit,
+    )
+    session.commit()
+    print(
+        f"created stream {stream.name}: {stream.payload_bits} payload bits, fingerprint "
+        f"{stream.fingerprint} (a running server retains its configuration on the broker "
+        "within seconds)"
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,13 @@ messages at a time, validates and stores them in one transaction, commits, and o
 acknowledges each (rejected ones too, so they do not loop). If the database fails, the
 transaction is rolled back, nothing is acknowledged, and the same messages are retried
 with backoff until it answers again.
+
+The writer thread also keeps the broker's retained stream configurations true to the
+database (every ``sync_every`` seconds, so a stream created or deleted by another process
+reaches the broker within seconds): it retains the configuration of each stream it has,
+clears the ones it published for streams it no longer has, and leaves other servers'
+configurations alone. After each commit it tells devices what needs their attention on
+their notice topic (``zeal.topics``): a reject, or a sequence reset.
 """
 
 from __future__ import annotations
@@ -25,17 +32,34 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from zeal.streamconfig import config_document
+from zeal import ParameterError
+from zeal.brokerurl import why_unreachable
+from zeal.streamconfig import check_name
+from zeal.topics import (
+    CONFIG_FILTER,
+    DATA_FILTER,
+    Notice,
+    config_topic,
+    notice_topic,
+    parse_config_topic,
+)
 from zeal.wire import MAX_PAYLOAD_BYTES
 from zeal_server import store
-from zeal_server.models import Stream
+from zeal_server.identity import CollectorIdentity, claim_collector_id
 from zeal_server.settings import ServerSettings
 
-__all__ = ["Collector", "config_topic", "data_subscription"]
+__all__ = ["Collector", "data_subscription"]
 
 log = logging.getLogger("zeal_server.collector")
+
+#: MQTT v5 reason code of a DISCONNECT sent because another client took the session.
+SESSION_TAKEN_OVER = 142
+#: A device hears about the same reason at most this often (seconds).
+NOTICE_EVERY = 5.0
 
 
 def data_subscription(share_group: str) -> str:
@@ -49,12 +73,21 @@ def data_subscription(share_group: str) -> str:
     collectors need a group (ZEAL_SHARE_GROUP), on a broker whose shared subscriptions
     survive restarts.
     """
-    data = "zeal/v1/+/+/up"
-    return f"$share/{share_group}/{data}" if share_group else data
+    return f"$share/{share_group}/{DATA_FILTER}" if share_group else DATA_FILTER
 
 
-def config_topic(stream: str) -> str:
-    return f"zeal/v1/{stream}/config"
+_NOTICES = {
+    "unknown_stream": "this server has no stream {stream} (it was deleted, or never created "
+    "here): nothing of this batch was stored",
+    "fingerprint_mismatch": "the batch was encoded with other parameters than stream "
+    "{stream}'s, or for another device: fetch the stream's configuration again",
+    "future_timestamp": "the batch holds readings stamped in the future: check the device's clock",
+    "before_stream": "the batch holds readings stamped before stream {stream} was created: "
+    "check the device's clock",
+    "sequence_reset": "stored; but this server had already stored sequence {sequence} of "
+    "device {device} with other content (its highest stored sequence is {last}): the "
+    "device's outbox is new (reinstalled?), or another agent uses this device id",
+}
 
 
 #: A topic may cause this many rejects in a burst, then REJECT_RATE per second; beyond that
@@ -111,9 +144,11 @@ class Collector:
         queue_size: int = 20_000,
         batch_max: int = 2000,
         compact_every: float = 30.0,
+        sync_every: float = 2.0,
     ) -> None:
         assert settings.broker is not None
         self.settings, self.sessions = settings, sessions
+        self.sync_every = sync_every
         self.queue: queue.Queue[_Message] = queue.Queue(maxsize=queue_size)
         self.batch_max, self.compact_every = batch_max, compact_every
         self.ingest = store.Ingest(
@@ -131,10 +166,25 @@ class Collector:
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._logged: dict[tuple[str, str], float] = {}
+        self._noticed: dict[tuple[str, str, str], float] = {}
+        #: The server's installation id, once read from the database.
+        self.server_id: str | None = None
+        # Stream configurations as last seen on the broker (None: cleared), kept by the
+        # network thread, read by the writer thread.
+        self._on_broker: dict[str, dict[str, Any] | None] = {}
+        self._broker_lock = threading.Lock()
+        self._configs_changed = threading.Event()
+        self._foreign_logged: dict[str, float] = {}
+        self._identity: CollectorIdentity | None = None
+        if settings.collector_id is None:
+            self._identity = claim_collector_id(settings.data_dir)
+        self.client_id = settings.collector_id or (
+            self._identity.client_id if self._identity else "zeal-collector"
+        )
         broker = settings.broker
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
-            client_id=settings.collector_id,
+            client_id=self.client_id,
             protocol=MQTTProtocolVersion.MQTTv5,
             manual_ack=True,
         )
@@ -146,6 +196,7 @@ class Collector:
                 ca_certs=broker.ca_file, certfile=broker.cert_file, keyfile=broker.key_file
             )
         client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_subscribe = lambda c, u, mid, codes, p: self.subscribed.set()
@@ -170,13 +221,22 @@ class Collector:
         self._writer.join(timeout=30)
         self.client.disconnect()
         self.client.loop_stop()
+        if self._identity is not None:
+            self._identity.release()
 
-    def publish_config(self, stream: Stream) -> None:
-        """Retain a stream's configuration for agents (also done for all streams on connect)."""
-        document = config_document(stream.name, store.params_of(stream))
-        self.client.publish(
-            config_topic(stream.name), json.dumps(document).encode(), qos=1, retain=True
-        )
+    def publish_config(self, document: dict[str, Any]) -> None:
+        """Retain a stream's configuration for agents (the writer thread keeps them synced;
+        this is for the API, so a stream it creates is announced at once)."""
+        name = document["stream"]
+        self.client.publish(config_topic(name), json.dumps(document).encode(), qos=1, retain=True)
+        with self._broker_lock:
+            self._on_broker[name] = document
+
+    def clear_config(self, name: str) -> None:
+        """Withdraw a deleted stream's retained configuration (agents on it then stop)."""
+        self.client.publish(config_topic(name), b"", qos=1, retain=True)
+        with self._broker_lock:
+            self._on_broker[name] = None
 
     # -- paho callbacks (network thread) --------------------------------------------------
 
@@ -188,18 +248,59 @@ class Collector:
             return
         self.broker_connected = True
         self.counts["connects"] += 1
+        client.reconnect_delay_set(min_delay=1, max_delay=30)
+        with self._broker_lock:
+            self._on_broker.clear()  # what the broker holds is read again (retained)
         topic = data_subscription(self.settings.share_group)
-        log.info("collector connected; subscribing to %s", topic)
-        client.subscribe(topic, qos=1)
+        log.info(
+            "collector %s connected to %s; subscribing to %s",
+            self.client_id,
+            self.settings.broker.url if self.settings.broker else "?",
+            topic,
+        )
+        # Our own configuration messages are not echoed back (no_local); the retained ones
+        # of every stream arrive once, and other servers' changes as they happen.
+        client.subscribe(
+            [
+                (topic, SubscribeOptions(qos=1)),
+                (CONFIG_FILTER, SubscribeOptions(qos=1, noLocal=True)),
+            ]
+        )
+
+    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        broker = self.settings.broker
+        assert broker is not None
+        self.last_error = f"broker {broker.url}: {why_unreachable(broker)}"
+        now = time.monotonic()
+        if now - self._logged.get(("connect", ""), -1e18) >= 60:
+            self._logged[("connect", "")] = now
+            log.error("cannot connect to the %s; retrying (logged once a minute)", self.last_error)
 
     def _on_disconnect(
         self, client: mqtt.Client, userdata: Any, flags: Any, reason: ReasonCode, properties: Any
     ) -> None:
-        if self.broker_connected and not self._stop.is_set():
+        if getattr(reason, "value", None) == SESSION_TAKEN_OVER:
+            self.counts["session_taken_over"] += 1
+            self.last_error = (
+                f"another client connected with this collector's client id {self.client_id!r} "
+                "and took its session over"
+            )
+            log.error(
+                "%s. Two collectors must never share ZEAL_COLLECTOR_ID (unset it and each "
+                "server claims its own). Trying again in 60 s.",
+                self.last_error,
+            )
+            client.reconnect_delay_set(min_delay=60, max_delay=60)
+        elif self.broker_connected and not self._stop.is_set():
             log.warning("collector disconnected (%s); reconnecting", reason)
         self.broker_connected = False
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        stream = parse_config_topic(message.topic)
+        if stream is not None:
+            self._seen_config(stream, bytes(message.payload))
+            client.ack(message.mid, message.qos)
+            return
         reason = None
         if len(message.payload) > MAX_PAYLOAD_BYTES:
             reason = "too_large"
@@ -223,6 +324,18 @@ class Collector:
             )
         )
 
+    def _seen_config(self, stream: str, payload: bytes) -> None:
+        document: dict[str, Any] | None = None
+        if payload:
+            try:
+                loaded = json.loads(payload)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                loaded = {"stream": stream, "unreadable": True}
+            document = loaded if isinstance(loaded, dict) else {"unreadable": True}
+        with self._broker_lock:
+            self._on_broker[stream] = document
+        self._configs_changed.set()
+
     # -- writer thread ----------------------------------------------------------------------
 
     def _take(self) -> list[_Message]:
@@ -239,14 +352,21 @@ class Collector:
         return messages
 
     def _write_loop(self) -> None:
-        published_configs = 0
-        last_compact = time.monotonic()
-        backoff = 0.5
+        synced_connects = 0
+        last_sync = last_compact = time.monotonic()
+        backoff, retried = 0.5, False
         pending: list[_Message] = []
         while not (self._stop.is_set() and not pending and self.queue.empty()):
-            if self.counts["connects"] > published_configs:
-                published_configs = self.counts["connects"]
-                self._publish_all_configs()
+            connects = self.counts["connects"]
+            if (
+                connects > synced_connects
+                or self._configs_changed.is_set()
+                or time.monotonic() - last_sync >= self.sync_every
+            ) and self.broker_connected:
+                self._configs_changed.clear()
+                last_sync = time.monotonic()
+                if self._sync_configs(force=connects > synced_connects):
+                    synced_connects = connects
             if not pending:
                 pending = self._take()
                 if not pending:
@@ -256,21 +376,24 @@ class Collector:
                     continue
             try:
                 outcomes = self._store(pending)
-            except Exception as exc:  # the database is unreachable or failing: retry later
-                self.database_ok = False
-                self.last_error = f"database: {type(exc).__name__}: {exc}"[:500]
-                log.error(
-                    "storing %d messages failed (%s); not acknowledged, retrying in %.1f s",
-                    len(pending),
-                    self.last_error,
-                    backoff,
-                )
+            except IntegrityError as exc:
                 self.ingest.forget()
-                if self._stop.wait(backoff):
+                if not retried:
+                    # Most likely ids cached from a stream deleted meanwhile (by another
+                    # process): once more at once, with ids read afresh.
+                    retried = True
+                    log.info("a stream changed under the collector (%s); retrying", exc.orig)
+                    continue
+                if self._failed(pending, exc, backoff):
                     return
                 backoff = min(backoff * 2, 10.0)
                 continue
-            backoff = 0.5
+            except Exception as exc:  # the database is unreachable or failing: retry later
+                if self._failed(pending, exc, backoff):
+                    return
+                backoff = min(backoff * 2, 10.0)
+                continue
+            backoff, retried = 0.5, False
             self.database_ok = True
             committed = time.time() * 1000
             for message, outcome in zip(pending, outcomes, strict=True):
@@ -279,11 +402,32 @@ class Collector:
                 if outcome.status == "stored":
                     self.counts["readings"] += outcome.readings
                     self._lags.append((committed, int(committed - message.received_ms)))
+                    if outcome.reset:
+                        self.counts["sequence_reset"] += 1
+                        self._notify(outcome, "sequence_reset")
                 elif outcome.status == "rejected":
                     self.budget.spend(message.topic)
                     self._log_reject(outcome)
+                    self._notify(outcome, outcome.reason or "")
             pending = []
             self._record_dropped()
+
+    def _failed(self, pending: list[_Message], exc: Exception, backoff: float) -> bool:
+        """Note a failed transaction and wait `backoff` (True: stop was asked meanwhile)."""
+        self.database_ok = False
+        self.last_error = f"database: {type(exc).__name__}: {exc}"[:500]
+        log.error(
+            "storing %d messages failed (%s); not acknowledged, retrying in %.1f s",
+            len(pending),
+            self.last_error,
+            backoff,
+        )
+        self.ingest.forget()
+        return self._stop.wait(backoff)
+
+    def streams_changed(self) -> None:
+        """A stream was created or deleted in this process: sync configurations now."""
+        self._configs_changed.set()
 
     def _record_dropped(self) -> None:
         """Write the counts of messages shed at the door into the rejects table."""
@@ -333,13 +477,85 @@ class Collector:
                 key[0],
             )
 
-    def _publish_all_configs(self) -> None:
+    def _notify(self, outcome: store.Outcome, reason: str) -> None:
+        """Tell the device on its notice topic (at most once per NOTICE_EVERY per reason)."""
+        if reason not in _NOTICES or self.server_id is None:
+            return
+        try:
+            check_name("stream", outcome.stream)
+            check_name("device", outcome.device)
+        except ParameterError:
+            return
+        key = (outcome.stream, outcome.device, reason)
+        now = time.monotonic()
+        if now - self._noticed.get(key, -1e18) < NOTICE_EVERY:
+            return
+        self._noticed[key] = now
+        if len(self._noticed) > 100_000:
+            self._noticed = {k: t for k, t in self._noticed.items() if now - t < NOTICE_EVERY}
+        notice = Notice(
+            server=self.server_id,
+            stream=outcome.stream,
+            device=outcome.device,
+            reason=reason,
+            message=_NOTICES[reason].format(
+                stream=outcome.stream,
+                device=outcome.device,
+                sequence=outcome.sequence,
+                last=outcome.last_sequence,
+            ),
+            time_ms=int(time.time() * 1000),
+            sequence=outcome.sequence,
+            last_sequence=outcome.last_sequence,
+        )
+        self.client.publish(notice_topic(outcome.stream, outcome.device), notice.to_json(), qos=1)
+
+    def _sync_configs(self, *, force: bool) -> bool:
+        """Make the broker's retained configurations match the database (module docstring).
+
+        ``force`` (after a connect) publishes every stream's configuration, since the broker
+        may have lost them. Returns False when the database could not be read.
+        """
         try:
             with self.sessions() as session:
-                for stream in store.list_streams(session):
-                    self.publish_config(stream)
+                self.server_id = server = store.installation_id(session)
+                streams = store.list_streams(session)
+                ours = {s.name: store.config_of(session, s, server) for s in streams}
+                ids = {s.name: s.id for s in streams}
         except Exception as exc:
-            log.error("could not publish stream configurations: %s", exc)
+            log.error("could not read the streams to publish their configurations: %s", exc)
+            return False
+        self.ingest.forget_streams(ids)
+        with self._broker_lock:
+            seen = dict(self._on_broker)
+        for name, document in ours.items():
+            there = seen.get(name)
+            other = there.get("server") if there else None
+            if there == document and not force:
+                continue
+            if other not in (None, self.server_id) and not force:
+                self._log_foreign(name, str(other))
+                continue
+            self.publish_config(document)
+        for name, there in seen.items():
+            if name not in ours and there is not None and there.get("server") == self.server_id:
+                log.info("stream %s no longer exists: clearing its retained configuration", name)
+                self.clear_config(name)
+        return True
+
+    def _log_foreign(self, name: str, other: str) -> None:
+        now = time.monotonic()
+        if now - self._foreign_logged.get(name, -1e18) >= 600:
+            self._foreign_logged[name] = now
+            log.warning(
+                "stream %s: the broker holds the configuration of another server (%s), not "
+                "of this one (%s): two servers use the stream name %s on one broker, and "
+                "agents follow the other one. Rename or delete one of the streams.",
+                name,
+                other,
+                self.server_id,
+                name,
+            )
 
     def _compact(self) -> None:
         try:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = ["make_engine", "migrate", "session_factory"]
 
+log = logging.getLogger("zeal_server.db")
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
@@ -30,13 +33,29 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
 
 
-def migrate(engine: Engine) -> None:
-    """Bring the schema to the latest revision."""
+def migrate(engine: Engine) -> tuple[str | None, str | None]:
+    """Bring the schema to the latest revision; returns the revisions before and after.
+
+    Alembic's own INFO lines are shown only when this module's logger is at DEBUG
+    (``--log-level DEBUG``); an upgrade that changed something is logged in one line.
+    """
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    if not log.isEnabledFor(logging.DEBUG):
+        alembic_log.setLevel(logging.WARNING)
+    try:
+        with engine.begin() as connection:
+            before = MigrationContext.configure(connection).get_current_revision()
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+            after = MigrationContext.configure(connection).get_current_revision()
+    finally:
+        alembic_log.setLevel(level)
+    if before != after:
+        log.info("database schema upgraded from %s to revision %s", before or "empty", after)
+    return before, after
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -33,6 +33,7 @@ __all__ = [
     "BatchSeen",
     "BucketTotal",
     "Device",
+    "Installation",
     "Reject",
     "Segment",
     "Stream",
@@ -61,6 +62,8 @@ class Stream(Base):
     fingerprint: Mapped[str] = mapped_column(String(16))
     bucket_seconds: Mapped[int] = mapped_column(Integer)
     description: Mapped[str] = mapped_column(String(500), default="")
+    #: What the readings measure in, e.g. degF or kWh (shown beside every figure).
+    unit: Mapped[str] = mapped_column(String(32), default="")
     created_ms: Mapped[int] = mapped_column(BigInteger)
 
 
@@ -77,16 +80,31 @@ class Device(Base):
     readings: Mapped[int] = mapped_column(BigInteger, default=0)
     batches: Mapped[int] = mapped_column(BigInteger, default=0)
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Batches received again (same sequence, same content) and dropped: a lost PUBACK.
+    duplicates: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Batches stored although their sequence number was taken by other content: the
+    #: device's outbox was reset (or two agents share its id).
+    sequence_resets: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class BatchSeen(Base):
-    """One row per accepted batch: deduplication on (device, sequence), and wire statistics."""
+    """One row per accepted batch: deduplication, and wire statistics.
+
+    A batch is a duplicate only if the same device already sent the same sequence number
+    with the same content (``digest``). The same sequence with other content is new data
+    from a reset outbox: it is stored under the next ``generation`` of that sequence.
+    Rows written before digests existed have ``digest`` NULL and match any content.
+    """
 
     __tablename__ = "batches"
 
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
     #: The sequence number as a signed 64-bit integer (two's complement of the unsigned one).
     sequence: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    #: 0 for the first batch with this sequence, 1 for the next after a reset, ...
+    generation: Mapped[int] = mapped_column(Integer, primary_key=True, default=0)
+    #: BLAKE2b-64 of the payload, as a signed 64-bit integer.
+    digest: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     received_ms: Mapped[int] = mapped_column(BigInteger)
     readings: Mapped[int] = mapped_column(Integer)
     bytes: Mapped[int] = mapped_column(Integer)
@@ -152,3 +170,16 @@ class Reject(Base):
     reason: Mapped[str] = mapped_column(String(32), primary_key=True)
     count: Mapped[int] = mapped_column(BigInteger)
     last_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class Installation(Base):
+    """One row: this database's id, named as ``server`` in configurations and notices.
+
+    Every collector on one database shares it, so agents can tell the server that created
+    their stream from another one on the same broker.
+    """
+
+    __tablename__ = "installation"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    created_ms: Mapped[int] = mapped_column(BigInteger)

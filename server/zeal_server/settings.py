@@ -1,50 +1,56 @@
 """Server settings from environment variables (``zeal-server --help`` lists them).
 
-| variable | default | meaning |
-|---|---|---|
-| ZEAL_MODE | development | ``production`` refuses to start without ZEAL_OPERATOR_TOKEN |
-| ZEAL_DATA_DIR | zeal-data | where the default SQLite database lives |
-| ZEAL_DATABASE_URL | sqlite:///ZEAL_DATA_DIR/zeal.sqlite | SQLAlchemy URL (postgresql+psycopg) |
-| ZEAL_MQTT_URL | mqtt://127.0.0.1:1883 | broker; ``off`` runs the API without a collector |
-| ZEAL_MQTT_USERNAME / ZEAL_MQTT_PASSWORD | none | broker credentials |
-| ZEAL_MQTT_CA / ZEAL_MQTT_CERT / ZEAL_MQTT_KEY | none | TLS files for mqtts:// |
-| ZEAL_SHARE_GROUP | none | shared-subscription group, for several collectors |
-| ZEAL_COLLECTOR_ID | zeal-collector-HOSTNAME | MQTT client id (persistent session) |
-| ZEAL_OPERATOR_TOKEN | none | bearer token for writes |
-| ZEAL_READ_TOKEN | none | bearer token for reads (reads are open without it) |
-| ZEAL_MAX_FUTURE_SECONDS | 86400 | reject readings stamped later than arrival + this |
-| ZEAL_BACKFILL_SECONDS | 300 | reject readings stamped before stream creation - this |
+:data:`VARIABLES` names every variable the server reads with its default and meaning;
+the command-line help and docs/server.md are written from it.
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from zeal.brokerurl import BrokerSettings, parse_broker_url
 
-__all__ = ["VARIABLES", "ServerSettings", "SettingsError"]
+__all__ = ["VARIABLES", "ServerSettings", "SettingsError", "variables_help"]
 
-#: Every environment variable the server reads.
-VARIABLES = (
-    "ZEAL_MODE",
-    "ZEAL_DATA_DIR",
-    "ZEAL_DATABASE_URL",
-    "ZEAL_MQTT_URL",
-    "ZEAL_MQTT_USERNAME",
-    "ZEAL_MQTT_PASSWORD",
-    "ZEAL_MQTT_CA",
-    "ZEAL_MQTT_CERT",
-    "ZEAL_MQTT_KEY",
-    "ZEAL_SHARE_GROUP",
-    "ZEAL_COLLECTOR_ID",
-    "ZEAL_OPERATOR_TOKEN",
-    "ZEAL_READ_TOKEN",
-    "ZEAL_MAX_FUTURE_SECONDS",
-    "ZEAL_BACKFILL_SECONDS",
-)
+#: Every environment variable the server reads: (default, meaning).
+VARIABLES: dict[str, tuple[str, str]] = {
+    "ZEAL_MODE": ("development", "production refuses to start without ZEAL_OPERATOR_TOKEN"),
+    "ZEAL_DATA_DIR": ("zeal-data", "the default SQLite database and the collector's id"),
+    "ZEAL_DATABASE_URL": (
+        "sqlite:///ZEAL_DATA_DIR/zeal.sqlite",
+        "SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db",
+    ),
+    "ZEAL_MQTT_URL": (
+        "mqtt://127.0.0.1:1883",
+        "broker (mqtts:// for TLS); off runs the API without a collector",
+    ),
+    "ZEAL_MQTT_USERNAME": ("none", "broker username"),
+    "ZEAL_MQTT_PASSWORD": ("none", "broker password"),
+    "ZEAL_MQTT_CA": ("none", "CA certificate file for mqtts://"),
+    "ZEAL_MQTT_CERT": ("none", "client certificate file for mqtts://"),
+    "ZEAL_MQTT_KEY": ("none", "client key file for mqtts://"),
+    "ZEAL_SHARE_GROUP": ("none", "shared-subscription group, for several collectors"),
+    "ZEAL_COLLECTOR_ID": (
+        "claimed in ZEAL_DATA_DIR",
+        "MQTT client id of the collector's persistent session; by default unique per "
+        "server process and kept across its restarts",
+    ),
+    "ZEAL_OPERATOR_TOKEN": ("none", "bearer token for writes (at least 16 characters)"),
+    "ZEAL_READ_TOKEN": ("none", "bearer token for reads (reads are open without it)"),
+    "ZEAL_MAX_FUTURE_SECONDS": ("86400", "reject readings stamped later than arrival + this"),
+    "ZEAL_BACKFILL_SECONDS": ("300", "reject readings stamped before stream creation - this"),
+}
+
+
+def variables_help(names: tuple[str, ...] | None = None) -> str:
+    """The environment variables as lines for ``--help`` (all, or the named ones)."""
+    lines = ["environment variables:"]
+    for name, (default, meaning) in VARIABLES.items():
+        if names is None or name in names:
+            lines.append(f"  {name:<24} {meaning} [default: {default}]")
+    return "\n".join(lines)
 
 
 class SettingsError(ValueError):
@@ -56,7 +62,9 @@ class ServerSettings:
     database_url: str
     broker: BrokerSettings | None
     share_group: str = ""
-    collector_id: str = "zeal-collector"
+    #: None: claim one in data_dir (zeal_server.identity).
+    collector_id: str | None = None
+    data_dir: Path = Path("zeal-data")
     operator_token: str | None = None
     read_token: str | None = None
     mode: str = "development"
@@ -68,7 +76,7 @@ class ServerSettings:
         mode = env.get("ZEAL_MODE", "development")
         if mode not in ("development", "production"):
             raise SettingsError(f"ZEAL_MODE must be development or production, got {mode!r}")
-        data_dir = Path(env.get("ZEAL_DATA_DIR", "zeal-data"))
+        data_dir = Path(env.get("ZEAL_DATA_DIR") or "zeal-data")
         url = env.get("ZEAL_DATABASE_URL") or f"sqlite:///{data_dir / 'zeal.sqlite'}"
         if url.startswith("sqlite:///"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +118,8 @@ class ServerSettings:
             database_url=url,
             broker=broker,
             share_group=_share_group(env.get("ZEAL_SHARE_GROUP", "")),
-            collector_id=env.get("ZEAL_COLLECTOR_ID", f"zeal-collector-{socket.gethostname()}"),
+            collector_id=_collector_id(env.get("ZEAL_COLLECTOR_ID") or None),
+            data_dir=data_dir,
             operator_token=operator,
             read_token=env.get("ZEAL_READ_TOKEN") or None,
             mode=mode,
@@ -128,6 +137,14 @@ def _seconds(env: Mapping[str, str], name: str, default: int) -> int:
     if not 0 <= value <= 100 * 365 * 86_400:
         raise SettingsError(f"{name} must be between 0 and 100 years in seconds, got {value}")
     return value
+
+
+def _collector_id(text: str | None) -> str | None:
+    if text is not None and not (len(text) <= 128 and all(c.isalnum() or c in "-_." for c in text)):
+        raise SettingsError(
+            f"ZEAL_COLLECTOR_ID must be at most 128 letters, digits, '-', '_' or '.', got {text!r}"
+        )
+    return text
 
 
 def _share_group(text: str) -> str:

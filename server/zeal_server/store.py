@@ -1,20 +1,23 @@
 """Repository functions over the tables: the caller owns the session and the transaction.
 
 Ingest validates a message completely before it writes anything; a rejected message leaves
-only its reject count. A batch is stored once per (device, sequence): its dedup row, its
-aggregate increments and its raw segment part go in together, so a redelivery changes
-nothing.
+only its reject count. A batch is stored once: its dedup row, its aggregate increments and
+its raw segment part go in together, so a redelivery changes nothing. A redelivery is the
+same device, sequence number *and content* (a digest of the payload); the same sequence
+with other content comes from an outbox that started again (a reinstalled device) and is
+stored, counted as a sequence reset, never dropped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
 import typing
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,7 +39,8 @@ from sqlalchemy.orm import Session
 
 from zeal import Batch, Estimate, ParameterError, WireError, Zeal, ZealWarning, decode_batch
 from zeal._exact import exact_sum, exact_sum_squares
-from zeal.streamconfig import check_name
+from zeal.streamconfig import check_name, config_document
+from zeal.topics import parse_data_topic
 from zeal_server.models import (
     LIMB_BITS,
     SQUARE_LIMBS,
@@ -45,13 +49,24 @@ from zeal_server.models import (
     BatchSeen,
     BucketTotal,
     Device,
+    Installation,
     Reject,
     Segment,
     Stream,
 )
 from zeal_server.segments import Columns, decode_columns, encode_columns
 
-__all__ = ["MAX_SERVER_BITS", "Ingest", "Outcome", "StoreError", "create_stream", "params_of"]
+__all__ = [
+    "MAX_SERVER_BITS",
+    "Ingest",
+    "Outcome",
+    "StoreError",
+    "config_of",
+    "create_stream",
+    "delete_stream",
+    "installation_id",
+    "params_of",
+]
 
 #: Widest codes the store accepts (the limb layout's no-overflow guarantee).
 MAX_SERVER_BITS = 28
@@ -130,6 +145,7 @@ def create_stream(
     exponent: int | None = None,
     bucket_seconds: int = 60,
     description: str = "",
+    unit: str = "",
 ) -> Stream:
     """Create a stream; its parameters are fixed for good (a change is a new stream)."""
     try:
@@ -139,6 +155,7 @@ def create_stream(
     params = derive_params(lower, upper, epsilon, payload_bits, exponent)
     if isinstance(bucket_seconds, bool) or not 1 <= bucket_seconds <= 86400:
         raise StoreError(f"bucket_seconds must be in [1, 86400], got {bucket_seconds!r}")
+    check_unit(unit)
     if session.scalar(select(Stream.id).where(Stream.name == name)) is not None:
         raise StoreError(
             f"stream {name!r} already exists; its parameters cannot change "
@@ -155,11 +172,60 @@ def create_stream(
         fingerprint=params.fingerprint.hex(),
         bucket_seconds=bucket_seconds,
         description=description,
+        unit=unit,
         created_ms=now_ms(),
     )
     session.add(stream)
     session.flush()
     return stream
+
+
+def check_unit(unit: object) -> str:
+    """A unit is short printable text without markup characters, e.g. degF, kWh, mg/dL."""
+    if not isinstance(unit, str) or len(unit) > 32 or not all(c.isprintable() for c in unit):
+        raise StoreError(f"unit must be at most 32 printable characters (e.g. degF), got {unit!r}")
+    if any(c in unit for c in "<>&\"'"):
+        raise StoreError(f"unit must not contain < > & or quotes, got {unit!r}")
+    return unit
+
+
+def delete_stream(session: Session, stream: Stream) -> int:
+    """Delete a stream with everything stored for it; returns how many readings it held."""
+    readings = int(
+        session.scalar(
+            select(func.coalesce(func.sum(BucketTotal.n), 0)).where(
+                BucketTotal.stream_id == stream.id
+            )
+        )
+        or 0
+    )
+    devices = select(Device.id).where(Device.stream_id == stream.id).scalar_subquery()
+    session.execute(delete(BatchSeen).where(BatchSeen.device_id.in_(devices)))
+    for table in (Aggregate, BucketTotal, Segment):
+        session.execute(delete(table).where(table.stream_id == stream.id))
+    session.execute(delete(Device).where(Device.stream_id == stream.id))
+    session.execute(delete(Reject).where(Reject.stream == stream.name))
+    session.execute(delete(Stream).where(Stream.id == stream.id))
+    return readings
+
+
+def installation_id(session: Session) -> str:
+    """This database's id (see models.Installation)."""
+    value = session.scalar(select(Installation.id))
+    if value is None:
+        raise StoreError("the database has no installation id: run `zeal-server migrate`")
+    return str(value)
+
+
+def config_of(session: Session, stream: Stream, server: str | None = None) -> dict[str, Any]:
+    """The stream's configuration document, naming this server and the creation time."""
+    return config_document(
+        stream.name,
+        params_of(stream),
+        server=server or installation_id(session),
+        created_ms=stream.created_ms,
+        unit=stream.unit,
+    )
 
 
 def stream_by_name(session: Session, name: str) -> Stream | None:
@@ -175,13 +241,25 @@ def list_streams(session: Session) -> list[Stream]:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What happened to one message: stored, duplicate, or rejected with a reason."""
+    """What happened to one message: stored, duplicate, or rejected with a reason.
+
+    ``reset`` marks a stored batch whose sequence number the device had used before for
+    other content; ``last_sequence`` is then the highest sequence stored from the device.
+    """
 
     status: str  # "stored" | "duplicate" | "rejected"
     reason: str | None = None
     stream: str = ""
     device: str = ""
     readings: int = 0
+    sequence: int | None = None
+    reset: bool = False
+    last_sequence: int | None = None
+
+
+def payload_digest(payload: bytes) -> int:
+    """BLAKE2b-64 of a payload as a signed 64-bit integer (the dedup content key)."""
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big", signed=True)
 
 
 @dataclass
@@ -199,7 +277,13 @@ class _Writes:
         self.aggregates: dict[tuple[int, int, int], list[int]] = {}
         self.totals: dict[tuple[int, int], list[int]] = {}
         self.segments: list[dict[str, Any]] = []
-        self.devices: dict[int, list[int]] = {}  # id -> [last_seen, readings, batches, bytes]
+        # id -> [last_seen, readings, batches, bytes, duplicates, sequence resets]
+        self.devices: dict[int, list[int]] = {}
+
+    def device(self, device_id: int, received_ms: int) -> list[int]:
+        dev = self.devices.setdefault(device_id, [received_ms, 0, 0, 0, 0, 0])
+        dev[0] = max(dev[0], received_ms)
+        return dev
 
     def add(self, key: tuple[int, int, int], values: list[int]) -> None:
         _accumulate(self.aggregates, key, values)
@@ -239,6 +323,15 @@ class Ingest:
         self._streams.clear()
         self._devices.clear()
 
+    def forget_streams(self, current: dict[str, int]) -> None:
+        """Drop what is cached of streams deleted (or created anew) since: `current` maps
+        the streams that exist now to their ids."""
+        gone = [n for n, e in self._streams.items() if e is not None and current.get(n) != e.id]
+        if gone:
+            for name in gone:
+                del self._streams[name]
+            self._devices.clear()
+
     def _statement(self, session: Session, name: str) -> Any:
         """Core statements built once per dialect, with bound parameters (compiled once)."""
         dialect = session.get_bind().dialect.name
@@ -270,6 +363,8 @@ class Ingest:
                         readings=devices.c.readings + bindparam("n"),
                         batches=devices.c.batches + bindparam("b"),
                         bytes=devices.c.bytes + bindparam("size"),
+                        duplicates=devices.c.duplicates + bindparam("dup"),
+                        sequence_resets=devices.c.sequence_resets + bindparam("rst"),
                     )
                 )
             elif name == "segments":
@@ -304,6 +399,8 @@ class Ingest:
                     readings=0,
                     batches=0,
                     bytes=0,
+                    duplicates=0,
+                    sequence_resets=0,
                 )
                 .on_conflict_do_nothing()
             )
@@ -350,10 +447,10 @@ class Ingest:
     def _one(
         self, session: Session, topic: str, payload: bytes, received_ms: int, writes: _Writes
     ) -> Outcome:
-        parts = topic.split("/")
-        if len(parts) != 5 or parts[:2] != ["zeal", "v1"] or parts[4] != "up":
+        names = parse_data_topic(topic)
+        if names is None:
             return self.reject(session, "", "", "bad_topic", received_ms)
-        stream_name, device_name = parts[2], parts[3]
+        stream_name, device_name = names
         try:
             check_name("stream", stream_name)
             check_name("device", device_name)
@@ -370,36 +467,71 @@ class Ingest:
             if self.max_future_ms is not None and int(batch.timestamps.max()) > (
                 received_ms + self.max_future_ms
             ):
-                return self.reject(
-                    session, stream_name, device_name, "future_timestamp", received_ms
+                return replace(
+                    self.reject(session, stream_name, device_name, "future_timestamp", received_ms),
+                    sequence=batch.sequence,
                 )
             if self.backfill_ms is not None and int(batch.timestamps.min()) < (
                 entry.created_ms - self.backfill_ms
             ):
-                return self.reject(session, stream_name, device_name, "before_stream", received_ms)
+                return replace(
+                    self.reject(session, stream_name, device_name, "before_stream", received_ms),
+                    sequence=batch.sequence,
+                )
         device_id = self._device(session, entry.id, device_name, received_ms)
-        sequence = batch.sequence - (1 << 64) if batch.sequence >= 1 << 63 else batch.sequence
+        row = {
+            "device_id": device_id,
+            "sequence": batch.sequence - (1 << 64) if batch.sequence >= 1 << 63 else batch.sequence,
+            "generation": 0,
+            "digest": payload_digest(payload),
+            "received_ms": received_ms,
+            "readings": len(batch),
+            "bytes": len(payload),
+        }
         # RETURNING tells whether the row went in; rowcount is not reliable for
         # ON CONFLICT DO NOTHING across drivers (psycopg reported 1 for a duplicate).
-        inserted = session.execute(
-            self._statement(session, "seen"),
-            {
-                "device_id": device_id,
-                "sequence": sequence,
-                "received_ms": received_ms,
-                "readings": len(batch),
-                "bytes": len(payload),
-            },
-        ).first()
+        inserted = session.execute(self._statement(session, "seen"), row).first()
+        dev = writes.device(device_id, received_ms)
+        last_sequence = None
         if inserted is None:
-            return Outcome("duplicate", None, stream_name, device_name)
+            if not self._next_generation(session, row):
+                dev[4] += 1
+                return Outcome("duplicate", None, stream_name, device_name, 0, batch.sequence)
+            dev[5] += 1
+            last_sequence = session.scalar(
+                select(func.max(BatchSeen.sequence)).where(BatchSeen.device_id == device_id)
+            )
         self._collect(entry, device_id, batch, writes)
-        dev = writes.devices.setdefault(device_id, [received_ms, 0, 0, 0])
-        dev[0] = max(dev[0], received_ms)
         dev[1] += len(batch)
         dev[2] += 1
         dev[3] += len(payload)
-        return Outcome("stored", None, stream_name, device_name, len(batch))
+        return Outcome(
+            "stored",
+            None,
+            stream_name,
+            device_name,
+            len(batch),
+            batch.sequence,
+            reset=last_sequence is not None,
+            last_sequence=last_sequence,
+        )
+
+    def _next_generation(self, session: Session, row: dict[str, Any]) -> bool:
+        """The (device, sequence) is taken: store this batch as the next generation of it
+        (True), unless one of them has its content, or predates digests (False: a
+        duplicate)."""
+        for _ in range(10):  # another collector may take the same generation meanwhile
+            taken = session.execute(
+                select(BatchSeen.generation, BatchSeen.digest).where(
+                    BatchSeen.device_id == row["device_id"], BatchSeen.sequence == row["sequence"]
+                )
+            ).all()
+            if any(digest is None or digest == row["digest"] for _, digest in taken):
+                return False
+            row["generation"] = max((g for g, _ in taken), default=-1) + 1
+            if session.execute(self._statement(session, "seen"), row).first() is not None:
+                return True
+        raise RuntimeError(f"could not store a generation of sequence {row['sequence']}")
 
     def _collect(self, entry: _StreamEntry, device_id: int, batch: Batch, writes: _Writes) -> None:
         k = entry.params.payload_bits
@@ -451,10 +583,12 @@ class Ingest:
                 ],
             )
             session.execute(self._statement(session, "segments"), writes.segments)
+        if writes.devices:
             session.execute(
                 self._statement(session, "device"),
                 [
                     {"did": d, "seen": v[0], "n": v[1], "b": v[2], "size": v[3]}
+                    | {"dup": v[4], "rst": v[5]}
                     for d, v in writes.devices.items()
                 ],
             )

@@ -5,11 +5,12 @@ Standard library only; the MQTT clients themselves live in the edge and server p
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["BrokerSettings", "parse_broker_url"]
+__all__ = ["BrokerSettings", "parse_broker_url", "why_unreachable"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,11 @@ class BrokerSettings:
     key_file: str | None = None
     keepalive: int = 30
 
+    @property
+    def url(self) -> str:
+        """The broker's address as a URL (never with credentials), for messages."""
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+
 
 def parse_broker_url(url: str, **extra: Any) -> BrokerSettings:
     """``mqtt://host[:port]`` (1883) or ``mqtts://host[:port]`` (TLS, 8883)."""
@@ -40,3 +46,18 @@ def parse_broker_url(url: str, **extra: Any) -> BrokerSettings:
     except ValueError as exc:
         raise ValueError(f"broker URL {url!r} has an invalid port") from exc
     return BrokerSettings(host=parts.hostname, port=port, tls=tls, **extra)
+
+
+def why_unreachable(settings: BrokerSettings, timeout: float = 2.0) -> str:
+    """One line on why a connection to the broker fails, for a log message.
+
+    paho reports a failed connection attempt without its cause; a plain TCP connect to the
+    same address says it (refused, unknown host, timeout). When TCP gets through, the
+    trouble is above it (TLS, or the broker closing the connection).
+    """
+    try:
+        with socket.create_connection((settings.host, settings.port), timeout=timeout):
+            pass
+    except OSError as exc:
+        return str(exc) or type(exc).__name__
+    return "TCP connects, but the MQTT connection failed (TLS settings or the broker refusing)"

@@ -7,7 +7,13 @@ the fingerprint they produce, so an agent whose library would derive different p
 
     {"format": "zeal-stream/1", "stream": "temps", "lower": 0.0, "upper": 110.0,
      "epsilon": 1.0, "exponent": 56, "payload_bits": 5, "sampler": "grid",
-     "fingerprint": "…16 hex digits…"}
+     "fingerprint": "…16 hex digits…", "unit": "degF",
+     "server": "…installation id…", "created_ms": 1767225600000}
+
+``server`` and ``created_ms`` say which server (its database's installation id) created
+the stream and when: an agent acts only on notices from that server, and a halted agent
+starts again by itself only once the stream is created anew. They and ``unit`` are not
+part of the fingerprint, and documents without them (older servers) are still read.
 """
 
 from __future__ import annotations
@@ -15,12 +21,21 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from dataclasses import dataclass
 from typing import Any, Final
 
 from zeal.errors import ParameterError, ZealWarning
 from zeal.mechanism import Zeal
 
-__all__ = ["FORMAT", "NAME_PATTERN", "check_name", "config_document", "params_from_config"]
+__all__ = [
+    "FORMAT",
+    "NAME_PATTERN",
+    "StreamConfig",
+    "check_name",
+    "config_document",
+    "params_from_config",
+    "read_config",
+]
 
 FORMAT: Final = "zeal-stream/1"
 #: Stream and device names are single MQTT topic levels: no wildcards, no separators.
@@ -37,9 +52,16 @@ def check_name(kind: str, name: object) -> str:
     return name
 
 
-def config_document(stream: str, params: Zeal) -> dict[str, Any]:
-    """The configuration document of a stream."""
-    return {
+def config_document(
+    stream: str,
+    params: Zeal,
+    *,
+    server: str | None = None,
+    created_ms: int | None = None,
+    unit: str = "",
+) -> dict[str, Any]:
+    """The configuration document of a stream (origin fields only when given)."""
+    document: dict[str, Any] = {
         "format": FORMAT,
         "stream": check_name("stream", stream),
         "lower": params.lower,
@@ -49,13 +71,48 @@ def config_document(stream: str, params: Zeal) -> dict[str, Any]:
         "payload_bits": params.payload_bits,
         "sampler": params.sampler,
         "fingerprint": params.fingerprint.hex(),
+        "unit": unit,
     }
+    if server is not None:
+        document["server"] = server
+    if created_ms is not None:
+        document["created_ms"] = created_ms
+    return document
 
 
-def params_from_config(
+@dataclass(frozen=True)
+class StreamConfig:
+    """A checked configuration document: the parameters and where they come from."""
+
+    stream: str
+    params: Zeal
+    server: str | None = None
+    created_ms: int | None = None
+    unit: str = ""
+
+    @property
+    def identity(self) -> str:
+        """What changes when the stream is created anew: server, creation time, fingerprint."""
+        return f"{self.server}/{self.created_ms}/{self.params.fingerprint.hex()}"
+
+
+def read_config(
     document: str | bytes | dict[str, Any], *, stream: str | None = None
-) -> Zeal:
-    """Build the stream's parameters from a configuration document, checking everything."""
+) -> StreamConfig:
+    """Check a configuration document (see params_from_config) and keep its origin."""
+    data = _as_dict(document)
+    params = params_from_config(data, stream=stream)
+    server, created, unit = data.get("server"), data.get("created_ms"), data.get("unit", "")
+    if server is not None and not isinstance(server, str):
+        raise ParameterError(f"configuration field server must be text, got {server!r}")
+    if created is not None and (isinstance(created, bool) or not isinstance(created, int)):
+        raise ParameterError(f"configuration field created_ms must be an integer, got {created!r}")
+    if not isinstance(unit, str):
+        raise ParameterError(f"configuration field unit must be text, got {unit!r}")
+    return StreamConfig(data["stream"], params, server, created, unit)
+
+
+def _as_dict(document: str | bytes | dict[str, Any]) -> dict[str, Any]:
     if isinstance(document, str | bytes):
         try:
             data = json.loads(document)
@@ -65,6 +122,14 @@ def params_from_config(
         data = document
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ParameterError(f"stream configuration must be a JSON object with format {FORMAT!r}")
+    return data
+
+
+def params_from_config(
+    document: str | bytes | dict[str, Any], *, stream: str | None = None
+) -> Zeal:
+    """Build the stream's parameters from a configuration document, checking everything."""
+    data = _as_dict(document)
     missing = {"stream", "lower", "upper", "epsilon", "exponent", "fingerprint"} - set(data)
     if missing:
         raise ParameterError(f"stream configuration lacks {sorted(missing)}")

@@ -284,7 +284,7 @@ def test_budget_cap_stops_the_eleventh_reading(
     assert "10.000000 epsilon spent in the last 86400 s (cap 10.000000" in status
     assert "budget remaining  0.000000 epsilon" in status
     assert "BUDGET EXHAUSTED  1 reading(s) not perturbed or sent" in status
-    assert "sent              10 batches, 10 readings" in status
+    assert "confirmed         10 batches, 10 readings" in status
 
 
 def test_simulator_runs_many_devices_with_their_own_sequences(
@@ -360,3 +360,82 @@ def test_bad_settings_fail_fast_with_a_clear_message(tmp_path: Path) -> None:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
         assert proc.returncode == 2, proc.stderr
         assert message in proc.stderr, proc.stderr
+
+
+def test_a_second_agent_with_the_same_device_id_gets_a_clear_error(
+    tmp_path: Path, broker: Mosquitto, params_file: Path
+) -> None:
+    """Two agents, two data directories, one device id: the second exits with status 3 and
+    says the device is running elsewhere; the first is never knocked off the broker."""
+    first = start_agent(
+        tmp_path / "one",
+        broker.url,
+        "--source",
+        "stdin",
+        "--params",
+        str(params_file),
+        stdin=subprocess.PIPE,
+    )
+    time.sleep(2.0)
+    second = start_agent(
+        tmp_path / "two",
+        broker.url,
+        "--source",
+        "stdin",
+        "--params",
+        str(params_file),
+        stdin=subprocess.PIPE,
+    )
+    try:
+        _, err = second.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        second.kill()
+        _, err = second.communicate()
+        pytest.fail(f"the second agent kept running:\n{err[-3000:]}")
+    assert second.returncode == 3, err
+    assert "device dev1 of stream temps is already running" in err, err
+    assert first.poll() is None
+    _, first_err = first.communicate("50\n" * 3, timeout=30)
+    assert first.returncode == 0, first_err
+    assert "disconnected" not in first_err, first_err
+
+
+def test_nan_and_inf_cells_are_skipped_and_counted_and_the_rest_is_sent(
+    tmp_path: Path, broker: Mosquitto, params_file: Path
+) -> None:
+    """A CSV with NaN, inf and -inf cells among 10 rows: those 3 rows are skipped, named in
+    the log and counted in the status; the 7 other readings are sent in the same batch."""
+    csv_path = tmp_path / "cells.csv"
+    cells = ["50", "nan", "51", "inf", "52", "-inf", "53", "54", "55", "56"]
+    csv_path.write_text(
+        "date,temp\n" + "".join(f"2010/01/01 {i:02d}:00,{c}\n" for i, c in enumerate(cells))
+    )
+    sub = Subscriber(broker.port)
+    data_dir = tmp_path / "agent"
+    agent = start_agent(
+        data_dir,
+        broker.url,
+        "--source",
+        f"csv:{csv_path}",
+        "--batch",
+        "60",
+        "--interval",
+        "1",
+        "--params",
+        str(params_file),
+    )
+    _, err = agent.communicate(timeout=60)
+    assert agent.returncode == 0, err
+    for row in (3, 5, 7):  # the header is row 1
+        assert f"row {row}: column 'temp' is not a finite number; skipped" in err, err
+    got = sub.wait_for(lambda m: codes_received(m) >= 7, timeout=15)
+    sub.close()
+    assert codes_received(got) == 7
+    assert len(batches_by_sequence(got)) == 1
+    status = subprocess.run(
+        [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(data_dir), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(status.stdout)[0]["skipped_invalid"] == 3

@@ -101,17 +101,22 @@ def test_budget_resumes_when_old_spend_leaves_the_window() -> None:
 def test_csv_source_resumes_limits_and_skips_bad_rows(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A CSV source starts at a saved offset, stops at a limit, skips non-numbers."""
+    """A CSV source starts at a saved offset, stops at a limit, skips and counts cells that
+    are not finite numbers (text, empty, NaN, inf)."""
     path = tmp_path / "x.csv"
     path.write_text(
         "date,temp\n2010/01/01 00:00,1.5\n2010/01/01 01:00,oops\n"
-        "2010/01/01 02:00,3.5\n2010/01/01 03:00,4.5\n"
+        "2010/01/01 02:00,3.5\n2010/01/01 03:00,4.5\n2010/01/01 04:00,NaN\n"
+        "2010/01/01 05:00,-Infinity\n2010/01/01 06:00,\n2010/01/01 07:00,1e999\n"
     )
+    source = CsvSource(path, column="temp")
     with caplog.at_level("WARNING"):
-        values = [(r.value, r.offset) for r in CsvSource(path, column="temp")]
-    assert "row 3: column 'temp' is not a number" in caplog.text
+        values = [(r.value, r.offset) for r in source]
+    for row in (3, 6, 7, 8, 9):
+        assert f"row {row}: column 'temp' is not a finite number" in caplog.text
     assert "oops" not in caplog.text  # a bad cell may hold a raw reading: never logged
     assert values == [(1.5, 1), (3.5, 3), (4.5, 4)]
+    assert source.skipped == 5
     assert [r.value for r in CsvSource(path, column="temp", start=3)] == [4.5]
     assert [r.value for r in CsvSource(path, column="temp", limit=1)] == [1.5]
     with pytest.raises(ValueError, match="no column 'humidity'"):
@@ -131,14 +136,19 @@ def test_csv_replay_follows_the_recorded_pace() -> None:
 
 
 def test_line_source_parses_values_and_stamped_values() -> None:
-    """Lines are VALUE or TIMESTAMP_MS,VALUE; anything else is skipped."""
-    lines = io.StringIO("1.5\n# comment\n1767225600000,2.5\nnot a number\n1,2,3\n\n3.5\n")
-    readings = list(LineSource(lines, "test"))
+    """Lines are VALUE or TIMESTAMP_MS,VALUE with a finite value; anything else is skipped
+    and counted."""
+    lines = io.StringIO(
+        "1.5\n# comment\n1767225600000,2.5\nnot a number\n1,2,3\n\n3.5\nnan\n5,inf\nx,4\n"
+    )
+    source = LineSource(lines, "test")
+    readings = list(source)
     assert [(r.timestamp_ms, r.value) for r in readings] == [
         (None, 1.5),
         (1767225600000, 2.5),
         (None, 3.5),
     ]
+    assert source.skipped == 5
     with pytest.raises(ValueError, match="unknown source"):
         open_source("ftp:x")
 

@@ -13,11 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from zeal import Zeal, encode_batch
 from zeal.streamconfig import config_document
 from zeal_server import efficiency, store
 from zeal_server.api import create_app
+from zeal_server.models import BatchSeen
 from zeal_server.settings import ServerSettings, SettingsError
 
 OPERATOR, READER = "operator-token-0123456789", "reader-token-0123456789"
@@ -83,7 +85,12 @@ def test_stream_lifecycle(client: TestClient) -> None:
     assert out["fingerprint"] == PARAMS.fingerprint.hex()
     assert client.get("/api/v1/streams/temps").json() == out
     assert [s["name"] for s in client.get("/api/v1/streams").json()] == ["temps"]
-    assert client.get("/api/v1/streams/temps/config").json() == config_document("temps", PARAMS)
+    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+        server = store.installation_id(session)
+    created = int(datetime.fromisoformat(out["created"]).timestamp() * 1000)
+    assert client.get("/api/v1/streams/temps/config").json() == config_document(
+        "temps", PARAMS, server=server, created_ms=created, unit=""
+    )
     again = client.post(
         "/api/v1/streams", json={"name": "temps", "lower": 0, "upper": 1, "epsilon": 1}
     )
@@ -332,9 +339,102 @@ def test_redelivered_batches_change_nothing(client: TestClient) -> None:
     assert outcomes == ["stored", "duplicate", "duplicate", "duplicate"]
     s = client.get("/api/v1/streams/temps/stats").json()
     assert (s["messages"], s["readings"]) == (1, 60)
+    assert (s["duplicates"], s["sequence_resets"]) == (3, 0)
     assert client.get("/api/v1/streams/temps/average").json()["estimate"]["mean"] == (
         PARAMS.estimate_mean(codes).mean
     )
+
+
+def test_a_reused_sequence_with_other_content_is_stored_as_a_reset(client: TestClient) -> None:
+    """A reset outbox sends sequences 0 and 1 again with new readings: stored, not dropped,
+    counted as sequence resets; each of those batches redelivered is then a duplicate, and
+    a third generation of sequence 0 is stored too."""
+    create(client)
+    ingest = store.Ingest()
+
+    def payload(sequence: int, start_ms: int, rng: int) -> bytes:
+        codes = PARAMS.perturb(np.full(10, 50.0), rng=np.random.default_rng(rng))
+        stamps = start_ms + 1000 * np.arange(10)
+        return encode_batch(
+            PARAMS, device="dev0", sequence=sequence, codes=codes, timestamps=stamps
+        )
+
+    first = [payload(s, T0 + 60_000 * s, s) for s in range(3)]
+    again = [payload(s, T0 + 600_000 + 60_000 * s, 10 + s) for s in range(2)]
+    third = payload(0, T0 + 1_200_000, 99)
+    got = []
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        for p in [*first, *again, *again, third]:
+            got.append(ingest.add(session, "zeal/v1/temps/dev0/up", p, T0))
+    assert [o.status for o in got] == ["stored"] * 5 + ["duplicate"] * 2 + ["stored"]
+    assert [o.reset for o in got] == [False] * 3 + [True] * 2 + [False] * 2 + [True]
+    assert [o.last_sequence for o in got if o.reset] == [2, 2, 2]
+    s = client.get("/api/v1/streams/temps/stats").json()
+    assert (s["messages"], s["readings"], s["sequence_resets"], s["duplicates"]) == (6, 60, 3, 2)
+    device = client.get("/api/v1/streams/temps/devices").json()["devices"][0]
+    assert (device["readings"], device["sequence_resets"], device["duplicates"]) == (60, 3, 2)
+    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+        stream = store.stream_by_name(session, "temps")
+        assert stream is not None
+        assert store.verify(session, stream) == []
+
+
+def test_rows_from_before_digests_still_deduplicate(client: TestClient) -> None:
+    """A batch stored before the upgrade (digest NULL) redelivered after it is a duplicate,
+    whatever its content: the old rule, so an upgrade never double-counts."""
+    create(client)
+    feed(client, "dev0", 4, np.full(10, 50.0), T0)
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        session.execute(update(BatchSeen).values(digest=None))
+    codes = PARAMS.perturb(np.full(10, 50.0), rng=np.random.default_rng(5))
+    redelivered = encode_batch(
+        PARAMS, device="dev0", sequence=4, codes=codes, timestamps=T0 + 1000 * np.arange(10)
+    )
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        outcome = store.Ingest().add(session, "zeal/v1/temps/dev0/up", redelivered, T0)
+    assert outcome.status == "duplicate"
+    assert client.get("/api/v1/streams/temps/stats").json()["readings"] == 10
+
+
+def test_deleting_a_stream_removes_it_and_its_data_only(client: TestClient) -> None:
+    """DELETE needs the operator token, removes the stream with its readings, devices and
+    rejects, answers 404 afterwards, and leaves the other streams as they were."""
+    create(client)
+    create(client, name="other")
+    feed(client, "dev0", 0, np.full(60, 50.0), T0)
+    feed(client, "dev0", 0, np.full(60, 40.0), T0, stream="other")
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        store.Ingest().add(session, "zeal/v1/temps/dev0/up", b"garbage", T0)
+    before = client.get("/api/v1/streams/other/average").json()
+    anonymous = client.delete(
+        "/api/v1/streams/temps", headers={"Authorization": "Bearer wrong-token-0123456789"}
+    )
+    assert anonymous.status_code == 403
+    response = client.delete("/api/v1/streams/temps")
+    assert response.status_code == 200, response.text
+    assert response.json() == {"stream": "temps", "readings": 60}
+    for path in ("", "/config", "/average", "/stats"):
+        assert client.get(f"/api/v1/streams/temps{path}").status_code == 404
+    assert client.delete("/api/v1/streams/temps").status_code == 404
+    assert [s["name"] for s in client.get("/api/v1/streams").json()] == ["other"]
+    assert client.get("/api/v1/streams/other/average").json() == before
+    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+        assert store.rejects(session, "temps") == {}
+        other = store.stream_by_name(session, "other")
+        assert other is not None
+        assert store.verify(session, other) == []
+    assert create(client)["name"] == "temps"  # the name can be used again
+
+
+def test_a_stream_declares_its_unit(client: TestClient) -> None:
+    """The unit is stored, returned and put in the configuration; markup is refused."""
+    assert create(client, unit="degF")["unit"] == "degF"
+    assert client.get("/api/v1/streams/temps/config").json()["unit"] == "degF"
+    for bad in ("<b>", "x" * 33, "a\nb"):
+        response = client.post(
+            "/api/v1/streams", json={"name": "u", "lower": 0, "upper": 1, "epsilon": 1, "unit": bad}
+        )
+        assert response.status_code == 422, (bad, response.text)
 
 
 def test_preview_is_what_creating_the_stream_gives(client: TestClient) -> None:

@@ -29,15 +29,28 @@ def broker(tmp_path: Path) -> Iterator[Mosquitto]:
 class Server:
     """`zeal-server serve` as a subprocess that can be killed and restarted."""
 
-    def __init__(self, database_url: str, broker: Mosquitto, log: Path) -> None:
+    def __init__(
+        self,
+        database_url: str | None,
+        broker: Mosquitto,
+        log: Path,
+        *,
+        collector_id: str | None = "crash-test",
+        cwd: Path | None = None,
+    ) -> None:
+        """`database_url` and `collector_id` None: the server's defaults (in `cwd`)."""
         self.port = free_port()
         self.env = {
-            **os.environ,
-            "ZEAL_DATABASE_URL": database_url,
-            "ZEAL_MQTT_URL": broker.url,
-            "ZEAL_COLLECTOR_ID": "crash-test",
-            "PYTHONUNBUFFERED": "1",
+            key: value
+            for key, value in os.environ.items()
+            if key not in ("ZEAL_DATABASE_URL", "ZEAL_COLLECTOR_ID", "ZEAL_DATA_DIR")
         }
+        self.env.update({"ZEAL_MQTT_URL": broker.url, "PYTHONUNBUFFERED": "1"})
+        if database_url is not None:
+            self.env["ZEAL_DATABASE_URL"] = database_url
+        if collector_id is not None:
+            self.env["ZEAL_COLLECTOR_ID"] = collector_id
+        self.cwd = cwd
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
@@ -46,6 +59,7 @@ class Server:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "zeal_server", "serve", "--port", str(self.port)],
             env=self.env,
+            cwd=self.cwd,
             stdout=self.log.open("ab"),
             stderr=subprocess.STDOUT,
         )

@@ -1,0 +1,60 @@
+"""The collector's MQTT client id: unique per server process, stable across its restarts.
+
+Two collectors with one client id take each other's persistent session over, again and
+again, and each acknowledges messages meant for the other. Without ``ZEAL_COLLECTOR_ID``
+a server therefore claims a *slot* in its data directory: ``collector-0.id`` holds an id
+made once (``zeal-collector-HOSTNAME-RANDOM``), and the process keeps an exclusive lock on
+that file while it runs. A restart takes the same slot again and so resumes its session;
+a second server started beside it (same directory) finds slot 0 locked and takes slot 1,
+with an id of its own.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import socket
+from pathlib import Path
+from typing import IO
+
+__all__ = ["MAX_SLOTS", "CollectorIdentity", "claim_collector_id"]
+
+MAX_SLOTS = 64
+
+
+class CollectorIdentity:
+    """A claimed client id; ``release()`` (or process exit) frees its slot."""
+
+    def __init__(self, client_id: str, handle: IO[str] | None) -> None:
+        self.client_id, self._handle = client_id, handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing the file drops the lock
+            self._handle = None
+
+
+def claim_collector_id(data_dir: Path) -> CollectorIdentity:
+    """Claim the first free slot of `data_dir` (see the module docstring)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for slot in range(MAX_SLOTS):
+        path = data_dir / f"collector-{slot}.id"
+        handle = path.open("a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        handle.seek(0)
+        client_id = handle.read().strip()
+        if not client_id:
+            client_id = f"zeal-collector-{socket.gethostname()}-{secrets.token_hex(4)}"
+            handle.write(client_id + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        return CollectorIdentity(client_id, handle)
+    raise RuntimeError(
+        f"{MAX_SLOTS} servers already run with the data directory {data_dir}; "
+        "give each its own ZEAL_DATA_DIR or ZEAL_COLLECTOR_ID"
+    )

@@ -1,0 +1,192 @@
+"""The MQTT topic layout and the small JSON documents that travel beside the data.
+
+Every topic Zeal uses, in one place (standard library only)::
+
+    zeal/v1/{stream}/{device}/up        device -> collector   wire-format batches (QoS 1)
+    zeal/v1/{stream}/config             collector -> devices  configuration (retained)
+    zeal/v1/{stream}/{device}/notice    collector -> device   why a batch was refused
+    zeal/v1/{stream}/{device}/presence  device -> devices     which agent runs the device id
+                                                              (retained; Last Will: offline)
+
+A *notice* tells one device what the server did with one of its batches when that needs
+the device's attention: a reject (``reason`` is a reject reason such as
+``unknown_stream``) or a sequence reset (the batch was stored, but the server had seen
+that sequence number with other content: the device's outbox is new). It names the
+*server* (the database's installation id, the same for every collector of one database),
+so an agent acts only on what the server that configured its stream says::
+
+    {"format": "zeal-notice/1", "server": "…", "stream": "temps", "device": "kitchen-1",
+     "reason": "unknown_stream", "sequence": 12, "last_sequence": null, "time_ms": …,
+     "message": "…"}
+
+A *presence* document says which agent instance runs a device id; an agent that finds
+another instance online refuses to start::
+
+    {"format": "zeal-presence/1", "instance": "…", "online": true, "since_ms": …}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+from zeal.errors import ZealError
+
+__all__ = [
+    "CONFIG_FILTER",
+    "DATA_FILTER",
+    "NOTICE_FORMAT",
+    "PRESENCE_FORMAT",
+    "Notice",
+    "Presence",
+    "TopicError",
+    "config_topic",
+    "data_topic",
+    "notice_topic",
+    "parse_config_topic",
+    "parse_data_topic",
+    "presence_topic",
+]
+
+PREFIX: Final = "zeal/v1"
+#: Every device's data (a collector's subscription).
+DATA_FILTER: Final = f"{PREFIX}/+/+/up"
+#: Every stream's configuration.
+CONFIG_FILTER: Final = f"{PREFIX}/+/config"
+NOTICE_FORMAT: Final = "zeal-notice/1"
+PRESENCE_FORMAT: Final = "zeal-presence/1"
+
+
+class TopicError(ZealError, ValueError):
+    """A topic or a notice/presence document is not what the layout above says."""
+
+
+def data_topic(stream: str, device: str) -> str:
+    """Where a device publishes its batches."""
+    return f"{PREFIX}/{stream}/{device}/up"
+
+
+def config_topic(stream: str) -> str:
+    """Where a stream's configuration is retained."""
+    return f"{PREFIX}/{stream}/config"
+
+
+def notice_topic(stream: str, device: str) -> str:
+    """Where the collector tells one device about its batches."""
+    return f"{PREFIX}/{stream}/{device}/notice"
+
+
+def presence_topic(stream: str, device: str) -> str:
+    """Where the agent running a device id announces itself (retained)."""
+    return f"{PREFIX}/{stream}/{device}/presence"
+
+
+def parse_data_topic(topic: str) -> tuple[str, str] | None:
+    """(stream, device) of a data topic, or None if the topic is not shaped like one.
+
+    The names are not validated here (``zeal.streamconfig.check_name`` does that).
+    """
+    parts = topic.split("/")
+    if len(parts) != 5 or parts[0] != "zeal" or parts[1] != "v1" or parts[4] != "up":
+        return None
+    return parts[2], parts[3]
+
+
+def parse_config_topic(topic: str) -> str | None:
+    """The stream of a configuration topic, or None."""
+    parts = topic.split("/")
+    if len(parts) != 4 or parts[0] != "zeal" or parts[1] != "v1" or parts[3] != "config":
+        return None
+    return parts[2]
+
+
+def _load(payload: bytes | str, fmt: str) -> dict[str, Any]:
+    try:
+        data = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TopicError(f"not a JSON document: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise TopicError(f"expected a JSON object with format {fmt!r}")
+    return data
+
+
+def _int_or_none(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TopicError(f"expected an integer or null, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What the collector tells a device about one of its batches."""
+
+    server: str
+    stream: str
+    device: str
+    reason: str
+    message: str
+    time_ms: int
+    sequence: int | None = None
+    last_sequence: int | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "format": NOTICE_FORMAT,
+                "server": self.server,
+                "stream": self.stream,
+                "device": self.device,
+                "reason": self.reason,
+                "sequence": self.sequence,
+                "last_sequence": self.last_sequence,
+                "time_ms": self.time_ms,
+                "message": self.message,
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, payload: bytes | str) -> Notice:
+        data = _load(payload, NOTICE_FORMAT)
+        try:
+            fields = {k: data[k] for k in ("server", "stream", "device", "reason", "message")}
+            time_ms = data["time_ms"]
+        except KeyError as exc:
+            raise TopicError(f"notice lacks {exc}") from exc
+        if not all(isinstance(v, str) for v in fields.values()):
+            raise TopicError("notice fields server, stream, device, reason, message are text")
+        return cls(
+            **fields,
+            time_ms=_int_or_none(time_ms) or 0,
+            sequence=_int_or_none(data.get("sequence")),
+            last_sequence=_int_or_none(data.get("last_sequence")),
+        )
+
+
+@dataclass(frozen=True)
+class Presence:
+    """Which agent instance runs a device id, and whether it is online."""
+
+    instance: str
+    online: bool
+    since_ms: int
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "format": PRESENCE_FORMAT,
+                "instance": self.instance,
+                "online": self.online,
+                "since_ms": self.since_ms,
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, payload: bytes | str) -> Presence:
+        data = _load(payload, PRESENCE_FORMAT)
+        instance, online = data.get("instance"), data.get("online")
+        if not isinstance(instance, str) or not isinstance(online, bool):
+            raise TopicError("presence needs a text instance and a boolean online")
+        return cls(instance, online, _int_or_none(data.get("since_ms")) or 0)
