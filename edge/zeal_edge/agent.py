@@ -106,7 +106,7 @@ class Agent:
         self.options = options
         self.clock = clock
         self.broker = broker
-        self.lock = DataDirLock(options.data_dir)
+        self.lock = DataDirLock(options.data_dir, options.stream, options.device)
         try:
             self.outbox = Outbox(options.data_dir / "outbox.sqlite")
         except BaseException:

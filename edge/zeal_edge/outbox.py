@@ -135,11 +135,13 @@ class NamespaceStatus:
 
 
 class DataDirLock:
-    """An exclusive lock on a data directory for the life of one agent process."""
+    """An exclusive lock on one stream and device of a data directory, for the life of the
+    agent process that sends them (agents of other devices may share the directory)."""
 
-    def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / "agent.lock"
+    def __init__(self, directory: Path, stream: str, device: str) -> None:
+        folder = directory / "locks" / stream
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"{device}.lock"
         self._handle: IO[str] | None = self.path.open("a+", encoding="utf-8")
         try:
             fcntl.flock(self._handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -149,8 +151,8 @@ class DataDirLock:
             self._handle.close()
             self._handle = None
             raise AgentError(
-                f"the data directory {directory} is in use by {holder}: one agent per "
-                "directory (give this one its own --data-dir)"
+                f"device {device} of stream {stream} is already running from the data "
+                f"directory {directory} ({holder}): stop that agent first"
             ) from None
         self._handle.seek(0)
         self._handle.truncate()

@@ -163,7 +163,9 @@ def make_certificates(directory: Path) -> dict[str, Path]:
 def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None:
     """deploy/mosquitto, on its plain listener and on its TLS listener (a test CA): anonymous
     and wrong-password clients refused; a device cannot publish as, or read, another device;
-    its own topic reaches the collector; configs are readable by devices."""
+    its own topic reaches the collector; configs are readable by devices; the collector's
+    notices reach only their device, which cannot write them; a device announces its own
+    presence and can neither read nor forge another device's."""
     port = free_port()
     conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
     ca = None
@@ -230,10 +232,23 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
         collector.client.subscribe("$share/zeal/zeal/v1/+/+/up", qos=1)
         dev2.client.subscribe("zeal/v1/+/+/up", qos=1)  # a device trying to read others
         dev2.client.subscribe("zeal/v1/temps/config", qos=1)
+        dev1.client.subscribe("zeal/v1/temps/dev1/notice", qos=1)
+        dev1.client.subscribe("zeal/v1/temps/dev1/presence", qos=1)
+        dev2.client.subscribe("zeal/v1/temps/dev1/notice", qos=1)  # another device's notices
+        dev2.client.subscribe("zeal/v1/temps/dev1/presence", qos=1)
         time.sleep(0.5)
         collector.client.publish(
             "zeal/v1/temps/config", b"{}", qos=1, retain=True
         ).wait_for_publish(5)
+        collector.client.publish("zeal/v1/temps/dev1/notice", b"n", qos=1).wait_for_publish(5)
+        dev1.client.publish(
+            "zeal/v1/temps/dev1/presence", b"p1", qos=1, retain=True
+        ).wait_for_publish(5)
+        for topic in ("zeal/v1/temps/dev1/presence", "zeal/v1/temps/dev1/notice"):
+            with contextlib.suppress(RuntimeError):  # forged presence, forged notice
+                dev2.client.publish(topic, b"forged", qos=1).wait_for_publish(5)
+        with contextlib.suppress(RuntimeError):
+            dev1.client.publish("zeal/v1/temps/dev1/notice", b"self", qos=1).wait_for_publish(5)
         dev1.client.publish("zeal/v1/temps/dev1/up", b"own", qos=1).wait_for_publish(5)
         # The broker may answer a forbidden publish by closing the connection.
         with contextlib.suppress(RuntimeError):
@@ -241,6 +256,10 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
         time.sleep(1.5)
         assert collector.messages == [("zeal/v1/temps/dev1/up", b"own")]
         assert dev2.messages == [("zeal/v1/temps/config", b"{}")]
+        assert sorted(dev1.messages) == [
+            ("zeal/v1/temps/dev1/notice", b"n"),
+            ("zeal/v1/temps/dev1/presence", b"p1"),
+        ]
         for client in (anonymous, wrong, collector, dev1, dev2):
             client.close()
     finally:

@@ -1,0 +1,154 @@
+"""The README's "Getting started" commands, run as written from a fresh clone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.mqtt_helpers import Mosquitto
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+LONG_RUNNING = ("zeal-server serve", "zeal-edge run")
+
+
+def walkthrough() -> list[str]:
+    """Every command of the section's ```sh blocks, in order."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Getting started", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    return [line for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_the_walkthrough_has_every_step() -> None:
+    """Install, server, stream, agent (both ways), average, status: in the order run."""
+    commands = walkthrough()
+    order = [
+        "make install",
+        "zeal-server serve",
+        "zeal-server streams create",
+        "zeal-edge run",
+        "/config > params.json",
+        "--params params.json",
+        "/average",
+        "zeal-edge status",
+    ]
+    positions = [next(i for i, c in enumerate(commands) if step in c) for step in order]
+    assert positions == sorted(positions), commands
+
+
+def test_the_readme_walkthrough_works_as_written(tmp_path: Path) -> None:
+    """A fresh clone, a broker at ZEAL_MQTT_URL, the commands exactly as the README gives
+    them: both agents' readings reach the served average, status tells what the broker
+    confirmed, Ctrl-C stops everything cleanly, and git sees no new files."""
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", 8000)) != 0, "port 8000 (the README's) is taken"
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    broker = Mosquitto(tmp_path / "broker").start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZEAL_")}
+    env |= {"ZEAL_MQTT_URL": broker.url, "PYTHONUNBUFFERED": "1"}
+    background: list[tuple[str, subprocess.Popen[str]]] = []
+    outputs: dict[str, str] = {}
+    try:
+        for command in walkthrough():
+            if any(marker in command for marker in LONG_RUNNING):
+                process = subprocess.Popen(
+                    ["bash", "-c", f"exec {command}"],
+                    cwd=clone,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+                background.append((command, process))
+                if "serve" in command:
+                    wait_for_server(process)
+                continue
+            if "/average" in command:
+                outputs[command] = wait_for_average(command, clone, env)
+                continue
+            done = subprocess.run(
+                ["bash", "-c", command],
+                cwd=clone,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+            assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+            outputs[command] = done.stdout
+        status = next(out for command, out in outputs.items() if "zeal-edge status" in command)
+        assert "temps/kitchen-1" in status, status
+        assert "temps/kitchen-2" in status, status
+        assert "confirmed" in status, status
+    finally:
+        logs = {}
+        for command, process in reversed(background):
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)  # Ctrl-C
+            try:
+                logs[command] = process.communicate(timeout=30)[0]
+            except subprocess.TimeoutExpired:
+                process.kill()
+                logs[command] = process.communicate()[0]
+        broker.stop()
+    for command, process in background:
+        assert process.returncode == 0, (command, logs[command][-3000:])
+        if "zeal-edge run" in command:
+            assert "queued" in logs[command], logs[command][-2000:]
+            assert "confirmed by the broker" in logs[command], logs[command][-2000:]
+    average = json.loads(next(out for command, out in outputs.items() if "/average" in command))
+    assert average["stream"] == "temps"
+    assert average["estimate"] is not None
+    untracked = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True, check=True
+    ).stdout
+    assert untracked == "", untracked
+
+
+def wait_for_server(process: subprocess.Popen[str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[0][-3000:]
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", 8000)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError("the server did not listen on port 8000")
+
+
+def wait_for_average(command: str, clone: Path, env: dict[str, str], timeout: float = 90) -> str:
+    """Run the README's curl until the average covers readings of both agents."""
+    deadline = time.monotonic() + timeout
+    out = ""
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            ["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True, check=False
+        ).stdout
+        try:
+            body = json.loads(out)
+        except json.JSONDecodeError:
+            body = {}
+        if body.get("estimate") and body.get("n", 0) >= 20:
+            devices = subprocess.run(
+                ["bash", "-c", command.replace("/average", "/devices")],
+                cwd=clone,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout
+            if {"kitchen-1", "kitchen-2"} <= {d["name"] for d in json.loads(devices)["devices"]}:
+                return out
+        time.sleep(1)
+    raise AssertionError(f"no average from both agents within {timeout} s: {out}")
