@@ -1,4 +1,4 @@
-"""Does a flooding device slow the others? (issue 7, point 7; `make reliability`)
+"""Does a flooding device slow the others? (`make reliability`; docs/reliability.md)
 
 One device floods garbage and 256 KB messages on its own topic (all the broker's ACL lets it
 reach) while 400 other devices send 600,000 readings as fast as they are acknowledged. The

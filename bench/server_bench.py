@@ -1,4 +1,4 @@
-"""Server speed (issue 4): end-to-end ingest into SQLite, and /average over 10**7 readings.
+"""Server speed: end-to-end ingest into SQLite, and /average over 10**7 readings.
 
 1. A collector (in-process, SQLite in a temp dir) on the broker at ZEAL_MQTT_URL, or on a
    private Mosquitto started here with ``max_queued_messages 0`` (a broker's default of 1000

@@ -1,6 +1,4 @@
-"""Zeal edge agent (issue 3): reads a sensor, perturbs with :mod:`zeal`, publishes codes.
-
-Only the package exists so far; the agent itself is built in the next issue.
-"""
+"""Zeal edge agent: reads a sensor, privatizes each reading with :mod:`zeal`, publishes the
+codes over MQTT from a durable outbox (``zeal-edge``; docs/edge-agent.md)."""
 
 __all__: list[str] = []

@@ -1,6 +1,4 @@
-"""Zeal server (issue 4): MQTT collector, compressed store, aggregator HTTP API.
-
-Only the package exists so far; the server itself is built in a later issue.
-"""
+"""Zeal server: the MQTT collector, the compressed store, the aggregating HTTP API and the
+operator dashboard (``zeal-server``; docs/server.md)."""
 
 __all__: list[str] = []

@@ -195,6 +195,10 @@ class EfficiencyOut(BaseModel):
     )
     paper_wire_bits: float = Field(description="the paper's transmission: 64 - gamma_min bits")
     store_vs_paper: float = Field(description="paper_store_bits / store_code_bits")
+    compacted: float = Field(
+        description="share of the stored readings in compacted (compressed) segments; the "
+        "store figures are those of the compacted segments, or of the raw parts while it is 0"
+    )
     compression_ratio_cr: float = Field(description="paper Eq. (34) on the sample")
     transmission_ratio_tr: float = Field(description="paper Eq. (27)")
 
@@ -787,9 +791,7 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         ).one()
         sizes = store.storage_bytes(db, stream)
         measured = (
-            efficiency(
-                db, stream, readings=int(readings), received_bytes=int(received), sizes=sizes
-            )
+            efficiency(db, stream, readings=int(readings), received_bytes=int(received))
             if efficiency_figures
             else None
         )

@@ -107,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
         "delete a stream and every reading stored for it; a running server withdraws its "
         "configuration from the broker, and agents sending to it stop",
     )
-    delete.add_argument("name")
+    delete.add_argument("name", help="the stream to delete")
     delete.add_argument("--yes", action="store_true", help="confirm: the data cannot come back")
     for name, text in (
         ("verify", "check that segment sums equal the aggregates, per device and bucket"),
@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
         p = _command(commands, name, text)
         p.add_argument("stream", nargs="?", help="one stream [all]")
     export = _command(commands, "export", "decoded per-reading estimates as CSV on stdout")
-    export.add_argument("stream")
+    export.add_argument("stream", help="the stream to export")
     export.add_argument(
         "--start", type=datetime.fromisoformat, help="ISO 8601 time; whole buckets from it"
     )

@@ -13,6 +13,10 @@ alternatives by encoding a sample of the most recent stored readings in those fo
   (Eq. (34)); it holds values only, so it is compared with the store's codes column, and
   the whole segment (codes, timestamps, devices) is reported beside it;
 * the paper's transmission format, 64 - gamma_min bits per value (TR, Eq. (27)).
+
+Arriving batches are stored raw until their bucket closes and is compacted; the store
+figures are those of the compacted segments (``compacted`` says which share of the readings
+they hold), or of the raw parts while nothing is compacted yet (``compacted`` 0).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import zstandard
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from zeal_server import store
@@ -85,12 +89,8 @@ def efficiency(
     *,
     readings: int,
     received_bytes: int,
-    sizes: dict[str, int],
 ) -> dict[str, Any] | None:
-    """Bits per reading of Zeal and of the alternatives, with the ratios (None: no data).
-
-    ``sizes`` is :func:`store.storage_bytes` of the stream, which the caller already has.
-    """
+    """Bits per reading of Zeal and of the alternatives, with the ratios (None: no data)."""
     sample = recent_columns(session, stream)
     if sample is None or readings == 0:
         return None
@@ -102,8 +102,25 @@ def efficiency(
         8 * len(zstandard.ZstdCompressor(level=3).compress(privatized.tobytes())) / len(sample)
     )
     wire_bits = 8 * received_bytes / readings
-    store_bits = 8 * (sizes["codes"] + sizes["timestamps"] + sizes["devices"]) / readings
-    code_bits = 8 * sizes["codes"] / readings
+    by_state = {
+        bool(state): [int(v or 0) for v in rest]
+        for state, *rest in session.execute(
+            select(
+                Segment.compacted,
+                func.sum(Segment.n),
+                func.sum(func.length(Segment.codes)),
+                func.sum(func.length(Segment.timestamps) + func.length(Segment.devices)),
+            )
+            .where(Segment.stream_id == stream.id)
+            .group_by(Segment.compacted)
+        )
+    }
+    total = sum(v[0] for v in by_state.values()) or 1
+    done = by_state.get(True, [0, 0, 0])
+    n, code_bytes, other_bytes = done if done[0] else by_state.get(False, [0, 0, 0])
+    n = n or 1
+    store_bits = 8 * (code_bytes + other_bytes) / n
+    code_bits = 8 * code_bytes / n
     return {
         "sample": len(sample),
         "wire_bits": wire_bits,
@@ -116,6 +133,7 @@ def efficiency(
         "paper_store_bits": paper_bits,
         "paper_wire_bits": float(64 - params.shared_bits),
         "store_vs_paper": paper_bits / code_bits,
+        "compacted": done[0] / total,
         "compression_ratio_cr": paper_bits / 64,
         "transmission_ratio_tr": params.transmission_ratio,
     }

@@ -1,7 +1,7 @@
 """Throughput benchmark of the core library (``python -m zeal bench``).
 
 Prints readings per second for perturbation with the default secure randomness, and for
-decode + estimate_mean, on one core. Targets (issue 2): >= 1e6 perturbations/s and
+decode + estimate_mean, on one core. Targets: >= 1e6 perturbations/s and
 >= 2e7 decoded codes/s. Figures vary with the machine; the best of several runs is shown.
 """
 

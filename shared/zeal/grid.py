@@ -1,6 +1,6 @@
 """The exact grid sampler: Zeal's piecewise mechanism realized on the code grid with integers.
 
-DESIGN.md ("NEW, our sampler") asks for outputs on the grid ``y_m = 2**Eu + m*D`` (``D`` the
+The design (docs/mechanism.md, "The grid sampler") asks for outputs on the grid ``y_m = 2**Eu + m*D`` (``D`` the
 ulp of ``2**Eu``) with probabilities that are known exactly, unbiased at every code width,
 and provably within the budget. This module builds it as follows.
 

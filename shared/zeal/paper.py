@@ -3,7 +3,7 @@
 It draws ``u = j / 2**53`` with ``j`` uniform on ``[0, 2**53)`` and evaluates the inverse CDF
 of the density of Eq. (7) in float64, with Abar from Theorem 5 (Eq. (22)) already added, as
 the paper's Section "Floating point vulnerability" describes. Its outputs are rounded by the
-float arithmetic, which makes it (DESIGN.md, measured here by the audit and the tests)
+float arithmetic, which makes it (docs/mechanism.md; measured by the audit and the tests)
 neither hole-free nor unbiased at large Abar. Do not use it for real data. At the smallest
 exponents its outputs can even leave the binade; they are clamped to the k-bit block (see
 ``_inverse``).

@@ -21,9 +21,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tests.mqtt_helpers import Mosquitto, fleet_command, free_port, wait_for_port
+from zeal import encode_batch
+from zeal.streamconfig import params_from_config
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="make test installs playwright")
 
@@ -33,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "operator-secret-for-the-browser-test"
 DEVICES, RATE, READINGS = 40, 10, 80
+UNIT = "degF"
 ARTIFACTS = Path(os.environ.get("ZEAL_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "dashboard"
 
 
@@ -90,6 +96,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         srv = Server(f"http://127.0.0.1:{port}")
         wait_until(lambda: srv.call("/healthz").get("broker") == "ok", 30, "the collector")
         body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "bucket_seconds": 1}
+        body["unit"] = UNIT
         srv.call("/api/v1/streams", method="POST", body=body, token=TOKEN)
         fleet = subprocess.run(
             fleet_command(
@@ -117,6 +124,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                 body={"tags": {"site": site}},
                 token=TOKEN,
             )
+        srv.broker = broker  # type: ignore[attr-defined]
         yield srv
     finally:
         process.terminate()
@@ -182,10 +190,10 @@ def assert_page_matches_api(page: Any, server: Server, summary: dict[str, str]) 
     average = server.get("/api/v1/streams/temps/average", **common)
     mean = average["estimate"]["mean"]
     assert float(summary["mean"]) == mean
-    assert text(page, "#window-mean") == f"{mean:.3f}"
+    assert text(page, "#window-mean") == f"{mean:.3f} {UNIT}"
     assert text(page, "#window-n") == f"{average['n']:,}"
     low, high = average["estimate"]["guaranteed"]
-    assert text(page, "#window-guaranteed") == f"{low:.3f} – {high:.3f}"
+    assert text(page, "#window-guaranteed") == f"{low:.3f} – {high:.3f} {UNIT}"
     series = server.get("/api/v1/streams/temps/series", interval=summary["interval"], **common)[
         "points"
     ]
@@ -207,7 +215,7 @@ def test_overview_shows_the_api_average(page: Any, server: Server) -> None:
     average = server.get("/api/v1/streams/temps/average", start=start)
     mean = average["estimate"]["mean"]
     assert average["n"] == DEVICES * READINGS
-    assert cell.inner_text().strip() == f"{mean:.3f}"
+    assert cell.inner_text().strip() == f"{mean:.3f} {UNIT}"
     assert float(cell.get_attribute("data-mean")) == mean
     row = page.locator("tr[data-stream=temps]").inner_text()
     assert f"{DEVICES * READINGS:,}" in row
@@ -222,6 +230,7 @@ def test_stream_page_draws_both_bands_from_the_series(page: Any, server: Server)
         assert d, band
         assert d.startswith("M"), band
         assert d.count("L") >= 3, band
+    assert page.eval_on_selector("#chart-unit", "t => t.textContent") == UNIT
     legend = text(page, "#legend")
     assert "guaranteed interval" in legend
     assert "normal-approximation interval" in legend
@@ -273,7 +282,7 @@ def test_window_interval_and_group_change_the_chart_to_the_api_values(
     p_value = compare["p_value"]
     shown = f"{p_value:.2e}" if p_value < 1e-4 else f"{p_value:#.3g}"
     assert text(page, "#compare-p") == shown.replace("e-0", "e-")
-    assert text(page, "#compare-diff") == f"{compare['difference']:.3f}"
+    assert text(page, "#compare-diff") == f"{compare['difference']:.3f} {UNIT}"
 
 
 def test_devices_table_sorts_and_pages(page: Any, server: Server) -> None:
@@ -399,3 +408,113 @@ def test_every_control_has_a_label_and_the_page_refreshes_itself(page: Any, serv
         arg=first,
         timeout=15000,
     )
+
+
+def test_tags_are_edited_in_the_devices_table_with_the_operator_token(
+    page: Any, server: Server
+) -> None:
+    """Edit, type key:value pairs, save: refused without the operator token (the page says
+    why, nothing changes), stored with it, and the new group appears in the filters."""
+    page.goto(server.origin + "/#/stream/temps?window=all")
+    wait_for_summary(page)
+    row = page.locator("#devices-body tr[data-device=sim-00024]")
+    row.wait_for(timeout=15000)
+    row.get_by_role("button", name="Edit the tags of sim-00024").click()
+    row.locator("input").fill("site:east, floor:2")
+    row.get_by_role("button", name="Save").click()
+    row.locator(".message").filter(has_text="Not saved").wait_for(timeout=10000)
+    assert "operator token required" in row.inner_text()
+    assert server.get("/api/v1/streams/temps/devices", limit=1000)["devices"][24]["tags"] == {}
+
+    page.fill("#token", TOKEN)
+    page.click("#token-form button[type=submit]")
+    row.get_by_role("button", name="Save").click()
+    page.wait_for_function(
+        "() => document.querySelector('#devices-body tr[data-device=sim-00024] td.tags')"
+        ".textContent.startsWith('floor:2, site:east')",  # as the server stores them, sorted
+        timeout=10000,
+    )
+    device = server.get("/api/v1/streams/temps/devices", limit=1000)["devices"][24]
+    assert (device["name"], device["tags"]) == ("sim-00024", {"floor": "2", "site": "east"})
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#group option')].some(o => o.value === 'site:east')"
+    )
+    server.call(  # as it was, for the other tests
+        "/api/v1/streams/temps/devices/sim-00024/tags",
+        method="PUT",
+        body={"tags": {}},
+        token=TOKEN,
+    )
+
+
+def test_resets_duplicates_raw_store_and_clipped_bands_read_right(
+    page: Any, server: Server
+) -> None:
+    """A stream with three readings: one batch of a device, another batch with the same
+    sequence number and other content (a reset outbox), and a batch published twice (a
+    duplicate). The rejects table shows both with the API's counts; nothing is compacted
+    yet, so the store rows say so and claim no saving; and the bands of so few readings,
+    far wider than the stream's range, are clipped at the plot instead of stretching its
+    axis: the axis covers the average and at most a quarter of the range beyond it."""
+    body = {"name": "few", "lower": 0, "upper": 110, "epsilon": 1, "bucket_seconds": 3600}
+    server.call("/api/v1/streams", method="POST", body={**body, "unit": "kWh"}, token=TOKEN)
+    params = params_from_config(server.call("/api/v1/streams/few/config"))
+    now = int(time.time() * 1000)
+    publish(
+        server,
+        [
+            ("meter-1", encode(params, "meter-1", 0, now, seed=1)),
+            ("meter-1", encode(params, "meter-1", 0, now + 1000, seed=2)),  # the reset
+            ("dup-1", encode(params, "dup-1", 0, now, seed=3)),
+            ("dup-1", encode(params, "dup-1", 0, now, seed=3)),  # the very same bytes again
+        ],
+    )
+    wait_until(
+        lambda: server.get("/api/v1/streams/few/stats")["duplicates"] == 1, 20, "the duplicate"
+    )
+    stats = server.get("/api/v1/streams/few/stats")
+    assert (stats["readings"], stats["sequence_resets"], stats["duplicates"]) == (3, 1, 1)
+
+    page.goto(server.origin + "/#/stream/few?window=all")
+    wait_for_summary(page)
+    page.wait_for_function(
+        "() => document.getElementById('row-sequence-resets') !== null", timeout=15000
+    )
+    assert text(page, "#row-sequence-resets").split()[-1] == "1"
+    assert text(page, "#row-duplicates").split()[-1] == "1"
+    assert "nothing lost" in text(page, "#row-sequence-resets")
+    assert stats["efficiency"]["compacted"] == 0
+    assert "raw, not yet compacted" in text(page, "#eff-store")
+    assert text(page, "#eff-paper-store").endswith(f"{stats['efficiency']['paper_store_bits']:.2f}")
+    assert "No bucket is compacted yet" in text(page, "#efficiency-note")
+    assert text(page, "#window-mean").endswith(" kWh")
+
+    interval = int(page.eval_on_selector("#summary", "s => s.dataset.interval"))
+    points = server.get("/api/v1/streams/few/series", interval=interval)["points"]
+    means = [p["estimate"]["mean"] for p in points]
+    low = min(min(p["estimate"]["ci"][0], p["estimate"]["guaranteed"][0]) for p in points)
+    high = max(max(p["estimate"]["ci"][1], p["estimate"]["guaranteed"][1]) for p in points)
+    assert low < -0.25 * 110  # even the normal band reaches far beyond the range
+    assert min(p["estimate"]["ci"][0] for p in points) < -0.25 * 110
+    lo, hi = min(*means, max(low, -0.25 * 110)), max(*means, min(high, 1.25 * 110))
+    pad = 0.04 * (hi - lo)
+    axis = page.eval_on_selector("#chart", "c => [Number(c.dataset.lo), Number(c.dataset.hi)]")
+    assert axis == pytest.approx([lo - pad, hi + pad], rel=1e-9)
+    assert page.locator("#chart g[clip-path='url(#plot-clip)'] path.band-normal").count() == 1
+
+
+def encode(params: Any, device: str, sequence: int, stamp: int, *, seed: int) -> bytes:
+    """One reading of 50 as a batch, perturbed with a fixed seed."""
+    codes = params.perturb(np.array([50.0]), rng=np.random.default_rng(seed))
+    return encode_batch(params, device=device, sequence=sequence, timestamps=[stamp], codes=codes)
+
+
+def publish(server: Server, batches: list[tuple[str, bytes]]) -> None:
+    broker: Mosquitto = server.broker  # type: ignore[attr-defined]
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+    client.connect("127.0.0.1", broker.port)
+    client.loop_start()
+    for device, payload in batches:
+        client.publish(f"zeal/v1/few/{device}/up", payload, qos=1).wait_for_publish(10)
+    client.disconnect()
+    client.loop_stop()

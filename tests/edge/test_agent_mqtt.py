@@ -439,3 +439,32 @@ def test_nan_and_inf_cells_are_skipped_and_counted_and_the_rest_is_sent(
         check=True,
     )
     assert json.loads(status.stdout)[0]["skipped_invalid"] == 3
+
+
+def test_an_unreachable_broker_is_said_and_unconfirmed_batches_are_reported_on_exit(
+    tmp_path: Path, params_file: Path
+) -> None:
+    """No broker: the log names its address and the cause, the batch is 'queued' (not
+    'sent'), and Ctrl-C says how many batches and readings are left unconfirmed."""
+    port = free_port()
+    agent = start_agent(
+        tmp_path / "agent",
+        f"mqtt://127.0.0.1:{port}",
+        *("--source", "stdin", "--batch", "5", "--params", str(params_file)),
+        stdin=subprocess.PIPE,
+    )
+    assert agent.stdin is not None
+    agent.stdin.write("50\n" * 5)
+    agent.stdin.flush()
+    time.sleep(7)  # the presence check gives the broker 5 s, then the agent goes on offline
+    agent.send_signal(signal.SIGINT)
+    _, err = agent.communicate(timeout=30)
+    assert agent.returncode == 0, err
+    assert (
+        f"cannot connect to the broker at mqtt://127.0.0.1:{port}: [Errno 111] Connection refused"
+        in err
+    ), err
+    assert "batch #0: 5 readings" in err
+    assert f"queued (1 batch awaiting the broker; not connected to mqtt://127.0.0.1:{port})" in err
+    assert "stopping with 1 batches (5 readings) not confirmed by the broker" in err
+    assert "sent" not in err.replace("sent on the next start", "")

@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 
 from zeal import Zeal, encode_batch
 from zeal.streamconfig import config_document
 from zeal_server import efficiency, store
 from zeal_server.api import create_app
-from zeal_server.models import BatchSeen
+from zeal_server.models import BatchSeen, Segment
 from zeal_server.settings import ServerSettings, SettingsError
 
 OPERATOR, READER = "operator-token-0123456789", "reader-token-0123456789"
@@ -521,6 +521,32 @@ def test_efficiency_is_measured_on_the_stored_data(client: TestClient) -> None:
     quick = client.get("/api/v1/streams/temps/stats", params={"efficiency": "false"}).json()
     assert quick["efficiency"] is None
     assert quick["readings"] == stats["readings"]
+
+
+def test_store_figures_are_those_of_compacted_segments_while_others_wait(
+    client: TestClient,
+) -> None:
+    """Nothing compacted: the raw parts' figures and compacted 0. Half compacted: the
+    compacted segments' figures, and compacted 0.5."""
+    create(client)
+    for s in range(4):
+        feed(client, "dev0", s, np.full(60, 40.0), T0 + 60_000 * s, rng=s)
+    stats = client.get("/api/v1/streams/temps/stats").json()
+    assert stats["efficiency"]["compacted"] == 0
+    assert stats["efficiency"]["store_code_bits"] == pytest.approx(
+        8 * stats["store_bytes"]["codes"] / 240
+    )
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        stream = store.stream_by_name(session, "temps")
+        assert stream is not None
+        store.compact(session, stream, before_bucket=T0 // 60_000 + 2)
+        compacted = session.execute(
+            select(func.sum(func.length(Segment.codes))).where(Segment.compacted.is_(True))
+        ).scalar_one()
+    e = client.get("/api/v1/streams/temps/stats").json()["efficiency"]
+    assert e["compacted"] == 0.5
+    assert e["store_code_bits"] == pytest.approx(8 * compacted / 120)
+    assert e["store_vs_paper"] == pytest.approx(e["paper_store_bits"] / e["store_code_bits"])
 
 
 def test_json_bits_equal_json_dumps_for_every_length_of_timestamp() -> None:

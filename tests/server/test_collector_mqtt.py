@@ -68,8 +68,8 @@ def create_stream(client: TestClient, **extra: Any) -> Zeal:
     return Zeal(lower=0, upper=110, epsilon=1, exponent=out["exponent"])
 
 
-def stats(client: TestClient) -> dict[str, Any]:
-    result: dict[str, Any] = client.get("/api/v1/streams/temps/stats").json()
+def stats(client: TestClient, stream: str = "temps") -> dict[str, Any]:
+    result: dict[str, Any] = client.get(f"/api/v1/streams/{stream}/stats").json()
     return result
 
 

@@ -1,4 +1,4 @@
-"""Store compression on real data against the entropy and the paper's baselines (issue 4, 6)."""
+"""Store compression on real data against the entropy and the paper's baselines ."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 from fastapi.testclient import TestClient
@@ -23,6 +24,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from tests.mqtt_helpers import Mosquitto
 from tests.server.test_collector_mqtt import create_stream, server_app, stats, wait_until
 from tests.server.test_crash import Server
+from zeal import encode_batch
+from zeal.streamconfig import params_from_config
 
 pytestmark = pytest.mark.integration
 CREATE = ["--lower", "0", "--upper", "110", "--epsilon", "1"]
@@ -129,11 +132,26 @@ def test_a_stream_created_by_the_cli_gets_its_retained_config_within_5_s(
             )
             created = time.monotonic()
             assert result.returncode == 0, result.stderr
+            # A device that had the configuration at once (--params) sends right away: the
+            # collector looks the stream up again instead of rejecting it as unknown.
+            params = params_from_config(client.get("/api/v1/streams/cli-temps/config").json())
+            batch = encode_batch(
+                params,
+                device="d1",
+                sequence=0,
+                timestamps=[int(time.time() * 1000)],
+                codes=params.perturb(np.array([50.0])),
+            )
+            listener.publish("zeal/v1/cli-temps/d1/up", batch, qos=1).wait_for_publish(5)
             wait_until(lambda: "zeal/v1/cli-temps/config" in got, timeout=10, what="config")
             arrived, payload = got["zeal/v1/cli-temps/config"]
             print(f"retained configuration after {arrived - created:.2f} s")
             assert arrived - created <= 5.0
             assert json.loads(payload) == client.get("/api/v1/streams/cli-temps/config").json()
+            wait_until(
+                lambda: stats(client, "cli-temps")["readings"] == 1, timeout=10, what="the batch"
+            )
+            assert stats(client, "cli-temps")["rejects"] == {}
     finally:
         listener.disconnect()
         listener.loop_stop()

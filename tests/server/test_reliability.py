@@ -1,4 +1,4 @@
-"""Reliability and security (issue 7): implausible timestamps, a device clock stepping back,
+"""Reliability and security: implausible timestamps, a device clock stepping back,
 a full disk under the SQLite store, and tokens on every route and never in the log."""
 
 from __future__ import annotations

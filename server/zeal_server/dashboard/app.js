@@ -40,6 +40,10 @@ function fmt(x, digits = 3) {
   return x === null || x === undefined || Number.isNaN(x) ? "–" : Number(x).toFixed(digits);
 }
 
+function withUnit(text, unit) {
+  return unit && text !== "–" && text !== "no readings" ? `${text} ${unit}` : text;
+}
+
 function fmtInt(x) {
   return x === null || x === undefined ? "–" : Number(x).toLocaleString("en-US");
 }
@@ -246,9 +250,9 @@ function overviewRow(stream, avg, stats, start) {
   return el("tr", { "data-stream": stream.name },
     el("th", { scope: "row" }, el("a", { href: `#/stream/${encodeURIComponent(stream.name)}`, text: stream.name })),
     el("td", { class: "num", "data-testid": "overview-mean", "data-start": start,
-      "data-mean": e ? String(e.mean) : "", text: e ? fmt(e.mean) : "no readings" }),
-    el("td", { class: "num", text: e ? `${fmt(e.ci[0])} – ${fmt(e.ci[1])}` : "–" }),
-    el("td", { class: "num", text: e ? `${fmt(e.guaranteed[0])} – ${fmt(e.guaranteed[1])}` : "–" }),
+      "data-mean": e ? String(e.mean) : "", text: e ? withUnit(fmt(e.mean), stream.unit) : "no readings" }),
+    el("td", { class: "num", text: e ? withUnit(`${fmt(e.ci[0])} – ${fmt(e.ci[1])}`, stream.unit) : "–" }),
+    el("td", { class: "num", text: e ? withUnit(`${fmt(e.guaranteed[0])} – ${fmt(e.guaranteed[1])}`, stream.unit) : "–" }),
     el("td", { class: "num", text: fmtInt(avg.n) }),
     el("td", { class: "num", text: fmtInt(stats.active_devices) }),
     el("td", { class: "num", text: String(stream.epsilon) }),
@@ -270,6 +274,7 @@ function streamView(main, name, params) {
     sort: "name",
     descending: false,
     page: 0,
+    editing: null,
   };
   let stream = null;
   let groups = [];
@@ -358,7 +363,7 @@ function streamView(main, name, params) {
         el("p", { class: "muted", id: "efficiency-note" })),
       el("section", { class: "card", "aria-labelledby": "params-title" },
         el("h2", { id: "params-title", text: "Parameters" }), paramsList,
-        el("h2", { id: "rejects-title", class: "spaced", text: "Rejected messages" }),
+        el("h2", { id: "rejects-title", class: "spaced", text: "Rejected and repeated messages" }),
         el("table", { id: "rejects", "aria-labelledby": "rejects-title" },
           el("thead", {}, el("tr", {},
             el("th", { scope: "col", text: "Reason" }),
@@ -429,7 +434,8 @@ function streamView(main, name, params) {
 
   function showParams() {
     const rows = [
-      ["Range", `[${stream.lower}, ${stream.upper}]`],
+      ["Range", withUnit(`[${stream.lower}, ${stream.upper}]`, stream.unit)],
+      ["Unit", stream.unit || "– (not declared)"],
       ["ε per reading", String(stream.epsilon)],
       ["Realized ε", stream.realized_epsilon === null ? "– (paper sampler)" : stream.realized_epsilon.toPrecision(12)],
       ["Payload bits", String(stream.payload_bits)],
@@ -449,6 +455,7 @@ function streamView(main, name, params) {
   const columns = [
     ["name", "Device", false], [null, "Tags", false], ["first_seen", "First seen", false],
     ["last_seen", "Last seen", false], ["readings", "Readings", true], ["epsilon_spent", "ε spent", true],
+    [null, "Sequence resets", true],
   ];
 
   function drawDeviceHead() {
@@ -478,18 +485,75 @@ function streamView(main, name, params) {
   async function loadDevices() {
     const out = await api(`${streamPath(name)}/devices${query({
       limit: PAGE, offset: state.page * PAGE, sort: state.sort, descending: state.descending })}`);
-    devicesBody.replaceChildren(...out.devices.map((d) => el("tr", {},
+    devicesBody.replaceChildren(...out.devices.map((d) => el("tr", { "data-device": d.name },
       el("td", { text: d.name }),
-      el("td", { text: Object.entries(d.tags).map(([k, v]) => `${k}:${v}`).join(", ") }),
+      tagsCell(d),
       el("td", { text: fmtTime(d.first_seen) }),
       el("td", { text: fmtTime(d.last_seen) }),
       el("td", { class: "num", text: fmtInt(d.readings) }),
-      el("td", { class: "num", text: fmt(d.epsilon_spent, 2) }))));
-    if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 6, text: "No devices yet." })));
+      el("td", { class: "num", text: fmt(d.epsilon_spent, 2) }),
+      el("td", { class: "num", text: fmtInt(d.sequence_resets),
+        title: "batches stored although their sequence number had been used before: the " +
+          "device's outbox started again, or two agents share its id" }))));
+    if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 7, text: "No devices yet." })));
     const first = out.total ? out.offset + 1 : 0;
     pagerText.textContent = `${fmtInt(first)}–${fmtInt(out.offset + out.devices.length)} of ${fmtInt(out.total)}`;
     prev.disabled = state.page === 0;
     next.disabled = out.offset + out.devices.length >= out.total;
+  }
+
+  // Tags are edited in place as "key:value, key:value" and saved with the operator token.
+  function tagsText(tags) {
+    return Object.entries(tags).map(([k, v]) => `${k}:${v}`).join(", ");
+  }
+
+  function tagsCell(device) {
+    const cell = el("td", { class: "tags" });
+    const show = () => {
+      state.editing = null;
+      cell.replaceChildren(
+      el("span", { text: tagsText(device.tags) || "–" }), " ",
+      el("button", { type: "button", class: "small", text: "Edit",
+        "aria-label": `Edit the tags of ${device.name}`, onclick: edit }));
+    };
+    const edit = () => {
+      state.editing = device.name; // the 10 s refresh leaves the devices table alone meanwhile
+      const input = el("input", { type: "text", value: tagsText(device.tags), size: 24,
+        "aria-label": `Tags of ${device.name} (key:value, separated by commas)`,
+        placeholder: "site:north, floor:2" });
+      const message = el("span", { class: "message error", role: "alert" });
+      const save = async () => {
+        const tags = {};
+        for (const part of input.value.split(",").map((p) => p.trim()).filter(Boolean)) {
+          const at = part.indexOf(":");
+          if (at < 1) {
+            message.textContent = ` "${part}" is not key:value`;
+            return;
+          }
+          tags[part.slice(0, at).trim()] = part.slice(at + 1).trim();
+        }
+        try {
+          const saved = await api(`${streamPath(name)}/devices/${encodeURIComponent(device.name)}/tags`,
+            { method: "PUT", body: { tags } });
+          device.tags = saved.tags;
+          show();
+          groups = await api(`${streamPath(name)}/groups`);
+          fillGroups();
+        } catch (error) {
+          message.textContent = ` Not saved: ${error.message}`;
+        }
+      };
+      input.addEventListener("keydown", (event) => {
+        if (event.key === "Enter") save();
+        if (event.key === "Escape") show();
+      });
+      cell.replaceChildren(input, " ",
+        el("button", { type: "button", class: "small", text: "Save", onclick: save }), " ",
+        el("button", { type: "button", class: "small", text: "Cancel", onclick: show }), message);
+      input.focus();
+    };
+    show();
+    return cell;
   }
 
   prev.addEventListener("click", () => { state.page = Math.max(0, state.page - 1); loadDevices().catch((e) => showProblem(e.message)); });
@@ -514,18 +578,19 @@ function streamView(main, name, params) {
     summary.dataset.group = state.group;
     summary.dataset.interval = String(interval);
     summary.dataset.mean = e ? String(e.mean) : "";
-    set("window-mean", e ? fmt(e.mean) : "no readings");
-    set("window-ci", e ? `${fmt(e.ci[0])} – ${fmt(e.ci[1])}` : "–");
-    set("window-guaranteed", e ? `${fmt(e.guaranteed[0])} – ${fmt(e.guaranteed[1])}` : "–");
-    set("window-se", e ? fmt(e.std_error, 4) : "–");
+    const unit = stream.unit;
+    set("window-mean", e ? withUnit(fmt(e.mean), unit) : "no readings");
+    set("window-ci", e ? withUnit(`${fmt(e.ci[0])} – ${fmt(e.ci[1])}`, unit) : "–");
+    set("window-guaranteed", e ? withUnit(`${fmt(e.guaranteed[0])} – ${fmt(e.guaranteed[1])}`, unit) : "–");
+    set("window-se", e ? withUnit(fmt(e.std_error, 4), unit) : "–");
     set("window-n", fmtInt(avg.n));
     chartBox.replaceChildren(drawChart(series.points, stream, interval, name, state.group));
     pointsBody.replaceChildren(...series.points.map((p) => el("tr", {},
       el("td", { text: fmtTime(p.start) }),
       el("td", { class: "num", text: fmtInt(p.n) }),
-      el("td", { class: "num", text: p.estimate ? fmt(p.estimate.mean) : "–" }),
-      el("td", { class: "num", text: p.estimate ? `${fmt(p.estimate.ci[0])} – ${fmt(p.estimate.ci[1])}` : "–" }),
-      el("td", { class: "num", text: p.estimate ? `${fmt(p.estimate.guaranteed[0])} – ${fmt(p.estimate.guaranteed[1])}` : "–" }))));
+      el("td", { class: "num", text: p.estimate ? withUnit(fmt(p.estimate.mean), unit) : "–" }),
+      el("td", { class: "num", text: p.estimate ? withUnit(`${fmt(p.estimate.ci[0])} – ${fmt(p.estimate.ci[1])}`, unit) : "–" }),
+      el("td", { class: "num", text: p.estimate ? withUnit(`${fmt(p.estimate.guaranteed[0])} – ${fmt(p.estimate.guaranteed[1])}`, unit) : "–" }))));
   }
 
   async function loadCompare() {
@@ -542,10 +607,10 @@ function streamView(main, name, params) {
     if (mine !== compareAsked) return;
     compareOut.dataset.p = out.p_value === null ? "" : String(out.p_value);
     compareOut.dataset.difference = out.difference === null ? "" : String(out.difference);
-    set("compare-a", out.mean_a === null ? "–" : `${fmt(out.mean_a)} (n ${fmtInt(out.n_a)})`);
-    set("compare-b", out.mean_b === null ? "–" : `${fmt(out.mean_b)} (n ${fmtInt(out.n_b)})`);
-    set("compare-diff", fmt(out.difference));
-    set("compare-ci", out.ci ? `${fmt(out.ci[0])} – ${fmt(out.ci[1])}` : "–");
+    set("compare-a", out.mean_a === null ? "–" : `${withUnit(fmt(out.mean_a), stream.unit)} (n ${fmtInt(out.n_a)})`);
+    set("compare-b", out.mean_b === null ? "–" : `${withUnit(fmt(out.mean_b), stream.unit)} (n ${fmtInt(out.n_b)})`);
+    set("compare-diff", withUnit(fmt(out.difference), stream.unit));
+    set("compare-ci", out.ci ? withUnit(`${fmt(out.ci[0])} – ${fmt(out.ci[1])}`, stream.unit) : "–");
     set("compare-p", fmtP(out.p_value));
     compareNote.textContent = out.p_value === null
       ? "Each group needs at least two readings in the window."
@@ -563,24 +628,43 @@ function streamView(main, name, params) {
       const row = (label, bits, ratio, id) => el("tr", { id },
         el("td", { text: label }), el("td", { class: "num", text: fmt(bits, 2) }),
         el("td", { class: "num", text: ratio === null ? "" : `${fmt(ratio, 1)}×` }));
+      // Until a bucket closes its readings are stored raw: the store rows then describe the
+      // raw parts, and comparing them with the paper's compressed format would mislead.
+      const raw = e.compacted === 0;
+      const store = raw ? " (raw, not yet compacted)" : "";
       efficiencyBody.replaceChildren(
         row("Zeal on the wire (measured payloads)", e.wire_bits, null, "eff-wire"),
         row("JSON message per reading", e.json_bits, e.wire_vs_json, "eff-json"),
         row("Raw float64 value", e.float64_bits, e.wire_vs_float64, "eff-float64"),
-        row("Zeal's store: codes column", e.store_code_bits, null, "eff-store"),
-        row("Paper's store: float64 x* + zstd", e.paper_store_bits, e.store_vs_paper, "eff-paper-store"),
-        row("Zeal's store with timestamps and devices", e.store_bits, null, "eff-segment"));
+        row(`Zeal's store: codes column${store}`, e.store_code_bits, null, "eff-store"),
+        row("Paper's store: float64 x* + zstd", e.paper_store_bits, raw ? null : e.store_vs_paper, "eff-paper-store"),
+        row(`Zeal's store with timestamps and devices${store}`, e.store_bits, null, "eff-segment"));
+      const compaction = raw
+        ? "No bucket is compacted yet: readings are stored raw until their bucket closes, " +
+          "then compressed (every 30 s for closed buckets); the store rows show the raw parts " +
+          "until then, so no saving against the paper's store is given yet."
+        : e.compacted < 1
+          ? `The store rows are those of the compacted buckets (${fmt(100 * e.compacted, 0)} % of ` +
+            "the stored readings); the others wait, raw, until their bucket closes."
+          : "Every stored reading is compacted.";
       set("efficiency-note",
         `Measured on ${fmtInt(stats.readings)} readings received and the ${fmtInt(e.sample)} most recent stored; ` +
         `paper ratios CR = ${fmt(e.compression_ratio_cr, 4)}, TR = ${fmt(e.transmission_ratio_tr, 4)} ` +
         `(the paper sends ${fmt(e.paper_wire_bits, 0)} bits per value before headers and timestamps). ` +
         "Zeal's wire figure includes its headers and timestamps; the JSON row includes a timestamp; " +
-        "the float64 row is the value alone. Readings not yet compacted are stored uncompressed.");
+        `the float64 row is the value alone. ${compaction}`);
     }
     const reasons = Object.entries(stats.rejects).sort((x, y) => y[1] - x[1]);
-    rejectsBody.replaceChildren(...(reasons.length
-      ? reasons.map(([reason, count]) => el("tr", {}, el("td", { text: reason }), el("td", { class: "num", text: fmtInt(count) })))
-      : [el("tr", {}, el("td", { colspan: 2, text: "None." }))]));
+    const row = (reason, count, note, id) => el("tr", { id },
+      el("td", {}, reason, note ? el("span", { class: "muted", text: ` (${note})` }) : null),
+      el("td", { class: "num", text: fmtInt(count) }));
+    rejectsBody.replaceChildren(
+      ...(reasons.length
+        ? reasons.map(([reason, count]) => row(reason, count, "rejected: nothing stored"))
+        : [el("tr", {}, el("td", { colspan: 2, text: "No message rejected." }))]),
+      row("duplicate", stats.duplicates, "received again, already stored: dropped", "row-duplicates"),
+      row("sequence_reset", stats.sequence_resets,
+        "a device's outbox started again: stored, nothing lost", "row-sequence-resets"));
   }
 
   function changed() {
@@ -615,7 +699,7 @@ function streamView(main, name, params) {
       }
       groups = await api(`${streamPath(name)}/groups`);
       fillGroups();
-      await Promise.all([loadWindow(), loadCompare(), loadStats(), loadDevices()]);
+      await Promise.all([loadWindow(), loadCompare(), loadStats(), state.editing ? null : loadDevices()]);
       main.dataset.ready = String(Date.now());
     },
   };
@@ -651,9 +735,10 @@ function timeTicks(from, to) {
 function drawChart(points, stream, interval, name, group) {
   const W = 900;
   const H = 320;
-  const m = { l: 58, r: 14, t: 12, b: 30 };
+  const m = { l: 58, r: 14, t: stream.unit ? 24 : 12, b: 30 };
   const pts = points.filter((p) => p.estimate);
-  const label = `Debiased average of ${name}${group ? ` for ${group}` : ""} per ${describeDuration(interval)}, ` +
+  const label = `Debiased average of ${name}${stream.unit ? ` in ${stream.unit}` : ""}` +
+    `${group ? ` for ${group}` : ""} per ${describeDuration(interval)}, ` +
     `${pts.length} points, with the 95 % normal interval and the guaranteed interval`;
   const root = svgEl("svg", { class: "chart", id: "chart", viewBox: `0 0 ${W} ${H}`, role: "img",
     "aria-label": label, "data-points": pts.length });
@@ -663,16 +748,20 @@ function drawChart(points, stream, interval, name, group) {
   }
   const x0 = new Date(pts[0].start).getTime();
   const x1 = new Date(pts[pts.length - 1].end).getTime();
+  // The axis covers every average and the bands as far as a quarter of the stream's range
+  // beyond it; wider bands (few readings in an interval) are clipped at the plot's edge,
+  // so one of them cannot flatten the rest. Their exact values are in the tooltips.
   const range = stream.upper - stream.lower;
-  let lo = Math.min(...pts.map((p) => p.estimate.guaranteed[0]));
-  let hi = Math.max(...pts.map((p) => p.estimate.guaranteed[1]));
-  const ciLo = Math.min(...pts.map((p) => p.estimate.ci[0]));
-  const ciHi = Math.max(...pts.map((p) => p.estimate.ci[1]));
-  lo = Math.min(ciLo, Math.max(lo, stream.lower - 0.25 * range));
-  hi = Math.max(ciHi, Math.min(hi, stream.upper + 0.25 * range));
+  const means = pts.map((p) => p.estimate.mean);
+  const bandLo = Math.min(...pts.map((p) => Math.min(p.estimate.guaranteed[0], p.estimate.ci[0])));
+  const bandHi = Math.max(...pts.map((p) => Math.max(p.estimate.guaranteed[1], p.estimate.ci[1])));
+  let lo = Math.min(...means, Math.max(bandLo, stream.lower - 0.25 * range));
+  let hi = Math.max(...means, Math.min(bandHi, stream.upper + 0.25 * range));
   if (hi - lo < 1e-9) { lo -= 1; hi += 1; }
   const pad = (hi - lo) * 0.04;
   lo -= pad; hi += pad;
+  root.dataset.lo = String(lo);
+  root.dataset.hi = String(hi);
   const px = (t) => m.l + ((t - x0) / Math.max(1, x1 - x0)) * (W - m.l - m.r);
   const py = (v) => m.t + (1 - (v - lo) / (hi - lo)) * (H - m.t - m.b);
   const mid = (p) => (new Date(p.start).getTime() + new Date(p.end).getTime()) / 2;
@@ -693,6 +782,10 @@ function drawChart(points, stream, interval, name, group) {
   }
   axis.append(svgEl("line", { x1: m.l, x2: W - m.r, y1: H - m.b, y2: H - m.b }),
     svgEl("line", { x1: m.l, x2: m.l, y1: m.t, y2: H - m.b }));
+  if (stream.unit) {
+    axis.append(svgEl("text", { x: m.l - 6, y: 12, "text-anchor": "end", class: "unit",
+      id: "chart-unit" }, stream.unit));
+  }
   root.append(grid, axis);
 
   // Runs of adjacent intervals are drawn joined; a gap (no readings) breaks them.
@@ -739,6 +832,7 @@ function createView(main) {
     field("epsilon", "ε per reading", { type: "number", step: "any", min: "0", required: true, value: "1" }),
     field("payload_bits", "Payload bits (blank: library default)", { type: "number", min: "2", max: "28", step: "1" }),
     field("bucket_seconds", "Bucket (seconds)", { type: "number", min: "1", max: "86400", step: "1", value: "60" }),
+    field("unit", "Unit (e.g. degF, kWh)", { maxlength: "32", placeholder: "degF" }),
     field("preview_n", "Readings in an average (for the preview)", { type: "number", min: "1", step: "1", value: "10000" }),
     el("label", { for: "description", class: "wide" }, "Description",
       el("input", { id: "description", name: "description", maxlength: "500" })),
@@ -805,6 +899,7 @@ function createView(main) {
       epsilon: Number(value("epsilon")),
       bucket_seconds: Number(value("bucket_seconds") || 60),
       description: value("description"),
+      unit: value("unit"),
     };
     if (value("payload_bits")) body.payload_bits = Number(value("payload_bits"));
     try {

@@ -1,0 +1,141 @@
+"""`zeal-server` as a newcomer meets it: documented options, one-line errors, quiet start."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.mqtt_helpers import free_port
+from zeal_server.cli import _parser
+from zeal_server.settings import VARIABLES
+
+UNREACHABLE = "postgresql+psycopg://zeal:hunter2-secret@127.0.0.1:{port}/zeal"
+
+
+def zeal_server(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zeal_server", *args],
+        env={**os.environ, "ZEAL_MQTT_URL": "off", **(env or {})},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> dict[tuple[str, ...], argparse.ArgumentParser]:
+    found = {path: parser}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= commands(sub, (*path, name))
+    return found
+
+
+def test_every_command_documents_its_options_and_the_environment() -> None:
+    """Every option and argument of every command has a help text, and every command's help
+    lists the environment variables it reads (serve and the top level: all of them)."""
+    found = commands(_parser())
+    assert ("streams", "delete") in found
+    assert ("serve",) in found
+    for path, parser in found.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+                continue
+            if (not path and action.dest == "log_level") or path:
+                assert action.help, (path, action.dest)
+    for path in [("serve",), ()]:
+        text = zeal_server(*path, "--help").stdout
+        for variable in VARIABLES:
+            assert variable in text, (path, variable)
+    text = zeal_server("streams", "create", "--help").stdout
+    assert "ZEAL_DATABASE_URL" in text
+    assert "--unit UNIT" in text
+
+
+@pytest.mark.parametrize("command", [["streams", "list"], ["serve", "--port", "0"], ["migrate"]])
+def test_an_unreachable_database_is_one_line_without_the_password(command: list[str]) -> None:
+    """No traceback: one line that names the database (password masked) and the cause."""
+    url = UNREACHABLE.format(port=free_port())
+    result = zeal_server(*command, env={"ZEAL_DATABASE_URL": url})
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("zeal-server: error: cannot use the database at postgresql")
+    assert "Connection refused" in lines[0] or "connection refused" in lines[0].lower()
+    assert "hunter2" not in result.stderr
+
+
+def test_migrations_are_quiet_unless_asked(tmp_path: Path) -> None:
+    """A new database: one line says the schema was created; the next run says nothing;
+    --log-level DEBUG shows Alembic's own steps."""
+    env = {"ZEAL_DATABASE_URL": f"sqlite:///{tmp_path / 'z.sqlite'}"}
+    first = zeal_server("streams", "list", env=env)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.strip().splitlines() == [
+        line for line in first.stderr.strip().splitlines() if "schema upgraded" in line
+    ]
+    assert len(first.stderr.strip().splitlines()) == 1
+    assert "no streams yet" in first.stdout
+    again = zeal_server("streams", "list", env=env)
+    assert again.stderr == ""
+    verbose = zeal_server("--log-level", "DEBUG", "streams", "list", env=env)
+    assert "alembic" in verbose.stderr
+
+
+def test_an_unreachable_broker_is_one_line_that_names_it(tmp_path: Path) -> None:
+    """`serve` with no broker at ZEAL_MQTT_URL keeps serving the API and says, in one line
+    without a traceback, which broker it cannot reach and why."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "zeal_server", "serve", "--port", str(free_port())],
+        env={
+            **os.environ,
+            "ZEAL_DATABASE_URL": f"sqlite:///{tmp_path / 'z.sqlite'}",
+            "ZEAL_MQTT_URL": f"mqtt://127.0.0.1:{port}",
+            "ZEAL_DATA_DIR": str(tmp_path / "data"),
+        },
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(4)
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, err = server.communicate(timeout=30)
+    wanted = f"cannot connect to the broker mqtt://127.0.0.1:{port}: [Errno 111] Connection refused"
+    assert wanted in err, err
+    assert sum("cannot connect" in line for line in err.splitlines()) == 1  # once a minute
+    assert "Traceback" not in err
+
+
+def test_deleting_a_stream_asks_for_confirmation(tmp_path: Path) -> None:
+    """Without --yes nothing is deleted and the message says what --yes would do."""
+    env = {"ZEAL_DATABASE_URL": f"sqlite:///{tmp_path / 'z.sqlite'}"}
+    create = zeal_server(
+        "streams", "create", "t", "--lower", "0", "--upper", "1", "--epsilon", "1", env=env
+    )
+    assert create.returncode == 0, create.stderr
+    refused = zeal_server("streams", "delete", "t", env=env)
+    assert refused.returncode == 2
+    assert "add --yes" in refused.stderr
+    assert zeal_server("streams", "list", "--json", env=env).stdout.strip() == '["t"]'
+    assert zeal_server("streams", "delete", "t", "--yes", env=env).returncode == 0
+    assert zeal_server("streams", "list", "--json", env=env).stdout.strip() == "[]"
+    missing = zeal_server("streams", "delete", "t", "--yes", env=env)
+    assert (missing.returncode, missing.stderr.strip()) == (
+        2,
+        "zeal-server: error: no stream named 't'",
+    )
