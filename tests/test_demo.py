@@ -26,8 +26,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def processes_mentioning(text: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
-    return [line for line in out.stdout.splitlines()[1:] if text in line and "ps -eo" not in line]
+    # -ww: inside pytest COLUMNS=80 would cut the command lines (and the paths in them)
+    out = subprocess.run(
+        ["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True
+    )
+    return [line for line in out.stdout.splitlines()[1:] if text in line and "ps -ww" not in line]
 
 
 def test_make_demo_from_a_fresh_clone(tmp_path: Path) -> None:
