@@ -22,7 +22,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
-from zeal.brokerurl import BrokerSettings, parse_broker_url, why_unreachable
+from zeal.brokerurl import BrokerSettings, Flapping, parse_broker_url, why_unreachable
 
 __all__ = ["BrokerSettings", "Connection", "Message", "parse_broker_url"]
 
@@ -49,7 +49,7 @@ class Connection:
         subscriptions: list[str],
         will: tuple[str, bytes] | None = None,
     ) -> None:
-        self.settings = settings
+        self.settings, self.client_id = settings, client_id
         self.subscriptions = subscriptions
         self.acks: queue.SimpleQueue[tuple[int, bool, str]] = queue.SimpleQueue()
         self.messages: queue.SimpleQueue[Message] = queue.SimpleQueue()
@@ -58,6 +58,7 @@ class Connection:
         self.subscribed = 0
         self.failed_attempts = 0
         self.taken_over = threading.Event()
+        self._flapping = Flapping()
         self._stopping = False
         self._last_failure_log = -1e18
         self._suback_mid: int | None = None
@@ -110,6 +111,8 @@ class Connection:
             log.error("broker %s refused the connection: %s", self.settings.url, reason)
             return
         self.connected = True
+        self._flapping.connected(time.monotonic())
+        client.reconnect_delay_set(min_delay=1, max_delay=30)
         after = f" after {self.failed_attempts} failed attempts" if self.failed_attempts else ""
         log.info("connected to %s%s", self.settings.url, after)
         self.failed_attempts = 0
@@ -140,6 +143,17 @@ class Connection:
         if getattr(reason, "value", None) == SESSION_TAKEN_OVER:
             self.taken_over.set()
             client.disconnect()  # do not take it back: that would knock the other one off
+        elif self._flapping.lost(time.monotonic()) and not self._stopping:
+            # A copy of this agent's data directory runs elsewhere (same client id), or the
+            # network is that bad: either way, reconnecting at once would not help.
+            log.error(
+                "the broker at %s closed this agent's connection 3 times within a minute, "
+                "each time soon after it was made: is a copy of this data directory running "
+                "elsewhere with client id %s? Trying again in 60 s.",
+                self.settings.url,
+                self.client_id,
+            )
+            client.reconnect_delay_set(min_delay=60, max_delay=60)
         elif self.connected and not self._stopping:
             log.warning(
                 "disconnected from %s (%s); reconnecting with backoff", self.settings.url, reason

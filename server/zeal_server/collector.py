@@ -37,7 +37,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from zeal import ParameterError
-from zeal.brokerurl import why_unreachable
+from zeal.brokerurl import Flapping, why_unreachable
 from zeal.streamconfig import check_name
 from zeal.topics import (
     CONFIG_FILTER,
@@ -175,6 +175,7 @@ class Collector:
         self._broker_lock = threading.Lock()
         self._configs_changed = threading.Event()
         self._foreign_logged: dict[str, float] = {}
+        self._flapping = Flapping()
         self._identity: CollectorIdentity | None = None
         if settings.collector_id is None:
             self._identity = claim_collector_id(settings.data_dir)
@@ -248,6 +249,7 @@ class Collector:
             return
         self.broker_connected = True
         self.counts["connects"] += 1
+        self._flapping.connected(time.monotonic())
         client.reconnect_delay_set(min_delay=1, max_delay=30)
         with self._broker_lock:
             self._on_broker.clear()  # what the broker holds is read again (retained)
@@ -279,11 +281,16 @@ class Collector:
     def _on_disconnect(
         self, client: mqtt.Client, userdata: Any, flags: Any, reason: ReasonCode, properties: Any
     ) -> None:
-        if getattr(reason, "value", None) == SESSION_TAKEN_OVER:
+        flapping = self._flapping.lost(time.monotonic())
+        if getattr(reason, "value", None) == SESSION_TAKEN_OVER or flapping:
             self.counts["session_taken_over"] += 1
             self.last_error = (
                 f"another client connected with this collector's client id {self.client_id!r} "
                 "and took its session over"
+                if not flapping
+                else "the broker closed the collector's connection 3 times within a minute, "
+                "each time soon after it was made: another client probably uses its client "
+                f"id {self.client_id!r} and takes its session over"
             )
             log.error(
                 "%s. Two collectors must never share ZEAL_COLLECTOR_ID (unset it and each "

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["BrokerSettings", "parse_broker_url", "why_unreachable"]
+__all__ = ["BrokerSettings", "Flapping", "parse_broker_url", "why_unreachable"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +61,31 @@ def why_unreachable(settings: BrokerSettings, timeout: float = 2.0) -> str:
     except OSError as exc:
         return str(exc) or type(exc).__name__
     return "TCP connects, but the MQTT connection failed (TLS settings or the broker refusing)"
+
+
+class Flapping:
+    """Tells a connection the broker keeps closing right after it is made.
+
+    An MQTT v5 broker that hands a session to another client with the same client id says
+    so (DISCONNECT, reason 0x8E); Mosquitto 2.0.11 just closes the socket. Either way the
+    symptom is a connection lost soon after it was made, again and again: ``lost()``
+    returns True once that happened ``times`` times within ``window`` seconds.
+    """
+
+    def __init__(self, *, times: int = 3, short: float = 10.0, window: float = 60.0) -> None:
+        self.times, self.short, self.window = times, short, window
+        self._since: float | None = None
+        self._drops: list[float] = []
+
+    def connected(self, now: float) -> None:
+        self._since = now
+
+    def lost(self, now: float) -> bool:
+        since, self._since = self._since, None
+        if since is None or now - since > self.short:
+            return False
+        self._drops = [t for t in self._drops if now - t <= self.window] + [now]
+        if len(self._drops) >= self.times:
+            self._drops = []
+            return True
+        return False

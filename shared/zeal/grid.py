@@ -1,8 +1,9 @@
 """The exact grid sampler: Zeal's piecewise mechanism realized on the code grid with integers.
 
-The design (docs/mechanism.md, "The grid sampler") asks for outputs on the grid ``y_m = 2**Eu + m*D`` (``D`` the
-ulp of ``2**Eu``) with probabilities that are known exactly, unbiased at every code width,
-and provably within the budget. This module builds it as follows.
+The design (docs/mechanism.md, "The grid sampler") asks for outputs on the grid
+``y_m = 2**Eu + m*D`` (``D`` the ulp of ``2**Eu``) with probabilities that are known
+exactly, unbiased at every code width, and provably within the budget. This module builds
+it as follows.
 
 *Frame.* Outputs are measured as a *depth* ``q`` below the top grid point
 ``T = 2**(Eu+1) - 2D``, which stands for ``Ebar + C`` (the top of the output range, paper

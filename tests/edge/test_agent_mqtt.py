@@ -9,12 +9,15 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tests.mqtt_helpers import Mosquitto, Subscriber, free_port, publish_retained
 from zeal import Zeal, decode_batch
@@ -468,3 +471,53 @@ def test_an_unreachable_broker_is_said_and_unconfirmed_batches_are_reported_on_e
     assert f"queued (1 batch awaiting the broker; not connected to mqtt://127.0.0.1:{port})" in err
     assert "stopping with 1 batches (5 readings) not confirmed by the broker" in err
     assert "sent" not in err.replace("sent on the next start", "")
+
+
+def test_an_agent_whose_client_id_is_used_twice_says_so_and_stops_fighting(
+    tmp_path: Path, broker: Mosquitto, params_file: Path
+) -> None:
+    """A client that keeps connecting with the agent's own client id (a copy of its data
+    directory running elsewhere): the agent says so after 3 lost connections and waits
+    60 s instead of knocking the other one off every second."""
+    agent = start_agent(
+        tmp_path / "agent",
+        broker.url,
+        "--source",
+        "stdin",
+        "--params",
+        str(params_file),
+        stdin=subprocess.PIPE,
+    )
+    lines: list[str] = []
+    threading.Thread(
+        target=lambda: lines.extend(iter(agent.stderr.readline, "")),  # type: ignore[union-attr]
+        daemon=True,
+    ).start()
+    time.sleep(2.0)
+    with sqlite3.connect(tmp_path / "agent" / "outbox.sqlite") as db:
+        (instance,) = db.execute("SELECT instance FROM namespaces").fetchone()
+    twin = mqtt.Client(
+        CallbackAPIVersion.VERSION2,
+        client_id=f"zeal-edge-temps-dev1-{instance[:8]}",
+        protocol=MQTTProtocolVersion.MQTTv5,
+    )
+    twin.reconnect_delay_set(min_delay=1, max_delay=1)
+    twin.connect("127.0.0.1", broker.port)
+    twin.loop_start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any("3 times" in line for line in lines):
+            time.sleep(0.2)
+        assert any(
+            "closed this agent's connection 3 times within a minute" in line
+            and "is a copy of this data directory running elsewhere" in line
+            for line in lines
+        ), "".join(lines[-20:])
+        connected = sum("connected to" in line for line in lines)
+        time.sleep(5)
+        assert sum("connected to" in line for line in lines) == connected  # no fight
+    finally:
+        twin.disconnect()
+        twin.loop_stop()
+        agent.kill()
+        agent.wait()

@@ -247,3 +247,33 @@ def test_stream_creation_publishes_the_retained_config(
         listener.disconnect()
         listener.loop_stop()
         assert json.loads(got[0]) == client.get("/api/v1/streams/temps/config").json()
+
+
+def test_a_session_takeover_is_reported_and_not_fought_over(
+    database_url: str, broker: Mosquitto
+) -> None:
+    """Another client keeps connecting with the collector's client id (as a second collector
+    with the same ZEAL_COLLECTOR_ID would): after 3 lost connections the collector says why
+    in /healthz and stops fighting for 60 s instead of looping (Mosquitto 2.0.11 just closes
+    the socket; brokers that send reason 0x8E are recognised at the first)."""
+    with TestClient(server_app(database_url, broker, collector_id="taken")) as client:
+        collector = client.app.state.collector  # type: ignore[attr-defined]
+        wait_until(lambda: collector.broker_connected, what="collector")
+        intruder = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id="taken", protocol=MQTTProtocolVersion.MQTTv5
+        )
+        intruder.reconnect_delay_set(min_delay=1, max_delay=1)
+        intruder.connect("127.0.0.1", broker.port)
+        intruder.loop_start()
+        try:
+            wait_until(lambda: collector.counts["session_taken_over"] == 1, 30, "the takeover")
+            connects = collector.counts["connects"]
+            time.sleep(6)
+            health = client.get("/healthz").json()
+            assert health["broker"] == "down"
+            assert "probably uses its client id 'taken'" in health["collector"]["last_error"]
+            assert collector.counts["connects"] == connects  # no fight meanwhile
+            assert connects <= 4
+        finally:
+            intruder.disconnect()
+            intruder.loop_stop()
