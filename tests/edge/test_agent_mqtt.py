@@ -30,13 +30,6 @@ PARAMS = Zeal(lower=0, upper=110, epsilon=1)
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    server = Mosquitto(tmp_path / "broker").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def params_file(tmp_path: Path) -> Path:
     path = tmp_path / "params.json"
     path.write_text(json.dumps(config_document("temps", PARAMS)))

@@ -7,7 +7,7 @@ import json
 import random
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +29,6 @@ DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
 # The next whole minute: after the streams the tests create (the collector rejects readings
 # stamped before their stream existed) and well within its future tolerance (one day).
 T0 = (int(time.time() * 1000) // 60_000 + 1) * 60_000
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    server = Mosquitto(tmp_path / "broker").start()
-    yield server
-    server.stop()
 
 
 def server_app(

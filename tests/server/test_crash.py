@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,13 +16,6 @@ import pytest
 from tests.mqtt_helpers import Mosquitto, fleet_command, free_port
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    server = Mosquitto(tmp_path / "broker").start()
-    yield server
-    server.stop()
 
 
 class Server:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,6 @@ from zeal.streamconfig import params_from_config
 
 pytestmark = pytest.mark.integration
 CREATE = ["--lower", "0", "--upper", "110", "--epsilon", "1"]
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    server = Mosquitto(tmp_path / "broker").start()
-    yield server
-    server.stop()
 
 
 def agent_command(

@@ -28,13 +28,6 @@ PARAMS = Zeal(lower=0, upper=110, epsilon=1, payload_bits=6)
 DAY_MS = 86_400_000
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    server = Mosquitto(tmp_path / "broker").start()
-    yield server
-    server.stop()
-
-
 def batch(device: str, sequence: int, start_ms: int, n: int = 10) -> bytes:
     codes = PARAMS.perturb(np.full(n, 50.0), rng=np.random.default_rng(sequence))
     return encode_batch(
