@@ -10,9 +10,8 @@ after it, the same bytes are sent again on restart.
 
 The agent stops (:class:`AgentError`, exit status 3) rather than spend budget in vain:
 
-- another agent already runs this device id: each announces itself, retained, on its
-  presence topic with a Last Will that marks it offline, and a newcomer that finds another
-  instance online refuses to start (of two that start together, the younger gives way);
+- another agent already runs this device id (``presence``: each announces itself on the
+  device's presence topic, and a newcomer that finds another instance online refuses);
 - the server that configured the stream withdraws its configuration (the stream was
   deleted) or reports ``unknown_stream`` on the device's notice topic. The halt is kept in
   the outbox, so a restart refuses too, until the stream is created anew (a new
@@ -39,19 +38,13 @@ import numpy as np
 
 from zeal import ParameterError, Zeal, encode_batch
 from zeal.streamconfig import StreamConfig, read_config
-from zeal.topics import (
-    Notice,
-    Presence,
-    TopicError,
-    config_topic,
-    notice_topic,
-    presence_topic,
-)
+from zeal.topics import Notice, Presence, TopicError, config_topic, notice_topic, presence_topic
 from zeal_edge.budget import BudgetPolicy, micro_epsilon
 from zeal_edge.errors import AgentError
 from zeal_edge.mqtt import BrokerSettings, Connection, Message
 from zeal_edge.outbox import DataDirLock, Halt, Outbox
 from zeal_edge.pipeline import Pipeline
+from zeal_edge.presence import DeviceClaim
 from zeal_edge.sources import Reading, Source
 
 __all__ = ["Agent", "AgentError", "AgentOptions", "Throttle", "config_topic"]
@@ -62,8 +55,6 @@ _END = object()
 FATAL = frozenset({"unknown_stream"})
 #: How long a starting agent waits for the broker before it goes on offline (seconds).
 PRESENCE_WAIT = 5.0
-#: After the SUBACK, how long a retained presence message may take to arrive (seconds).
-RETAINED_GRACE = 0.5
 #: On a stop, how long to wait for the broker to confirm what is in flight (seconds).
 DRAIN_WAIT = 5.0
 
@@ -129,14 +120,18 @@ class Agent:
             will=(self.topics["presence"], offline),
         )
         self.pipeline = Pipeline(self.outbox, self.connection)
+        self.claim = DeviceClaim(
+            self.connection,
+            self.topics["presence"],
+            instance=self.instance,
+            started_ms=self.started_ms,
+            name=f"device {device} of stream {stream}",
+        )
         self.config: StreamConfig | None = None
         self._pending: list[Reading] = []
         self._pending_since = 0.0
         self._stop = threading.Event()
         self._throttle = Throttle(60)
-        self._announced = 0  # the connection (SUBACK count) our presence was announced on
-        self._subacked_at: tuple[int, float] = (0, 0.0)
-        self._presence_owner: str | None = None  # the instance last seen on our topic
         self._failure: AgentError | None = None
         self._invalid_booked = 0
 
@@ -164,7 +159,9 @@ class Agent:
             if message.topic == self.topics["config"]:
                 self._on_config(message)
             elif message.topic == self.topics["presence"]:
-                self._on_presence(message)
+                conflict = self.claim.seen(message.payload)
+                if conflict is not None:
+                    self._fail(AgentError(conflict))
             elif message.topic == self.topics["notice"]:
                 self._on_notice(message)
         if self.connection.taken_over.is_set():
@@ -225,57 +222,12 @@ class Agent:
             window_s=policy.window_s,
         )
 
-    def _on_presence(self, message: Message) -> None:
-        if not message.payload:
-            return
-        try:
-            presence = Presence.from_json(message.payload)
-        except TopicError as exc:
-            log.warning("ignoring a presence message on %s: %s", message.topic, exc)
-            return
-        self._presence_owner = presence.instance
-        if presence.instance == self.instance or not presence.online:
-            return
-        other = (presence.since_ms, presence.instance)
-        if self._announced and other > (self.started_ms, self.instance):
-            # A younger agent with our device id: it gives way; restore our announcement.
-            log.warning(
-                "another agent (instance %s) started with device id %s; it was told to stop",
-                presence.instance,
-                self.options.device,
-            )
-            self._announce()
-            return
-        self._fail(
-            AgentError(
-                f"device {self.options.device} of stream {self.options.stream} is already "
-                f"running elsewhere (agent instance {presence.instance}, online since "
-                f"{_when(presence.since_ms)}, as announced on {self.broker.url}). Two agents "
-                "must not share a device id: stop the other one or give this one another "
-                "--device. (An agent that died less than a minute ago is still shown "
-                "online until the broker notices; try again then.)"
-            )
-        )
-
-    def _announce(self) -> None:
-        presence = Presence(self.instance, True, self.started_ms)
-        self.connection.publish(self.topics["presence"], presence.to_json(), retain=True)
-        self._presence_owner = self.instance
-
     def _check_presence(self) -> None:
-        """Once per connection, after the retained presence had time to arrive: announce."""
-        count = self.connection.subscribed
-        if count == 0 or count == self._announced or self._failure is not None:
-            return
-        if self._subacked_at[0] != count:
-            self._subacked_at = (count, time.monotonic())
-            return
-        if time.monotonic() - self._subacked_at[1] < RETAINED_GRACE:
-            return
-        self._take_messages()
-        if self._failure is None:
-            self._announced = count
-            self._announce()
+        """Announce the claim on the device id once its retained presence had time to come."""
+        if self._failure is None and self.claim.due():
+            self._take_messages()
+            if self._failure is None:
+                self.claim.announce()
 
     def _on_notice(self, message: Message) -> None:
         try:
@@ -361,7 +313,7 @@ class Agent:
     def _await_presence(self) -> None:
         """Before reading anything, make sure no other agent runs this device id."""
         deadline = time.monotonic() + PRESENCE_WAIT
-        while not self._announced and not self._stop.is_set():
+        while not self.claim.announced and not self._stop.is_set():
             if time.monotonic() > deadline:
                 log.warning(
                     "no broker at %s yet: starting offline (batches wait in the outbox; the "
@@ -576,9 +528,7 @@ class Agent:
             )
         else:
             log.info("stopping: every batch was confirmed by the broker")
-        if self.connection.connected and self._presence_owner == self.instance:
-            offline = Presence(self.instance, False, self.now_ms())
-            self.connection.publish(self.topics["presence"], offline.to_json(), retain=True)
+        self.claim.release(self.now_ms())
         self.connection.stop()
         self.outbox.close()
         self.lock.release()

@@ -482,7 +482,8 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             raise invalid("body", None, str(exc)) from exc
         db.commit()
         if request.app.state.collector is not None:
-            request.app.state.collector.publish_config(store.config_of(db, stream))
+            request.app.state.collector.configs.publish(store.config_of(db, stream))
+            request.app.state.collector.streams_changed()
         return _stream_out(stream)
 
     @app.get(f"{api}/streams/{{name}}", dependencies=read, response_model=StreamOut)
@@ -500,7 +501,7 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         readings = store.delete_stream(db, stream)
         db.commit()
         if request.app.state.collector is not None:
-            request.app.state.collector.clear_config(name)
+            request.app.state.collector.configs.clear(name)
             request.app.state.collector.streams_changed()
         log.warning("stream %s deleted through the API (%d readings)", name, readings)
         return DeletedOut(stream=name, readings=readings)

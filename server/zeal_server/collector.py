@@ -9,16 +9,13 @@ transaction is rolled back, nothing is acknowledged, and the same messages are r
 with backoff until it answers again.
 
 The writer thread also keeps the broker's retained stream configurations true to the
-database (every ``sync_every`` seconds, so a stream created or deleted by another process
-reaches the broker within seconds): it retains the configuration of each stream it has,
-clears the ones it published for streams it no longer has, and leaves other servers'
-configurations alone. After each commit it tells devices what needs their attention on
-their notice topic (``zeal.topics``): a reject, or a sequence reset.
+database every ``sync_every`` seconds (``configsync``), and after each commit tells devices
+what needs their attention on their notice topic (``zeal.topics``): a reject, or a
+sequence reset.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -39,16 +36,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from zeal import ParameterError
 from zeal.brokerurl import Flapping, why_unreachable
 from zeal.streamconfig import check_name
-from zeal.topics import (
-    CONFIG_FILTER,
-    DATA_FILTER,
-    Notice,
-    config_topic,
-    notice_topic,
-    parse_config_topic,
-)
+from zeal.topics import CONFIG_FILTER, DATA_FILTER, Notice, notice_topic, parse_config_topic
 from zeal.wire import MAX_PAYLOAD_BYTES
 from zeal_server import store
+from zeal_server.configsync import ConfigSync
 from zeal_server.identity import CollectorIdentity, claim_collector_id
 from zeal_server.settings import ServerSettings
 
@@ -167,21 +158,13 @@ class Collector:
         self._stop = threading.Event()
         self._logged: dict[tuple[str, str], float] = {}
         self._noticed: dict[tuple[str, str, str], float] = {}
-        #: The server's installation id, once read from the database.
-        self.server_id: str | None = None
-        # Stream configurations as last seen on the broker (None: cleared), kept by the
-        # network thread, read by the writer thread.
-        self._on_broker: dict[str, dict[str, Any] | None] = {}
-        self._broker_lock = threading.Lock()
-        self._configs_changed = threading.Event()
-        self._foreign_logged: dict[str, float] = {}
         self._flapping = Flapping()
         self._identity: CollectorIdentity | None = None
         if settings.collector_id is None:
             self._identity = claim_collector_id(settings.data_dir)
-        self.client_id = settings.collector_id or (
-            self._identity.client_id if self._identity else "zeal-collector"
-        )
+            self.client_id = self._identity.client_id
+        else:
+            self.client_id = settings.collector_id
         broker = settings.broker
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
@@ -202,6 +185,9 @@ class Collector:
         client.on_message = self._on_message
         client.on_subscribe = lambda c, u, mid, codes, p: self.subscribed.set()
         self.client = client
+        self.configs = ConfigSync(
+            lambda topic, payload: client.publish(topic, payload, qos=1, retain=True), sessions
+        )
         self._writer = threading.Thread(target=self._write_loop, name="zeal-writer", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -225,19 +211,10 @@ class Collector:
         if self._identity is not None:
             self._identity.release()
 
-    def publish_config(self, document: dict[str, Any]) -> None:
-        """Retain a stream's configuration for agents (the writer thread keeps them synced;
-        this is for the API, so a stream it creates is announced at once)."""
-        name = document["stream"]
-        self.client.publish(config_topic(name), json.dumps(document).encode(), qos=1, retain=True)
-        with self._broker_lock:
-            self._on_broker[name] = document
-
-    def clear_config(self, name: str) -> None:
-        """Withdraw a deleted stream's retained configuration (agents on it then stop)."""
-        self.client.publish(config_topic(name), b"", qos=1, retain=True)
-        with self._broker_lock:
-            self._on_broker[name] = None
+    def streams_changed(self) -> None:
+        """A stream was created or deleted through this process: sync the configurations now
+        (the API publishes or withdraws the one concerned first, through ``configs``)."""
+        self.configs.changed.set()
 
     # -- paho callbacks (network thread) --------------------------------------------------
 
@@ -251,8 +228,7 @@ class Collector:
         self.counts["connects"] += 1
         self._flapping.connected(time.monotonic())
         client.reconnect_delay_set(min_delay=1, max_delay=30)
-        with self._broker_lock:
-            self._on_broker.clear()  # what the broker holds is read again (retained)
+        self.configs.forget_broker()
         topic = data_subscription(self.settings.share_group)
         log.info(
             "collector %s connected to %s; subscribing to %s",
@@ -305,7 +281,7 @@ class Collector:
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
         stream = parse_config_topic(message.topic)
         if stream is not None:
-            self._seen_config(stream, bytes(message.payload))
+            self.configs.seen(stream, bytes(message.payload))
             client.ack(message.mid, message.qos)
             return
         reason = None
@@ -331,18 +307,6 @@ class Collector:
             )
         )
 
-    def _seen_config(self, stream: str, payload: bytes) -> None:
-        document: dict[str, Any] | None = None
-        if payload:
-            try:
-                loaded = json.loads(payload)
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                loaded = {"stream": stream, "unreadable": True}
-            document = loaded if isinstance(loaded, dict) else {"unreadable": True}
-        with self._broker_lock:
-            self._on_broker[stream] = document
-        self._configs_changed.set()
-
     # -- writer thread ----------------------------------------------------------------------
 
     def _take(self) -> list[_Message]:
@@ -367,12 +331,13 @@ class Collector:
             connects = self.counts["connects"]
             if (
                 connects > synced_connects
-                or self._configs_changed.is_set()
+                or self.configs.changed.is_set()
                 or time.monotonic() - last_sync >= self.sync_every
             ) and self.broker_connected:
-                self._configs_changed.clear()
                 last_sync = time.monotonic()
-                if self._sync_configs(force=connects > synced_connects):
+                ids = self.configs.sync(force=connects > synced_connects)
+                if ids is not None:
+                    self.ingest.forget_streams(ids)
                     synced_connects = connects
             if not pending:
                 pending = self._take()
@@ -432,10 +397,6 @@ class Collector:
         self.ingest.forget()
         return self._stop.wait(backoff)
 
-    def streams_changed(self) -> None:
-        """A stream was created or deleted in this process: sync configurations now."""
-        self._configs_changed.set()
-
     def _record_dropped(self) -> None:
         """Write the counts of messages shed at the door into the rejects table."""
         if not self.dropped:
@@ -486,7 +447,7 @@ class Collector:
 
     def _notify(self, outcome: store.Outcome, reason: str) -> None:
         """Tell the device on its notice topic (at most once per NOTICE_EVERY per reason)."""
-        if reason not in _NOTICES or self.server_id is None:
+        if reason not in _NOTICES or self.configs.server_id is None:
             return
         try:
             check_name("stream", outcome.stream)
@@ -501,7 +462,7 @@ class Collector:
         if len(self._noticed) > 100_000:
             self._noticed = {k: t for k, t in self._noticed.items() if now - t < NOTICE_EVERY}
         notice = Notice(
-            server=self.server_id,
+            server=self.configs.server_id,
             stream=outcome.stream,
             device=outcome.device,
             reason=reason,
@@ -516,53 +477,6 @@ class Collector:
             last_sequence=outcome.last_sequence,
         )
         self.client.publish(notice_topic(outcome.stream, outcome.device), notice.to_json(), qos=1)
-
-    def _sync_configs(self, *, force: bool) -> bool:
-        """Make the broker's retained configurations match the database (module docstring).
-
-        ``force`` (after a connect) publishes every stream's configuration, since the broker
-        may have lost them. Returns False when the database could not be read.
-        """
-        try:
-            with self.sessions() as session:
-                self.server_id = server = store.installation_id(session)
-                streams = store.list_streams(session)
-                ours = {s.name: store.config_of(session, s, server) for s in streams}
-                ids = {s.name: s.id for s in streams}
-        except Exception as exc:
-            log.error("could not read the streams to publish their configurations: %s", exc)
-            return False
-        self.ingest.forget_streams(ids)
-        with self._broker_lock:
-            seen = dict(self._on_broker)
-        for name, document in ours.items():
-            there = seen.get(name)
-            other = there.get("server") if there else None
-            if there == document and not force:
-                continue
-            if other not in (None, self.server_id) and not force:
-                self._log_foreign(name, str(other))
-                continue
-            self.publish_config(document)
-        for name, there in seen.items():
-            if name not in ours and there is not None and there.get("server") == self.server_id:
-                log.info("stream %s no longer exists: clearing its retained configuration", name)
-                self.clear_config(name)
-        return True
-
-    def _log_foreign(self, name: str, other: str) -> None:
-        now = time.monotonic()
-        if now - self._foreign_logged.get(name, -1e18) >= 600:
-            self._foreign_logged[name] = now
-            log.warning(
-                "stream %s: the broker holds the configuration of another server (%s), not "
-                "of this one (%s): two servers use the stream name %s on one broker, and "
-                "agents follow the other one. Rename or delete one of the streams.",
-                name,
-                other,
-                self.server_id,
-                name,
-            )
 
     def _compact(self) -> None:
         try:
