@@ -539,11 +539,17 @@ def _when(ms: int) -> str:
 
 
 def _halted_text(options: AgentOptions, halt: Halt) -> str:
+    fetch = (
+        f" (with --params: save the new stream's configuration to {options.params_file})"
+        if options.params_file is not None
+        else ""
+    )
     return (
         f"stream {options.stream} is no longer accepted by its server ({halt.reason}, since "
         f"{_when(halt.since_ms)}): {halt.message}. Stopped: no further reading of device "
-        f"{options.device} is privatized or sent. Once the stream exists again this agent "
-        f"starts by itself; `zeal-edge resume --data-dir {options.data_dir}` clears the halt."
+        f"{options.device} is privatized or sent. Started again, the agent sends once the "
+        f"stream has been created anew{fetch}; `zeal-edge resume --data-dir "
+        f"{options.data_dir}` clears the halt at once."
     )
 
 

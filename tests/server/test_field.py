@@ -154,7 +154,7 @@ def test_an_agent_stops_within_one_batch_once_its_stream_is_deleted(
 ) -> None:
     """The operator deletes the stream (CLI, another process) while an agent sends: the agent
     privatizes at most one more batch, exits with status 3 saying why, and `zeal-edge
-    status` shows it halted."""
+    status` shows it halted; started again it refuses at once, until `zeal-edge resume`."""
     agent_dir = tmp_path / "agent"
     with TestClient(server_app(database_url, broker)) as client:
         create_stream(client)
@@ -210,6 +210,33 @@ def test_an_agent_stops_within_one_batch_once_its_stream_is_deleted(
     assert record["halted"] is not None
     # Batch 0 was stored; after the deletion at most one more batch was privatized.
     assert record["next_sequence"] <= 2, record
+    # Started again with the same configuration, it refuses before privatizing anything.
+    again = subprocess.run(
+        agent_command(agent_dir, broker, params, "--batch", "1"),
+        input="50\n" * 5,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert again.returncode == 3, again.stderr
+    assert "no longer accepted by its server" in again.stderr
+    after = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(agent_dir), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )[0]
+    assert after["next_sequence"] == record["next_sequence"]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "zeal_edge", "resume", "--data-dir", str(agent_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "halt cleared" in resumed.stdout
 
 
 def test_two_servers_on_one_machine_run_side_by_side(broker: Mosquitto, tmp_path: Path) -> None:
