@@ -262,6 +262,9 @@ class Agent:
                 log.info("sequence numbers continue at %d", notice.last_sequence + 1)
             return
         self.outbox.record_server_reject(self.namespace, notice.reason, now_ms=now)
+        created = self.config.created_ms if self.config else None
+        if created is not None and notice.time_ms < created:
+            return  # about the stream of that name before it was created anew
         if notice.reason in FATAL and ours is not None:
             self._halt(notice.reason, f"the server rejected a batch: {notice.message}")
             return
