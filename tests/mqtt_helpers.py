@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import json
 import socket
 import subprocess
 import sys
@@ -162,3 +163,15 @@ def fleet_command(broker_url: str, data_dir: Path, *args: str, stream: str = "te
         str(data_dir),
         *args,
     ]
+
+
+def agent_status(data_dir: Path) -> list[dict[str, object]]:
+    """`zeal-edge status --json` of an agent's data directory."""
+    out = subprocess.run(
+        [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(data_dir), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    records: list[dict[str, object]] = json.loads(out)
+    return records

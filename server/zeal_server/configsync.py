@@ -50,6 +50,9 @@ class ConfigSync:
         self._on_broker: dict[str, dict[str, Any] | None] = {}  # None: cleared
         self._lock = threading.Lock()
         self._warned: dict[str, float] = {}
+        # Documents by stream id: the writer thread syncs every few seconds, and building
+        # a document derives the stream's mechanism again.
+        self._documents: dict[int, dict[str, Any]] = {}
 
     def publish(self, document: dict[str, Any]) -> None:
         """Retain a stream's configuration document."""
@@ -95,8 +98,12 @@ class ConfigSync:
             with self.sessions() as session:
                 self.server_id = server = store.installation_id(session)
                 streams = store.list_streams(session)
-                ours = {s.name: store.config_of(session, s, server) for s in streams}
                 ids = {s.name: s.id for s in streams}
+                self._documents = {
+                    s.id: self._documents.get(s.id) or store.config_of(session, s, server)
+                    for s in streams
+                }
+                ours = {s.name: self._documents[s.id] for s in streams}
         except Exception as exc:
             log.error("could not read the streams to publish their configurations: %s", exc)
             return None

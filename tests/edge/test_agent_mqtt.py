@@ -19,7 +19,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.mqtt_helpers import Mosquitto, Subscriber, free_port, publish_retained
+from tests.mqtt_helpers import Mosquitto, Subscriber, agent_status, free_port, publish_retained
 from zeal import Zeal, decode_batch
 from zeal.streamconfig import config_document
 
@@ -428,13 +428,7 @@ def test_nan_and_inf_cells_are_skipped_and_counted_and_the_rest_is_sent(
     sub.close()
     assert codes_received(got) == 7
     assert len(batches_by_sequence(got)) == 1
-    status = subprocess.run(
-        [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(data_dir), "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert json.loads(status.stdout)[0]["skipped_invalid"] == 3
+    assert agent_status(data_dir)[0]["skipped_invalid"] == 3
 
 
 def test_an_unreachable_broker_is_said_and_unconfirmed_batches_are_reported_on_exit(

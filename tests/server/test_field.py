@@ -20,7 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.mqtt_helpers import Mosquitto
+from tests.mqtt_helpers import Mosquitto, agent_status
 from tests.server.test_collector_mqtt import create_stream, server_app, stats, wait_until
 from tests.server.test_crash import Server
 from zeal import encode_batch
@@ -200,13 +200,7 @@ def test_an_agent_stops_within_one_batch_once_its_stream_is_deleted(
     assert code == 3, err[-3000:]
     assert "temps" in err
     assert "deleted" in err or "no longer" in err, err[-3000:]
-    status = subprocess.run(
-        [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(agent_dir), "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    record = json.loads(status.stdout)[0]
+    record = agent_status(agent_dir)[0]
     assert record["halted"] is not None
     # Batch 0 was stored; after the deletion at most one more batch was privatized.
     assert record["next_sequence"] <= 2, record
@@ -221,14 +215,7 @@ def test_an_agent_stops_within_one_batch_once_its_stream_is_deleted(
     )
     assert again.returncode == 3, again.stderr
     assert "no longer accepted by its server" in again.stderr
-    after = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(agent_dir), "--json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )[0]
+    after = agent_status(agent_dir)[0]
     assert after["next_sequence"] == record["next_sequence"]
     resumed = subprocess.run(
         [sys.executable, "-m", "zeal_edge", "resume", "--data-dir", str(agent_dir)],
