@@ -12,7 +12,7 @@
    privacy loss where the project can audit it.
 2. Closed forms: per-reading mean squared error over 10**6 outputs against the formula.
 3. Transmission: whole MQTT v5 PUBLISH packets per reading at batch 1 and 60, every
-   mechanism framed by wire format v1 (float64 outputs as 64-bit codes, Duchi as 1-bit).
+   mechanism framed by wire format v2 (float64 outputs as 64-bit codes, Duchi as 1-bit).
 4. Storage: Zeal from the real store (SQLite segments), the baselines' float64 outputs
    with zstandard level 3, the codes' empirical entropy and the paper's CR; a plot of CR
    and TR against Abar for both samplers with the relative error of the average beside it.
@@ -260,6 +260,7 @@ def payload_bytes(bits: int, batch: int) -> int:
     return len(
         encode_batch(
             codec,
+            stream="temps",
             device="device-0001",
             sequence=12345,
             codes=codes,
@@ -716,7 +717,7 @@ def write_report(res: Results, path: Path) -> None:
         )
     lines += [
         "",
-        "Every mechanism is framed by wire format v1 (header, fingerprint, sequence, periodic "
+        "Every mechanism is framed by wire format v2 (header, fingerprint, sequence, periodic "
         "timestamps), so the difference is the values alone: float64 outputs as 64-bit codes, "
         "Duchi's as 1-bit codes. TR is the paper's transmission ratio (Eq. (27)), bits sent per "
         "value over 64.",

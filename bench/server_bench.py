@@ -141,6 +141,7 @@ def average_latency(tmp: str) -> tuple[float, float]:
                     f"zeal/v1/big/d{d:03d}/up",
                     encode_batch(
                         params,
+                        stream="big",
                         device=f"d{d:03d}",
                         sequence=start // batch,
                         codes=codes[d],

@@ -86,6 +86,34 @@ class AgentOptions:
     params_file: Path | None = None
     budget: BudgetPolicy = field(default_factory=lambda: BudgetPolicy(None, 86400))
     wait_for_params: float = float("inf")
+    #: Refuse a configuration whose privacy loss per reading (the realized epsilon where the
+    #: sampler's is known, else the nominal one) exceeds this.
+    max_epsilon: float = 5.0
+    #: Adopt only the configuration with this parameter fingerprint (16 hex digits).
+    pin: str | None = None
+
+
+def refusal(config: StreamConfig, options: AgentOptions) -> str | None:
+    """Why this agent must not adopt `config` (its pin, its epsilon ceiling), or None.
+
+    Whoever can retain a configuration on the broker (a broker without ACLs, a leaked
+    collector login) could otherwise hand agents epsilon 20 and read their readings off the
+    wire. A refused configuration is never used: nothing is privatized with it.
+    """
+    fingerprint = config.params.fingerprint.hex()
+    if options.pin is not None and fingerprint != options.pin:
+        return (
+            f"its fingerprint {fingerprint} is not the pinned {options.pin} (--pin): the "
+            "stream's parameters changed, or someone else published them"
+        )
+    loss = max(config.params.epsilon, config.params.realized_epsilon or 0.0)
+    if loss > options.max_epsilon:
+        return (
+            f"its privacy loss per reading, epsilon {loss:.6g}, exceeds this agent's ceiling "
+            f"{options.max_epsilon:g} (--max-epsilon): raise the ceiling only if the "
+            "operator really chose it"
+        )
+    return None
 
 
 class Agent:
@@ -133,6 +161,7 @@ class Agent:
         self._stop = threading.Event()
         self._throttle = Throttle(60)
         self._failure: AgentError | None = None
+        self._refused: str | None = None
         self._invalid_booked = 0
 
     @property
@@ -189,6 +218,15 @@ class Agent:
             config = read_config(message.payload, stream=self.options.stream)
         except ParameterError as exc:
             log.error("ignoring stream configuration on %s: %s", message.topic, exc)
+            return
+        why = refusal(config, self.options)
+        if why is not None:
+            self._refused = f"refused the configuration on {message.topic}: {why}"
+            log.error(
+                "%s. %s",
+                self._refused,
+                "Still using the adopted one." if self.config else "Not reading or sending.",
+            )
             return
         if self.config is not None and config.params != self.config.params:
             log.warning(
@@ -294,7 +332,11 @@ class Agent:
                 raise ParameterError(
                     f"cannot read --params {self.options.params_file}: {exc}"
                 ) from exc
-            self._use(read_config(text, stream=self.options.stream))
+            config = read_config(text, stream=self.options.stream)
+            why = refusal(config, self.options)
+            if why is not None:
+                raise ParameterError(f"refusing --params {self.options.params_file}: {why}")
+            self._use(config)
             log.info("stream parameters from %s: %r", self.options.params_file, self.params)
             return
         deadline = time.monotonic() + self.options.wait_for_params
@@ -302,6 +344,7 @@ class Agent:
             if time.monotonic() > deadline:
                 raise ParameterError(
                     f"no stream parameters arrived on {config_topic(self.options.stream)}"
+                    + (f" that this agent accepts ({self._refused})" if self._refused else "")
                 )
             if self._throttle.ready("params"):
                 log.warning(
@@ -383,6 +426,7 @@ class Agent:
         sequence = self.outbox.next_sequence(self.namespace)
         payload = encode_batch(
             self.params,
+            stream=self.options.stream,
             device=self.options.device,
             sequence=sequence,
             timestamps=stamps,

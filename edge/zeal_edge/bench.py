@@ -58,6 +58,7 @@ def size_table(readings: np.ndarray) -> list[dict[str, float]]:
             codes = params.perturb(readings[:n], rng=np.random.default_rng(0))
             payload = encode_batch(
                 params,
+                stream="temps",
                 device="device-0001",
                 sequence=1000,
                 codes=codes,

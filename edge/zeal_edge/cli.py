@@ -93,6 +93,8 @@ def _run(args: argparse.Namespace) -> int:
         interval=values["interval"],
         params_file=Path(values["params"]) if values["params"] else None,
         budget=BudgetPolicy.from_epsilon(values["budget_cap"], values["budget_window"]),
+        max_epsilon=values["max_epsilon"],
+        pin=values["pin"],
     )
     if options.budget.cap_micro is None:
         logging.getLogger("zeal_edge").warning("no privacy budget cap set (--budget-cap)")

@@ -52,6 +52,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _fingerprint(text: str) -> str:
+    value = text.strip().lower()
+    if len(value) != 16 or any(c not in "0123456789abcdef" for c in value):
+        raise ValueError("must be 16 hex digits (a stream's fingerprint)")
+    return value
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "stream",
@@ -136,6 +143,21 @@ SETTINGS: tuple[Setting, ...] = (
         86400,
         "ZEAL_BUDGET_WINDOW",
         "rolling window of the budget cap, in seconds",
+    ),
+    Setting(
+        "max_epsilon",
+        _positive,
+        5.0,
+        "ZEAL_MAX_EPSILON",
+        "refuse a stream configuration whose epsilon per reading exceeds this",
+    ),
+    Setting(
+        "pin",
+        _fingerprint,
+        None,
+        "ZEAL_PIN",
+        "adopt only the configuration with this fingerprint (16 hex digits; "
+        "zeal-server streams list shows it)",
     ),
     Setting("log_level", str.upper, "INFO", "ZEAL_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR"),
 )

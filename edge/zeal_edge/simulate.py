@@ -163,6 +163,7 @@ def run_simulation(args: argparse.Namespace) -> int:
                 for d, ns in enumerate(names):
                     payload = encode_batch(
                         params,
+                        stream=ns.split("/", 1)[0],
                         device=ns.split("/", 1)[1],
                         sequence=int(sequences[d]),
                         timestamps=stamps,

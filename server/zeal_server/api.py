@@ -13,6 +13,8 @@ import json
 import logging
 import math
 import os
+import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -33,9 +35,11 @@ from pydantic import BaseModel, Field
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from zeal import Estimate
 from zeal.estimate import bernstein_half_width
+from zeal.wire import MAX_TIMESTAMP
 from zeal_server import store
 from zeal_server.collector import Collector
 from zeal_server.db import make_engine, migrate, session_factory
@@ -47,6 +51,15 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("zeal_server.api")
 MAX_POINTS = 10_000
+#: Request bodies larger than this are refused (413) before they are read; the largest
+#: real one (a device's 32 tags) is a few KB.
+MAX_BODY_BYTES = 64 * 1024
+#: Exports running at once; one more is answered 429 with Retry-After.
+MAX_EXPORTS = 4
+#: Query windows are cut to [epoch, 2**47 ms] (year 6429): no reading lies outside, and
+#: every bound stays a valid date.
+MAX_QUERY_MS = 1 << 47
+assert MAX_QUERY_MS < MAX_TIMESTAMP
 
 
 # -- response and request models ------------------------------------------------------------
@@ -248,11 +261,17 @@ class PreviewOut(BaseModel):
 
 
 def _ms(value: datetime | None) -> int | None:
+    """Milliseconds since the epoch, cut to [0, MAX_QUERY_MS] (dates at the ends of the
+    calendar, with any zone, included)."""
     if value is None:
         return None
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return int(value.timestamp() * 1000)
+    try:
+        ms = int(value.timestamp() * 1000)
+    except (OverflowError, ValueError, OSError):  # beyond what a timestamp can say
+        ms = 0 if value.year < 1970 else MAX_QUERY_MS
+    return min(max(ms, 0), MAX_QUERY_MS)
 
 
 def _time(ms: int) -> datetime:
@@ -315,18 +334,13 @@ def _bounds_out(stream: Stream, first: int, stop: int) -> tuple[datetime | None,
     )
 
 
-def _devices_in(session: Session, stream: Stream, group: str | None) -> list[int] | None:
+def _devices_in(session: Session, stream: Stream, group: str | None) -> store.Devices:
     if group is None:
         return None
     try:
-        ids = store.group_device_ids(session, stream, group)
+        return store.group_devices(session, stream, group)
     except store.StoreError as exc:
         raise invalid("query", "group", str(exc)) from exc
-    if not ids:
-        raise invalid(
-            "query", "group", f"group {group!r} matches no device of stream {stream.name!r}"
-        )
-    return ids
 
 
 def _device_order(sort: str, descending: bool) -> list[Any]:
@@ -363,7 +377,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": Problem, "description": "database unavailable"},
 }
 
-Confidence = Annotated[float, Query(gt=0, lt=1, description="confidence level, e.g. 0.95")]
+Confidence = Annotated[
+    float, Query(gt=0, le=0.999999, description="confidence level, e.g. 0.95 (at most 0.999999)")
+]
 Start = Annotated[datetime | None, Query(description="window start (ISO 8601; UTC if no zone)")]
 End = Annotated[datetime | None, Query(description="window end, exclusive (ISO 8601)")]
 Group = Annotated[
@@ -384,28 +400,112 @@ _DASHBOARD_HEADERS = {
 # -- application ------------------------------------------------------------------------------
 
 
+class WriteGuard:
+    """ASGI middleware in front of every route: checks the operator token of a write
+    (POST, PUT, PATCH, DELETE) *before its body is read*, and refuses bodies larger than
+    MAX_BODY_BYTES (413) by their Content-Length or as they arrive. An unauthenticated
+    client can thus make the server neither read nor parse anything it sends."""
+
+    WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.lower(): v for k, v in scope["headers"]}
+        if scope["method"] in self.WRITES:
+            settings: ServerSettings = scope["app"].state.settings
+            refusal = _token_refusal(headers.get(b"authorization", b""), settings.operator_token)
+            if refusal is not None:
+                await _answer(send, *refusal)
+                return
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            await _answer(send, 413, f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+            return
+        received = 0
+
+        async def capped() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > MAX_BODY_BYTES:
+                raise HTTPException(413, f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+            return message
+
+        await self.app(scope, capped, send)
+
+
+def _token_refusal(
+    header: bytes, expected: str | None
+) -> tuple[int, str, list[tuple[bytes, bytes]]] | None:
+    """(status, detail, headers) when a write's Authorization header does not carry the
+    operator token; None when it does, or when no token is set (development)."""
+    if expected is None:
+        return None
+    scheme, _, token = header.partition(b" ")
+    if scheme.lower() != b"bearer" or not token:
+        return (
+            401,
+            "operator token required (Authorization: Bearer ...)",
+            [(b"www-authenticate", b"Bearer")],
+        )
+    if not hmac.compare_digest(token, expected.encode()):
+        return 403, "wrong operator token", []
+    return None
+
+
+async def _answer(
+    send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 def create_app(settings: ServerSettings | None = None, *, collector: bool = True) -> FastAPI:
     """The FastAPI application; settings from the environment unless given."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         config = settings or ServerSettings.from_env(os.environ)
-        engine = make_engine(config.database_url)
+        # HTTP requests wait at most 5 s for a connection (then 503), and never for one of
+        # the collector's: it has an engine (a pool) of its own.
+        engine = make_engine(config.database_url, pool_timeout=5)
         migrate(engine)
         app.state.settings = config
         app.state.engine = engine
         app.state.sessions = session_factory(engine)
         app.state.collector = None
+        app.state.exports = threading.BoundedSemaphore(MAX_EXPORTS)
         if config.operator_token is None:
             log.warning("development mode without ZEAL_OPERATOR_TOKEN: writes are open")
+        collector_engine = None
         if collector and config.broker is not None:
-            app.state.collector = Collector(config, app.state.sessions)
+            collector_engine = make_engine(config.database_url, pool_size=2)
+            app.state.collector = Collector(config, session_factory(collector_engine))
             app.state.collector.start()
         try:
             yield
         finally:
             if app.state.collector is not None:
                 app.state.collector.stop()
+            if collector_engine is not None:
+                collector_engine.dispose()
             engine.dispose()
 
     app = FastAPIOffline(  # /docs and /redoc from bundled files, not a CDN: works offline
@@ -416,6 +516,8 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         description="Privacy-preserving sensor data: debiased averages with error "
         "bounds from locally privatized, compressed readings.",
     )
+
+    app.add_middleware(WriteGuard)
 
     @app.exception_handler(OperationalError)
     async def database_down(request: Request, exc: OperationalError) -> JSONResponse:
@@ -581,7 +683,12 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         start: Start = None,
         end: End = None,
         interval: Annotated[
-            int | None, Query(ge=1, description="seconds per point, a multiple of the bucket")
+            int | None,
+            Query(
+                ge=1,
+                le=100 * 365 * 86400,
+                description="seconds per point, a multiple of the bucket (at most 100 years)",
+            ),
         ] = None,
         group: Group = None,
         confidence: Confidence = 0.95,
@@ -737,21 +844,18 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
     def set_tags(name: str, device: str, body: TagsIn, db: Db) -> DeviceOut:
         """Replace a device's tags (operator token); tags group devices in queries."""
         stream = stream_or_404(db, name)
-        for key, value in body.tags.items():
-            if not (0 < len(key) <= 64 and len(value) <= 200 and ":" not in key):
-                raise invalid(
-                    "body",
-                    "tags",
-                    f"tag {key!r}: keys are 1-64 characters without ':', values at most 200",
-                )
+        try:
+            store.check_tags(body.tags)
+        except store.StoreError as exc:
+            raise invalid("body", "tags", str(exc)) from exc
         row = db.scalar(select(Device).where(Device.stream_id == stream.id, Device.name == device))
         if row is None:
             raise HTTPException(
                 404,
-                f"no device {device!r} in stream {name!r} (devices "
+                f"no device {device[:64]!r} in stream {name!r} (devices "
                 "appear with their first valid data)",
             )
-        row.tags = json.dumps(body.tags, sort_keys=True)
+        store.set_tags(db, row, body.tags)
         db.commit()
         return _device_out(row, stream.epsilon)
 
@@ -825,22 +929,43 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         f"{api}/streams/{{name}}/export",
         dependencies=read,
         response_class=StreamingResponse,
-        responses={200: {"content": {"text/csv": {}}, "description": "CSV rows"}},
+        responses={
+            200: {"content": {"text/csv": {}}, "description": "CSV rows"},
+            429: {"model": Problem, "description": f"{MAX_EXPORTS} exports already running"},
+        },
     )
     def export(
         name: str, request: Request, start: Start = None, end: End = None
     ) -> StreamingResponse:
-        """Decoded per-reading estimates (timestamp, device, estimate) read from the segments."""
+        """Decoded per-reading estimates (timestamp, device, estimate) read from the segments,
+        streamed in chunks (each read in a short database session of its own). At most
+        MAX_EXPORTS run at once."""
         with request.app.state.sessions() as db:
             stream = stream_or_404(db, name)
             first, stop = _window(stream, start, end)
-        sessions = request.app.state.sessions
+        slots: threading.BoundedSemaphore = request.app.state.exports
+        if not slots.acquire(blocking=False):
+            raise HTTPException(
+                429,
+                f"{MAX_EXPORTS} exports are running; try again shortly",
+                headers={"Retry-After": "5"},
+            )
+        released = threading.Event()
+
+        def release() -> None:
+            if not released.is_set():
+                released.set()
+                slots.release()
 
         def rows() -> Iterator[str]:
-            with sessions() as db:
-                yield from store.export_lines(db, stream, first, stop)
+            try:
+                yield from store.export_chunks(request.app.state.sessions, stream, first, stop)
+            finally:
+                release()
 
-        return StreamingResponse(rows(), media_type="text/csv")
+        body = rows()
+        weakref.finalize(body, release)  # also when the client left before the first chunk
+        return StreamingResponse(body, media_type="text/csv")
 
     dashboard = resources.files("zeal_server") / "dashboard"
 
@@ -866,7 +991,9 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
 
     @app.get("/healthz")
     def healthz(request: Request) -> JSONResponse:
-        """Database and broker reachability; 503 when either is down."""
+        """Up or down (503 when the database or the broker is down). With a read or
+        operator token (or when no token is set at all) also what the collector is doing:
+        queue, commit lag, counters, its last error."""
         state = request.app.state
         body: dict[str, Any] = {}
         try:
@@ -875,6 +1002,8 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             body["database"] = "ok"
         except SQLAlchemyError as exc:
             body["database"] = f"down: {type(exc).__name__}"
+        except TimeoutError:  # every connection of the API's pool is busy
+            body["database"] = "busy"
         coll: Collector | None = state.collector
         if coll is None:
             body["broker"] = "off"
@@ -890,8 +1019,21 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             }
             if not coll.database_ok:
                 body["database"] = "failing in the collector"
-        healthy = body["database"] == "ok" and body["broker"] != "down"
-        return JSONResponse(body, status_code=200 if healthy else 503)
+        healthy = body["database"] in ("ok", "busy") and body["broker"] != "down"
+        status = 200 if healthy else 503
+        if not _may_see_details(request):
+            return JSONResponse({"status": "up" if healthy else "down"}, status_code=status)
+        return JSONResponse({"status": "up" if healthy else "down", **body}, status_code=status)
+
+    def _may_see_details(request: Request) -> bool:
+        settings: ServerSettings = request.app.state.settings
+        tokens = [t for t in (settings.read_token, settings.operator_token) if t is not None]
+        if not tokens:
+            return True
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and any(
+            hmac.compare_digest(token.encode(), t.encode()) for t in tokens
+        )
 
     @app.get("/metrics", dependencies=read, response_class=PlainTextResponse)
     def metrics(request: Request) -> Response:

@@ -20,9 +20,9 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
@@ -30,13 +30,20 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from zeal import ParameterError
 from zeal.brokerurl import Flapping, why_unreachable
 from zeal.streamconfig import check_name
-from zeal.topics import CONFIG_FILTER, DATA_FILTER, Notice, notice_topic, parse_config_topic
+from zeal.topics import (
+    CONFIG_FILTER,
+    DATA_FILTER,
+    Notice,
+    notice_topic,
+    parse_config_topic,
+    parse_data_topic,
+)
 from zeal.wire import MAX_PAYLOAD_BYTES
 from zeal_server import store
 from zeal_server.configsync import ConfigSync
@@ -72,7 +79,15 @@ _NOTICES = {
     "here): nothing of this batch was stored",
     "fingerprint_mismatch": "the batch was encoded with other parameters than stream "
     "{stream}'s, or for another device: fetch the stream's configuration again",
-    "future_timestamp": "the batch holds readings stamped in the future: check the device's clock",
+    "future_timestamp": "the batch holds readings stamped in the future (beyond the server's "
+    "ZEAL_MAX_FUTURE_SECONDS): check the device's clock",
+    "too_old": "the batch holds readings older than the server accepts (ZEAL_MAX_AGE_SECONDS "
+    "before their arrival): check the device's clock, or ask the operator to raise the "
+    "import window",
+    "too_many_buckets": "the batch spans more time buckets of stream {stream} than the "
+    "server accepts in one batch (ZEAL_MAX_BUCKETS_PER_BATCH): send smaller batches",
+    "bad_version": "the batch uses an older wire format than this server accepts: upgrade "
+    "the agent",
     "before_stream": "the batch holds readings stamped before stream {stream} was created: "
     "check the device's clock",
     "sequence_reset": "stored; but this server had already stored sequence {sequence} of "
@@ -81,38 +96,134 @@ _NOTICES = {
 }
 
 
-#: A topic may cause this many rejects in a burst, then REJECT_RATE per second; beyond that
+#: A device may cause this many rejects in a burst, then REJECT_RATE per second; beyond that
 #: its messages are dropped at the door (acknowledged, counted as ``rate_limited``) without
 #: being decoded or written, so a device flooding garbage cannot crowd out the others.
 REJECT_BURST = 100
 REJECT_RATE = 10.0
+#: The longest data topic with valid names: zeal/v1/ + 64 + / + 64 + /up. Anything longer
+#: is refused at the door before any other work (no decoding, no database, no log of it).
+MAX_TOPIC_LENGTH = len("zeal/v1/") + 64 + 1 + 64 + len("/up")
+#: Bookkeeping keyed by what clients choose (budgets, log and notice throttles) holds at
+#: most this many keys, forgetting the least recently used: memory stays flat whatever
+#: topics arrive.
+MAX_KEYS = 50_000
+#: At most this many reject lines are logged per minute in all (each (reason, device) at
+#: most once a minute besides); the rest are counted in one summary line.
+LOG_LINES_PER_MINUTE = 30
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Bounded(Generic[K, V]):
+    """A dict that keeps at most `limit` keys, dropping the least recently used."""
+
+    def __init__(self, limit: int = MAX_KEYS) -> None:
+        self.limit = limit
+        self._items: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K, default: V) -> V:
+        value = self._items.get(key)
+        if value is None:
+            return default
+        self._items.move_to_end(key)
+        return value
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.limit:
+            self._items.popitem(last=False)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def budget_key(topic: str) -> str:
+    """Whom a reject is charged to: the device level of the topic (with the deployment's
+    ACL, a device can publish only under its own user name there, so this is the broker
+    user), or "" for topics without one."""
+    parts = topic.split("/", 4)
+    return parts[3][:64] if len(parts) == 5 else ""
 
 
 class RejectBudget:
-    """A token bucket per topic, spent by rejected messages only."""
+    """A token bucket per device (``budget_key``), spent by rejected messages only."""
 
     def __init__(self, burst: int = REJECT_BURST, rate: float = REJECT_RATE) -> None:
         self.burst, self.rate = float(burst), rate
-        self._buckets: dict[str, tuple[float, float]] = {}
+        self._buckets: Bounded[str, tuple[float, float]] = Bounded()
         self._lock = threading.Lock()
 
-    def _level(self, topic: str, now: float) -> float:
-        tokens, since = self._buckets.get(topic, (self.burst, now))
+    def _level(self, key: str, now: float) -> float:
+        tokens, since = self._buckets.get(key, (self.burst, now))
         return min(self.burst, tokens + (now - since) * self.rate)
 
     def allows(self, topic: str) -> bool:
+        key = budget_key(topic)
         with self._lock:
-            return topic not in self._buckets or self._level(topic, time.monotonic()) >= 1
+            return key not in self._buckets or self._level(key, time.monotonic()) >= 1
 
     def spend(self, topic: str) -> None:
+        key = budget_key(topic)
         with self._lock:
             now = time.monotonic()
             # Never below -burst: a device that stops misbehaving is heard again within
             # (burst + 1) / rate seconds (about 10 s), however long it flooded.
-            self._buckets[topic] = (max(-self.burst, self._level(topic, now) - 1), now)
-            if len(self._buckets) > 100_000:  # forget the fullest buckets (well-behaved topics)
-                for key in [k for k, (t, _) in self._buckets.items() if t >= self.burst - 1]:
-                    del self._buckets[key]
+            self._buckets[key] = (max(-self.burst, self._level(key, now) - 1), now)
+
+
+def door_check(topic: str) -> str | None:
+    """Why a data message is refused before any work (``bad_topic``), or None."""
+    if len(topic) > MAX_TOPIC_LENGTH:
+        return "bad_topic"
+    names = parse_data_topic(topic)
+    if names is None:
+        return "bad_topic"
+    try:
+        check_name("stream", names[0])
+        check_name("device", names[1])
+    except ParameterError:
+        return "bad_topic"
+    return None
+
+
+def db_error_text(exc: BaseException) -> str:
+    """A database error in one line, without the SQL statement or its parameters."""
+    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    first = (str(orig).strip().splitlines() or [""])[0]
+    return f"{type(orig).__name__}: {first}"[:300]
+
+
+class LogThrottle:
+    """Reject log lines: each key at most once a minute, at most LOG_LINES_PER_MINUTE lines a
+    minute in all; what was held back is summed up in one line."""
+
+    def __init__(self) -> None:
+        self._last: Bounded[tuple[str, str], float] = Bounded()
+        self._minute, self._lines, self._held = -1e18, 0, 0
+
+    def ready(self, key: tuple[str, str], now: float) -> bool:
+        if now - self._minute >= 60:
+            if self._held:
+                log.warning(
+                    "%d more rejects were not logged in the last minute (see /metrics and "
+                    "the stream's stats)",
+                    self._held,
+                )
+            self._minute, self._lines, self._held = now, 0, 0
+        if now - self._last.get(key, -1e18) < 60:
+            return False
+        if self._lines >= LOG_LINES_PER_MINUTE:
+            self._held += 1
+            return False
+        self._last[key] = now
+        self._lines += 1
+        return True
 
 
 @dataclass(frozen=True)
@@ -144,11 +255,14 @@ class Collector:
         self.batch_max, self.compact_every = batch_max, compact_every
         self.ingest = store.Ingest(
             max_future_ms=settings.max_future_seconds * 1000,
+            max_age_ms=settings.max_age_seconds * 1000,
             backfill_ms=settings.backfill_seconds * 1000,
+            max_buckets=settings.max_buckets_per_batch,
         )
         self.counts: Counter[str] = Counter()
         self.budget = RejectBudget()
-        self.dropped: Counter[tuple[str, str]] = Counter()  # (topic, reason) shed at the door
+        # (stream, device, reason) shed at the door; names are "" unless valid
+        self.dropped: Counter[tuple[str, str, str]] = Counter()
         # The commit lag of the last 20,000 stored messages (bounded: memory stays flat).
         self._lags: deque[tuple[float, int]] = deque(maxlen=20_000)
         self.broker_connected = False
@@ -156,8 +270,9 @@ class Collector:
         self.database_ok = True
         self.last_error: str | None = None
         self._stop = threading.Event()
-        self._logged: dict[tuple[str, str], float] = {}
-        self._noticed: dict[tuple[str, str, str], float] = {}
+        self._logged: dict[tuple[str, str], float] = {}  # connection errors
+        self._log_rejects = LogThrottle()
+        self._noticed: Bounded[tuple[str, str, str], float] = Bounded()
         self._flapping = Flapping()
         self._identity: CollectorIdentity | None = None
         if settings.collector_id is None:
@@ -238,9 +353,11 @@ class Collector:
         )
         # Our own configuration messages are not echoed back (no_local); the retained ones
         # of every stream arrive once, and other servers' changes as they happen.
+        # Retained data messages are never sent at subscription (retainHandling 2): a batch
+        # retained on a data topic would otherwise be replayed at every resubscribe.
         client.subscribe(
             [
-                (topic, SubscribeOptions(qos=1)),
+                (topic, SubscribeOptions(qos=1, retainHandling=2)),
                 (CONFIG_FILTER, SubscribeOptions(qos=1, noLocal=True)),
             ]
         )
@@ -279,31 +396,37 @@ class Collector:
         self.broker_connected = False
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        stream = parse_config_topic(message.topic)
+        try:
+            topic = message.topic
+        except UnicodeDecodeError:  # brokers check UTF-8; never trust that
+            topic = ""
+        stream = parse_config_topic(topic) if len(topic) <= MAX_TOPIC_LENGTH else None
         if stream is not None:
             self.configs.seen(stream, bytes(message.payload))
             client.ack(message.mid, message.qos)
             return
-        reason = None
-        if len(message.payload) > MAX_PAYLOAD_BYTES:
-            reason = "too_large"
-        elif not self.budget.allows(message.topic):
-            reason = "rate_limited"
+        reason = door_check(topic)
+        if reason is None:
+            if message.retain:
+                reason = "retained"
+            elif len(message.payload) > MAX_PAYLOAD_BYTES:
+                reason = "too_large"
+            elif not self.budget.allows(topic):
+                reason = "rate_limited"
         if reason is not None:
             # Shed without decoding or queueing; acknowledged so the broker does not resend.
-            self.budget.spend(message.topic)
-            self.dropped[(message.topic, reason)] += 1
+            # Names are kept only when valid: the rejects table and logs never hold
+            # strings a client chose beyond 64 checked characters.
+            self.budget.spend(topic)
+            names = parse_data_topic(topic) if reason != "bad_topic" else None
+            self.dropped[(*(names or ("", "")), reason)] += 1
             self.counts["rejected"] += 1
             self.counts[reason] += 1
             client.ack(message.mid, message.qos)
             return
         self.queue.put(
             _Message(
-                message.topic,
-                bytes(message.payload),
-                message.mid,
-                message.qos,
-                int(time.time() * 1000),
+                topic, bytes(message.payload), message.mid, message.qos, int(time.time() * 1000)
             )
         )
 
@@ -342,6 +465,7 @@ class Collector:
             if not pending:
                 pending = self._take()
                 if not pending:
+                    self._record_dropped()  # what was shed at the door while idle
                     if time.monotonic() - last_compact > self.compact_every:
                         last_compact = time.monotonic()
                         self._compact()
@@ -387,7 +511,7 @@ class Collector:
     def _failed(self, pending: list[_Message], exc: Exception, backoff: float) -> bool:
         """Note a failed transaction and wait `backoff` (True: stop was asked meanwhile)."""
         self.database_ok = False
-        self.last_error = f"database: {type(exc).__name__}: {exc}"[:500]
+        self.last_error = f"database: {db_error_text(exc)}"
         log.error(
             "storing %d messages failed (%s); not acknowledged, retrying in %.1f s",
             len(pending),
@@ -404,16 +528,16 @@ class Collector:
         shed, self.dropped = self.dropped, Counter()
         try:
             with self.sessions() as session, session.begin():
-                for (topic, reason), count in shed.items():
-                    parts = topic.split("/")
-                    stream, device = (parts[2], parts[3]) if len(parts) == 5 else ("", "")
+                for (stream, device, reason), count in shed.items():
                     self.ingest.reject(
                         session, stream, device, reason, int(time.time() * 1000), count=count
                     )
                     self._log_reject(store.Outcome("rejected", reason, stream, device))
         except Exception as exc:  # counts only; they are retried with the next batch
             self.dropped.update(shed)
-            log.error("could not record %d shed messages: %s", sum(shed.values()), exc)
+            log.error(
+                "could not record %d shed messages: %s", sum(shed.values()), db_error_text(exc)
+            )
 
     def lag_ms(self, window_s: float = 60.0) -> dict[str, float] | None:
         """Receive-to-commit lag of the messages stored in the last `window_s` (at most the
@@ -435,10 +559,9 @@ class Collector:
             )
 
     def _log_reject(self, outcome: store.Outcome) -> None:
-        key = (outcome.reason or "", f"{outcome.stream}/{outcome.device}")
-        now = time.monotonic()
-        if now - self._logged.get(key, -1e18) >= 60:
-            self._logged[key] = now
+        # Names reach here checked (<= 64 characters) or empty; cut anyway, never trust.
+        key = (outcome.reason or "", f"{outcome.stream[:64]}/{outcome.device[:64]}")
+        if self._log_rejects.ready(key, time.monotonic()):
             log.warning(
                 "rejected a message from %s: %s (logged once a minute per reason and device)",
                 key[1],
@@ -459,8 +582,6 @@ class Collector:
         if now - self._noticed.get(key, -1e18) < NOTICE_EVERY:
             return
         self._noticed[key] = now
-        if len(self._noticed) > 100_000:
-            self._noticed = {k: t for k, t in self._noticed.items() if now - t < NOTICE_EVERY}
         notice = Notice(
             server=self.configs.server_id,
             stream=outcome.stream,
@@ -485,4 +606,4 @@ class Collector:
                     closed = int(time.time() * 1000) // (stream.bucket_seconds * 1000) - 1
                     store.compact(session, stream, before_bucket=closed)
         except Exception as exc:
-            log.error("compaction failed (will retry): %s", exc)
+            log.error("compaction failed (will retry): %s", db_error_text(exc))

@@ -77,6 +77,7 @@ def measure(
                     part = own[start : start + 60]
                     payload = encode_batch(
                         params,
+                        stream="temps",
                         device=f"dev{d:03d}",
                         sequence=seq,
                         codes=part,

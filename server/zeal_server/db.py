@@ -17,9 +17,22 @@ log = logging.getLogger("zeal_server.db")
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, pool_size: int = 5, pool_timeout: float = 30.0) -> Engine:
+    """An engine with its own connection pool: `pool_size` connections and as many again
+    under load; a checkout waits at most `pool_timeout` seconds (then the caller gets an
+    error instead of hanging). The API and the collector each get one, so HTTP load can
+    never take the connections the collector stores with."""
+    pool: dict[str, float] = {
+        "pool_size": pool_size,
+        "max_overflow": pool_size,
+        "pool_timeout": pool_timeout,
+    }
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        if url in ("sqlite://", "sqlite:///:memory:"):
+            pool = {}  # one connection per thread (SingletonThreadPool): no pool to size
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, **pool
+        )
 
         @event.listens_for(engine, "connect")
         def _pragmas(connection, _record):  # type: ignore[no-untyped-def]
@@ -30,7 +43,7 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    return create_engine(url, pool_pre_ping=True, **pool)
 
 
 def migrate(engine: Engine) -> tuple[str | None, str | None]:

@@ -33,6 +33,7 @@ __all__ = [
     "BatchSeen",
     "BucketTotal",
     "Device",
+    "DeviceTag",
     "Installation",
     "Reject",
     "Segment",
@@ -85,6 +86,17 @@ class Device(Base):
     #: Batches stored although their sequence number was taken by other content: the
     #: device's outbox was reset (or two agents share its id).
     sequence_resets: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class DeviceTag(Base):
+    """One tag of a device (the same pairs as ``Device.tags``): groups are queried by join."""
+
+    __tablename__ = "device_tags"
+    __table_args__ = (Index("ix_device_tags_key_value", "key", "value"),)
+
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(200))
 
 
 class BatchSeen(Base):

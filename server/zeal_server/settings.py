@@ -39,8 +39,13 @@ VARIABLES: dict[str, tuple[str, str]] = {
     ),
     "ZEAL_OPERATOR_TOKEN": ("none", "bearer token for writes (at least 16 characters)"),
     "ZEAL_READ_TOKEN": ("none", "bearer token for reads (reads are open without it)"),
-    "ZEAL_MAX_FUTURE_SECONDS": ("86400", "reject readings stamped later than arrival + this"),
+    "ZEAL_MAX_FUTURE_SECONDS": ("600", "reject readings stamped later than arrival + this"),
+    "ZEAL_MAX_AGE_SECONDS": (
+        "604800",
+        "reject readings stamped earlier than arrival - this (raise it to import history)",
+    ),
     "ZEAL_BACKFILL_SECONDS": ("300", "reject readings stamped before stream creation - this"),
+    "ZEAL_MAX_BUCKETS_PER_BATCH": ("1440", "reject a batch spanning more time buckets"),
 }
 
 
@@ -68,8 +73,10 @@ class ServerSettings:
     operator_token: str | None = None
     read_token: str | None = None
     mode: str = "development"
-    max_future_seconds: int = 86_400
+    max_future_seconds: int = 600
+    max_age_seconds: int = 7 * 86_400
     backfill_seconds: int = 300
+    max_buckets_per_batch: int = 1440
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServerSettings:
@@ -108,13 +115,17 @@ class ServerSettings:
         limits = {
             name: _seconds(env, name, default)
             for name, default in (
-                ("ZEAL_MAX_FUTURE_SECONDS", 86_400),
+                ("ZEAL_MAX_FUTURE_SECONDS", 600),
+                ("ZEAL_MAX_AGE_SECONDS", 7 * 86_400),
                 ("ZEAL_BACKFILL_SECONDS", 300),
             )
         }
+        buckets = _whole(env, "ZEAL_MAX_BUCKETS_PER_BATCH", 1440, 1, 65_535, "buckets")
         return cls(
             max_future_seconds=limits["ZEAL_MAX_FUTURE_SECONDS"],
+            max_age_seconds=limits["ZEAL_MAX_AGE_SECONDS"],
             backfill_seconds=limits["ZEAL_BACKFILL_SECONDS"],
+            max_buckets_per_batch=buckets,
             database_url=url,
             broker=broker,
             share_group=_share_group(env.get("ZEAL_SHARE_GROUP", "")),
@@ -127,15 +138,19 @@ class ServerSettings:
 
 
 def _seconds(env: Mapping[str, str], name: str, default: int) -> int:
+    return _whole(env, name, default, 0, 100 * 365 * 86_400, "seconds (at most 100 years)")
+
+
+def _whole(env: Mapping[str, str], name: str, default: int, lo: int, hi: int, what: str) -> int:
     text = env.get(name)
     if text is None or text == "":
         return default
     try:
         value = int(text)
     except ValueError:
-        raise SettingsError(f"{name} must be a whole number of seconds, got {text!r}") from None
-    if not 0 <= value <= 100 * 365 * 86_400:
-        raise SettingsError(f"{name} must be between 0 and 100 years in seconds, got {value}")
+        raise SettingsError(f"{name} must be a whole number of {what}, got {text!r}") from None
+    if not lo <= value <= hi:
+        raise SettingsError(f"{name} must be {lo} to {hi} {what}, got {value}")
     return value
 
 

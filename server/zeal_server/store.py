@@ -26,16 +26,18 @@ from sqlalchemy import (
     Integer,
     Select,
     Table,
+    and_,
     bindparam,
     cast,
     delete,
     func,
     insert,
+    or_,
     select,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from zeal import Batch, Estimate, ParameterError, WireError, Zeal, ZealWarning, decode_batch
 from zeal._exact import exact_sum, exact_sum_squares
@@ -49,6 +51,7 @@ from zeal_server.models import (
     BatchSeen,
     BucketTotal,
     Device,
+    DeviceTag,
     Installation,
     Reject,
     Segment,
@@ -57,7 +60,9 @@ from zeal_server.models import (
 from zeal_server.segments import Columns, decode_columns, encode_columns
 
 __all__ = [
+    "MAX_REJECT_ROWS",
     "MAX_SERVER_BITS",
+    "MAX_TAGS",
     "Ingest",
     "Outcome",
     "StoreError",
@@ -70,6 +75,8 @@ __all__ = [
 
 #: Widest codes the store accepts (the limb layout's no-overflow guarantee).
 MAX_SERVER_BITS = 28
+#: The rejects table keeps at most about this many (stream, device, reason) rows.
+MAX_REJECT_ROWS = 10_000
 _LIMB_MASK = (1 << LIMB_BITS) - 1
 _SUM_COLUMNS = [f"s{i}" for i in range(SUM_LIMBS)]
 _SQUARE_COLUMNS = [f"q{i}" for i in range(SQUARE_LIMBS)]
@@ -201,6 +208,7 @@ def delete_stream(session: Session, stream: Stream) -> int:
     )
     devices = select(Device.id).where(Device.stream_id == stream.id).scalar_subquery()
     session.execute(delete(BatchSeen).where(BatchSeen.device_id.in_(devices)))
+    session.execute(delete(DeviceTag).where(DeviceTag.device_id.in_(devices)))
     for table in (Aggregate, BucketTotal, Segment):
         session.execute(delete(table).where(table.stream_id == stream.id))
     session.execute(delete(Device).where(Device.stream_id == stream.id))
@@ -306,16 +314,31 @@ class Ingest:
     """Validates and stores messages; caches streams, devices and compiled statements.
 
     With ``max_future_ms`` set, a batch holding a reading timestamped more than that after
-    its arrival is rejected (``future_timestamp``); with ``backfill_ms`` set, one holding a
-    reading timestamped more than that before its stream was created is rejected
+    its arrival is rejected (``future_timestamp``); with ``max_age_ms`` set, one holding a
+    reading more than that before its arrival (``too_old``): a device can neither pre-fill
+    the future nor rewrite history beyond the import window. With ``backfill_ms`` set, one
+    holding a reading timestamped more than that before its stream was created is rejected
     (``before_stream``): its codes cannot have been made with the stream's parameters unless
-    the device's clock is wrong. The collector sets both from the server settings.
+    the device's clock is wrong. With ``max_buckets`` set, a batch whose readings fall into
+    more time buckets than that is rejected (``too_many_buckets``): each bucket costs an
+    aggregate row and a segment part, so one small batch could otherwise make the writer
+    write tens of thousands of rows. The collector sets all four from the server settings.
     """
 
-    def __init__(self, *, max_future_ms: int | None = None, backfill_ms: int | None = None) -> None:
-        self.max_future_ms, self.backfill_ms = max_future_ms, backfill_ms
+    def __init__(
+        self,
+        *,
+        max_future_ms: int | None = None,
+        max_age_ms: int | None = None,
+        backfill_ms: int | None = None,
+        max_buckets: int | None = None,
+    ) -> None:
+        self.max_future_ms, self.max_age_ms = max_future_ms, max_age_ms
+        self.backfill_ms, self.max_buckets = backfill_ms, max_buckets
         self._streams: dict[str, _StreamEntry | None] = {}
         self._devices: dict[tuple[int, str], int] = {}
+        self._reject_keys: dict[tuple[str, str], None] = {}
+        self._reject_rows: tuple[int, float] = (0, -1e18)  # (rows, when counted)
         self._statements: dict[tuple[str, str], Any] = {}
 
     def forget(self) -> None:
@@ -414,8 +437,26 @@ class Ingest:
     def reject(
         self, session: Session, stream: str, device: str, reason: str, when: int, count: int = 1
     ) -> Outcome:
+        """Count a reject under (stream, device, reason). Once the table holds
+        MAX_REJECT_ROWS rows, rejects of names it does not know yet are counted under
+        ("*", "*", reason): clients cannot grow it without bound."""
+        key = (stream[:64], device[:64])
+        if key not in self._reject_keys:
+            now = time.monotonic()
+            if now - self._reject_rows[1] > 10:
+                self._reject_rows = (
+                    session.scalar(select(func.count()).select_from(Reject)) or 0,
+                    now,
+                )
+            if self._reject_rows[0] >= MAX_REJECT_ROWS:
+                key = ("*", "*")
+            else:
+                self._reject_rows = (self._reject_rows[0] + 1, self._reject_rows[1])
+                self._reject_keys[key] = None
+                if len(self._reject_keys) > MAX_REJECT_ROWS:
+                    self._reject_keys.clear()
         stmt = _insert(session)(Reject).values(
-            stream=stream[:128], device=device[:128], reason=reason, count=count, last_ms=when
+            stream=key[0], device=key[1], reason=reason, count=count, last_ms=when
         )
         session.execute(
             stmt.on_conflict_do_update(
@@ -454,30 +495,21 @@ class Ingest:
         try:
             check_name("stream", stream_name)
             check_name("device", device_name)
-        except ParameterError:
-            return self.reject(session, stream_name, device_name, "bad_topic", received_ms)
+        except ParameterError:  # names a client chose are kept only when valid
+            return self.reject(session, "", "", "bad_topic", received_ms)
         entry = self._stream(session, stream_name)
         if entry is None:
             return self.reject(session, stream_name, device_name, "unknown_stream", received_ms)
         try:
-            batch = decode_batch(payload, entry.params, device=device_name)
+            batch = decode_batch(payload, entry.params, stream=stream_name, device=device_name)
         except WireError as exc:
             return self.reject(session, stream_name, device_name, exc.reason, received_ms)
-        if len(batch):
-            if self.max_future_ms is not None and int(batch.timestamps.max()) > (
-                received_ms + self.max_future_ms
-            ):
-                return replace(
-                    self.reject(session, stream_name, device_name, "future_timestamp", received_ms),
-                    sequence=batch.sequence,
-                )
-            if self.backfill_ms is not None and int(batch.timestamps.min()) < (
-                entry.created_ms - self.backfill_ms
-            ):
-                return replace(
-                    self.reject(session, stream_name, device_name, "before_stream", received_ms),
-                    sequence=batch.sequence,
-                )
+        reason = self._implausible(entry, batch, received_ms)
+        if reason is not None:
+            return replace(
+                self.reject(session, stream_name, device_name, reason, received_ms),
+                sequence=batch.sequence,
+            )
         device_id = self._device(session, entry.id, device_name, received_ms)
         row = {
             "device_id": device_id,
@@ -515,6 +547,23 @@ class Ingest:
             reset=last_sequence is not None,
             last_sequence=last_sequence,
         )
+
+    def _implausible(self, entry: _StreamEntry, batch: Batch, received_ms: int) -> str | None:
+        """Why a well-formed batch is still refused (its times), or None."""
+        first, last = int(batch.timestamps[0]), int(batch.timestamps[-1])  # never decreasing
+        if self.max_buckets is not None and last // entry.bucket_ms - first // entry.bucket_ms >= (
+            self.max_buckets
+        ):
+            buckets = batch.timestamps // entry.bucket_ms
+            if 1 + int(np.count_nonzero(np.diff(buckets))) > self.max_buckets:
+                return "too_many_buckets"
+        if self.max_future_ms is not None and last > received_ms + self.max_future_ms:
+            return "future_timestamp"
+        if self.max_age_ms is not None and first < received_ms - self.max_age_ms:
+            return "too_old"
+        if self.backfill_ms is not None and first < entry.created_ms - self.backfill_ms:
+            return "before_stream"
+        return None
 
     def _next_generation(self, session: Session, row: dict[str, Any]) -> bool:
         """The (device, sequence) is taken: store this batch as the next generation of it
@@ -597,6 +646,10 @@ class Ingest:
 # -- reading back -----------------------------------------------------------------------------
 
 
+#: Which devices a sum covers: all (None), a subquery of ids (group_devices), or ids.
+Devices = Select[Any] | list[int] | None
+
+
 @dataclass(frozen=True)
 class Sums:
     n: int
@@ -604,7 +657,7 @@ class Sums:
     sum_squares: int
 
 
-def _table(device_ids: list[int] | None) -> type[Aggregate] | type[BucketTotal]:
+def _table(device_ids: Devices) -> type[Aggregate] | type[BucketTotal]:
     """Ungrouped sums read the per-bucket rollup; grouped ones the per-device rows."""
     return BucketTotal if device_ids is None else Aggregate
 
@@ -628,7 +681,7 @@ def _window(
     stream: Stream,
     first_bucket: int,
     stop_bucket: int,
-    device_ids: list[int] | None,
+    device_ids: Devices,
 ) -> Select[Any]:
     table = _table(device_ids)
     query = query.where(
@@ -646,7 +699,7 @@ def window_sums(
     stream: Stream,
     first_bucket: int,
     stop_bucket: int,
-    device_ids: list[int] | None = None,
+    device_ids: Devices = None,
 ) -> Sums:
     """Exact sums over buckets [first, stop) and (optionally) some devices."""
     row = session.execute(
@@ -663,7 +716,7 @@ def series_sums(
     first_bucket: int,
     stop_bucket: int,
     buckets_per_point: int,
-    device_ids: list[int] | None = None,
+    device_ids: Devices = None,
 ) -> dict[int, Sums]:
     """Exact sums per point of `buckets_per_point` buckets, keyed by the point's first bucket."""
     table = _table(device_ids)
@@ -689,22 +742,63 @@ def devices_of(session: Session, stream: Stream) -> list[Device]:
     )
 
 
-def group_device_ids(session: Session, stream: Stream, group: str) -> list[int]:
-    """Devices whose tags match ``key:value``; StoreError if the group is malformed."""
+#: Tags one device may carry, and their sizes.
+MAX_TAGS = 32
+MAX_TAG_KEY = 64
+MAX_TAG_VALUE = 200
+
+
+def check_tags(tags: dict[str, str]) -> None:
+    """StoreError unless `tags` fits: at most MAX_TAGS, keys 1-64 characters without ':',
+    values at most 200 characters."""
+    if len(tags) > MAX_TAGS:
+        raise StoreError(f"a device carries at most {MAX_TAGS} tags, got {len(tags)}")
+    for key, value in tags.items():
+        if not (0 < len(key) <= MAX_TAG_KEY and len(value) <= MAX_TAG_VALUE and ":" not in key):
+            raise StoreError(
+                f"tag {key[:MAX_TAG_KEY]!r}: keys are 1-{MAX_TAG_KEY} characters without ':', "
+                f"values at most {MAX_TAG_VALUE}"
+            )
+
+
+def set_tags(session: Session, device: Device, tags: dict[str, str]) -> None:
+    """Replace a device's tags (both the JSON column and the rows groups are queried by)."""
+    check_tags(tags)
+    device.tags = json.dumps(tags, sort_keys=True)
+    session.execute(delete(DeviceTag).where(DeviceTag.device_id == device.id))
+    if tags:
+        session.execute(
+            insert(DeviceTag),
+            [{"device_id": device.id, "key": k, "value": v} for k, v in tags.items()],
+        )
+
+
+def group_devices(session: Session, stream: Stream, group: str) -> Select[Any]:
+    """The ids of the devices whose tags match ``key:value``, as a subquery to filter by
+    (no list of ids travels to the database, however large the group). StoreError if the
+    group is malformed or matches no device."""
     key, sep, value = group.partition(":")
     if not sep or not key:
         raise StoreError(f"group {group!r} must look like key:value (e.g. site:aarhus)")
-    return [d.id for d in devices_of(session, stream) if json.loads(d.tags).get(key) == value]
+    members = (
+        select(DeviceTag.device_id)
+        .join(Device, Device.id == DeviceTag.device_id)
+        .where(Device.stream_id == stream.id, DeviceTag.key == key, DeviceTag.value == value)
+    )
+    if session.scalar(members.limit(1)) is None:
+        raise StoreError(f"group {group!r} matches no device of stream {stream.name!r}")
+    return members
 
 
 def groups(session: Session, stream: Stream) -> dict[str, int]:
     """Every ``key:value`` tag pair of the stream's devices, with how many devices carry it."""
-    counts: dict[str, int] = {}
-    for device in devices_of(session, stream):
-        for key, value in json.loads(device.tags).items():
-            group = f"{key}:{value}"
-            counts[group] = counts.get(group, 0) + 1
-    return dict(sorted(counts.items()))
+    rows = session.execute(
+        select(DeviceTag.key, DeviceTag.value, func.count())
+        .join(Device, Device.id == DeviceTag.device_id)
+        .where(Device.stream_id == stream.id)
+        .group_by(DeviceTag.key, DeviceTag.value)
+    )
+    return dict(sorted((f"{k}:{v}", int(n)) for k, v, n in rows))
 
 
 # -- segments ---------------------------------------------------------------------------------
@@ -786,8 +880,59 @@ def export_lines(
     names = {d.id: d.name for d in devices_of(session, stream)}
     params = params_of(stream)
     for _, cols in segment_columns(session, stream, first_bucket, stop_bucket):
-        for t, d, x in zip(cols.timestamps, cols.devices, params.decode(cols.codes), strict=True):
-            yield f"{int(t)},{names.get(int(d), d)},{float(x)!r}\n"
+        yield _csv(cols, names, params)
+
+
+def _csv(cols: Columns, names: dict[int, str], params: Zeal) -> str:
+    """The CSV lines of one segment's readings, in one string."""
+    devices = [names.get(d, str(d)) for d in cols.devices.tolist()]
+    values = params.decode(cols.codes).tolist()
+    return "".join(
+        f"{t},{d},{x!r}\n"
+        for t, d, x in zip(cols.timestamps.tolist(), devices, values, strict=True)
+    )
+
+
+def export_chunks(
+    sessions: sessionmaker[Session],
+    stream: Stream,
+    first_bucket: int,
+    stop_bucket: int,
+    segments_per_chunk: int = 64,
+) -> Iterator[str]:
+    """export_lines for an HTTP response: each chunk of segments is read in a session of
+    its own, closed before the chunk is yielded. A client that stops reading (or goes
+    away) holds no database connection, however long the response stays open."""
+    yield "timestamp_ms,device,estimate\n"
+    with sessions() as session:
+        named = select(Device.id, Device.name).where(Device.stream_id == stream.id)
+        names: dict[int, str] = {int(i): str(n) for i, n in session.execute(named)}
+    params = params_of(stream)
+    after: tuple[int, int] | None = None
+    while True:
+        query = select(Segment).where(
+            Segment.stream_id == stream.id,
+            Segment.bucket >= first_bucket,
+            Segment.bucket < stop_bucket,
+        )
+        if after is not None:
+            query = query.where(
+                or_(
+                    Segment.bucket > after[0],
+                    and_(Segment.bucket == after[0], Segment.id > after[1]),
+                )
+            )
+        query = query.order_by(Segment.bucket, Segment.id).limit(segments_per_chunk)
+        with sessions() as session:
+            segments = list(session.scalars(query))
+            chunk = "".join(
+                _csv(columns_of(s, stream.payload_bits), names, params) for s in segments
+            )
+        if chunk:
+            yield chunk
+        if len(segments) < segments_per_chunk:
+            return
+        after = (segments[-1].bucket, segments[-1].id)
 
 
 def verify(session: Session, stream: Stream) -> list[str]:

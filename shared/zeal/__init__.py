@@ -5,7 +5,7 @@ Public surface::
     Zeal(lower=..., upper=..., epsilon=...)   stream parameters, perturb, decode, estimate
     Estimate                                  an average with its intervals
     audit(params) -> AuditReport              the privacy loss the sampler really realizes
-    encode_batch / decode_batch -> Batch      wire format v1 (docs/wire-format.md)
+    encode_batch / decode_batch -> Batch      wire format v2 (docs/wire-format.md)
     ZealError, ParameterError, ReadingError, CodeError, WireError, ZealWarning
 """
 

@@ -1,9 +1,10 @@
-"""Wire format v1: one batch of codes from one device, as sent over MQTT.
+"""Wire format v2: one batch of codes from one device, as sent over MQTT.
 
 Byte layout (``docs/wire-format.md`` has the full description and test vectors)::
 
-    header      1 byte   version (high nibble, 1) | flags (low nibble; bit 0: irregular)
-    fingerprint 4 bytes  SHA-256(stream fingerprint | "/" | device)[:4]: binds stream and device
+    header      1 byte   version (high nibble, 2) | flags (low nibble; bit 0: irregular)
+    fingerprint 4 bytes  SHA-256(parameter fingerprint | "/" | stream | "/" | device)[:4]:
+                         binds the parameters, the stream's name and the device
     sequence    varint   per-device batch sequence number, 0 .. 2**64-1
     count       varint   readings in the batch, 1 .. 65535
     base time   varint   first timestamp, milliseconds since the Unix epoch, < 2**48
@@ -45,7 +46,7 @@ __all__ = [
     "wire_fingerprint",
 ]
 
-VERSION: Final = 1
+VERSION: Final = 2
 FINGERPRINT_BYTES: Final = 4
 MAX_COUNT: Final = 65535
 MAX_TIMESTAMP: Final = 1 << 48
@@ -143,13 +144,16 @@ class Batch:
     __hash__ = None  # type: ignore[assignment]
 
 
-def wire_fingerprint(params: WireParams, device: str) -> bytes:
-    """The 4 fingerprint bytes of a payload from `device` on the stream of `params`.
+def wire_fingerprint(params: WireParams, stream: str, device: str) -> bytes:
+    """The 4 fingerprint bytes of a payload from `device` on stream `stream` (of `params`).
 
-    Binding the device makes a payload valid only on its own device's topic: a batch
-    replayed under another device's name fails with ``fingerprint_mismatch``.
+    Binding the stream's name and the device makes a payload valid only on its own topic: a
+    batch replayed under another device's name, or on another stream with the same
+    parameters, fails with ``fingerprint_mismatch`` (wire v1 bound only the device).
     """
-    digest = hashlib.sha256(params.fingerprint + b"/" + device.encode()).digest()
+    digest = hashlib.sha256(
+        params.fingerprint + b"/" + stream.encode() + b"/" + device.encode()
+    ).digest()
     return digest[:FINGERPRINT_BYTES]
 
 
@@ -222,6 +226,7 @@ def _unpack(data: bytes, count: int, bits: int) -> npt.NDArray[np.uint64]:
 def encode_batch(
     params: WireParams,
     *,
+    stream: str,
     device: str,
     sequence: int,
     timestamps: npt.ArrayLike,
@@ -255,7 +260,7 @@ def encode_batch(
         )
     period = _period(stamps)
     head = bytearray([VERSION << 4 | (0 if period is not None else _IRREGULAR)])
-    head += wire_fingerprint(params, device)
+    head += wire_fingerprint(params, stream, device)
     head += _varint(sequence) + _varint(int(values.size)) + _varint(int(stamps[0]))
     if period is None:
         head += b"".join(_varint(int(d)) for d in np.diff(stamps))
@@ -264,8 +269,8 @@ def encode_batch(
     return bytes(head) + _pack(values.astype(np.uint64), params.payload_bits)
 
 
-def decode_batch(payload: bytes, params: WireParams, *, device: str) -> Batch:
-    """Decode and validate a payload from `device` against a stream's parameters."""
+def decode_batch(payload: bytes, params: WireParams, *, stream: str, device: str) -> Batch:
+    """Decode and validate a payload from `device` on `stream` against its parameters."""
     if not isinstance(payload, bytes | bytearray | memoryview):
         raise WireError("empty", f"payload must be bytes, got {type(payload).__name__}")
     data = bytes(payload)
@@ -275,18 +280,22 @@ def decode_batch(payload: bytes, params: WireParams, *, device: str) -> Batch:
         raise WireError("too_large", f"payload of {len(data)} bytes exceeds {MAX_PAYLOAD_BYTES}")
     version, flags = data[0] >> 4, data[0] & 0x0F
     if version != VERSION:
-        raise WireError("bad_version", f"version {version} is not supported (expected {VERSION})")
+        older = " (an agent from before stream names were bound: upgrade it)" * (version == 1)
+        raise WireError(
+            "bad_version", f"version {version} is not supported (expected {VERSION}){older}"
+        )
     if flags & ~_IRREGULAR:
         raise WireError("bad_flags", f"reserved flag bits are set: {flags:#x}")
     if len(data) < 1 + FINGERPRINT_BYTES:
         raise WireError("truncated", "payload ends inside the fingerprint")
     fingerprint = data[1 : 1 + FINGERPRINT_BYTES]
-    expected = wire_fingerprint(params, device)
+    expected = wire_fingerprint(params, stream, device)
     if fingerprint != expected:
         raise WireError(
             "fingerprint_mismatch",
-            f"payload fingerprint {fingerprint.hex()} is not {expected.hex()} of this stream and "
-            f"device {device!r} (stale parameters, or another device's payload)",
+            f"payload fingerprint {fingerprint.hex()} is not {expected.hex()} of stream "
+            f"{stream!r} and device {device!r} (stale parameters, or a payload of another "
+            "device or stream)",
         )
     reader = _Reader(data, 1 + FINGERPRINT_BYTES)
     sequence = reader.varint("sequence number")

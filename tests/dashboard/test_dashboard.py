@@ -506,7 +506,9 @@ def test_resets_duplicates_raw_store_and_clipped_bands_read_right(
 def encode(params: Any, device: str, sequence: int, stamp: int, *, seed: int) -> bytes:
     """One reading of 50 as a batch, perturbed with a fixed seed."""
     codes = params.perturb(np.array([50.0]), rng=np.random.default_rng(seed))
-    return encode_batch(params, device=device, sequence=sequence, timestamps=[stamp], codes=codes)
+    return encode_batch(
+        params, stream="few", device=device, sequence=sequence, timestamps=[stamp], codes=codes
+    )
 
 
 def publish(server: Server, batches: list[tuple[str, bytes]]) -> None:

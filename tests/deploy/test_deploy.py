@@ -174,8 +174,9 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
         ca = certs["ca"]
         assert "#listener 8883" in conf
         conf = (
-            conf.replace("listener 1883\n", "")
+            conf.replace("listener 1883\nuse_username_as_clientid true\n", "")
             .replace("#listener 8883", f"listener {port} 127.0.0.1")
+            .replace("#use_username_as_clientid", "use_username_as_clientid")
             .replace("#cafile /mosquitto/certs/ca.crt", f"cafile {certs['ca']}")
             .replace("#certfile /mosquitto/certs/server.crt", f"certfile {certs['cert']}")
             .replace("#keyfile /mosquitto/certs/server.key", f"keyfile {certs['key']}")

@@ -96,13 +96,15 @@ def batches_by_sequence(messages: list[tuple[str, bytes]]) -> dict[int, list[byt
     out: dict[int, list[bytes]] = {}
     for topic, payload in messages:
         assert topic == "zeal/v1/temps/dev1/up"
-        out.setdefault(decode_batch(payload, PARAMS, device="dev1").sequence, []).append(payload)
+        out.setdefault(
+            decode_batch(payload, PARAMS, stream="temps", device="dev1").sequence, []
+        ).append(payload)
     return out
 
 
 def codes_received(messages: list[tuple[str, bytes]]) -> int:
     return sum(
-        len(decode_batch(p[0], PARAMS, device="dev1"))
+        len(decode_batch(p[0], PARAMS, stream="temps", device="dev1"))
         for p in batches_by_sequence(messages).values()
     )
 
@@ -135,7 +137,10 @@ def test_replay_of_1000_readings_arrives_exactly(tmp_path: Path, broker: Mosquit
     batches = batches_by_sequence(got)
     assert sorted(batches) == list(range(17))
     codes = np.concatenate(
-        [decode_batch(b[0], PARAMS, device="dev1").codes for _, b in sorted(batches.items())]
+        [
+            decode_batch(b[0], PARAMS, stream="temps", device="dev1").codes
+            for _, b in sorted(batches.items())
+        ]
     )
     assert codes.size == 1000
     estimate = PARAMS.estimate_mean(codes)
@@ -177,7 +182,12 @@ def test_broker_outage_loses_nothing_and_resends_the_same_bytes(
     assert not missing, (missing, err[-3000:], broker.log_tail())
     assert sorted(batches) == list(range(50))
     assert all(len(set(copies)) == 1 for copies in batches.values())
-    assert sum(len(decode_batch(c[0], PARAMS, device="dev1")) for c in batches.values()) == 1000
+    assert (
+        sum(
+            len(decode_batch(c[0], PARAMS, stream="temps", device="dev1")) for c in batches.values()
+        )
+        == 1000
+    )
 
 
 def test_sigkill_with_unsent_batches_then_restart_sends_each_once(
@@ -323,7 +333,7 @@ def test_simulator_runs_many_devices_with_their_own_sequences(
     seen: dict[str, set[int]] = {}
     for topic, payload in got:
         device = topic.split("/")[3]
-        batch = decode_batch(payload, PARAMS, device=device)
+        batch = decode_batch(payload, PARAMS, stream="temps", device=device)
         assert len(batch) == 60
         assert batch.periodic
         seen.setdefault(device, set()).add(batch.sequence)

@@ -66,6 +66,7 @@ def feed(
     codes = PARAMS.perturb(readings, rng=np.random.default_rng(rng))
     payload = encode_batch(
         PARAMS,
+        stream=stream,
         device=device,
         sequence=sequence,
         codes=codes,
@@ -255,7 +256,7 @@ def test_devices_stats_export_verify(client: TestClient) -> None:
         ("/api/v1/streams/temps/average", {"start": "yesterday"}, 422, "datetime"),
         ("/api/v1/streams/temps/average", {"group": "site"}, 422, "key:value"),
         ("/api/v1/streams/temps/average", {"group": "site:mars"}, 422, "matches no device"),
-        ("/api/v1/streams/temps/average", {"confidence": 1}, 422, "less than 1"),
+        ("/api/v1/streams/temps/average", {"confidence": 1}, 422, "less than or equal to 0.999999"),
         ("/api/v1/streams/temps/series", {"interval": 90}, 422, "multiple of the stream's bucket"),
         (
             "/api/v1/streams/temps/series",
@@ -297,13 +298,23 @@ def test_rejects_are_counted_and_store_nothing(client: TestClient) -> None:
     feed(client, "dev0", 0, np.full(60, 50.0), T0)
     stale = Zeal(lower=0, upper=100, epsilon=1, payload_bits=6)
     good = encode_batch(
-        PARAMS, device="dev1", sequence=0, codes=np.full(5, 40), timestamps=T0 + np.arange(5)
+        PARAMS,
+        stream="temps",
+        device="dev1",
+        sequence=0,
+        codes=np.full(5, 40),
+        timestamps=T0 + np.arange(5),
     )
     bad = {
         "zeal/v1/temps/dev1/up": [
             good[:-2],
             encode_batch(
-                stale, device="dev1", sequence=1, codes=np.full(5, 40), timestamps=T0 + np.arange(5)
+                stale,
+                stream="temps",
+                device="dev1",
+                sequence=1,
+                codes=np.full(5, 40),
+                timestamps=T0 + np.arange(5),
             ),
         ],
         "zeal/v1/temps/dev2/up": [good],
@@ -327,7 +338,12 @@ def test_redelivered_batches_change_nothing(client: TestClient) -> None:
     create(client)
     codes = PARAMS.perturb(np.full(60, 50.0), rng=np.random.default_rng(1))
     payload = encode_batch(
-        PARAMS, device="dev0", sequence=7, codes=codes, timestamps=T0 + 1000 * np.arange(60)
+        PARAMS,
+        stream="temps",
+        device="dev0",
+        sequence=7,
+        codes=codes,
+        timestamps=T0 + 1000 * np.arange(60),
     )
     ingest = store.Ingest()
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
@@ -356,7 +372,7 @@ def test_a_reused_sequence_with_other_content_is_stored_as_a_reset(client: TestC
         codes = PARAMS.perturb(np.full(10, 50.0), rng=np.random.default_rng(rng))
         stamps = start_ms + 1000 * np.arange(10)
         return encode_batch(
-            PARAMS, device="dev0", sequence=sequence, codes=codes, timestamps=stamps
+            PARAMS, stream="temps", device="dev0", sequence=sequence, codes=codes, timestamps=stamps
         )
 
     first = [payload(s, T0 + 60_000 * s, s) for s in range(3)]
@@ -388,7 +404,12 @@ def test_rows_from_before_digests_still_deduplicate(client: TestClient) -> None:
         session.execute(update(BatchSeen).values(digest=None))
     codes = PARAMS.perturb(np.full(10, 50.0), rng=np.random.default_rng(5))
     redelivered = encode_batch(
-        PARAMS, device="dev0", sequence=4, codes=codes, timestamps=T0 + 1000 * np.arange(10)
+        PARAMS,
+        stream="temps",
+        device="dev0",
+        sequence=4,
+        codes=codes,
+        timestamps=T0 + 1000 * np.arange(10),
     )
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
         outcome = store.Ingest().add(session, "zeal/v1/temps/dev0/up", redelivered, T0)

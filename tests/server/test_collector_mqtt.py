@@ -149,6 +149,7 @@ def test_batches_published_three_times_out_of_order_are_stored_once(
         batches = [
             encode_batch(
                 params,
+                stream="temps",
                 device="dev1",
                 sequence=s,
                 codes=params.perturb(rng.uniform(30, 70, 60), rng=rng),
@@ -178,6 +179,7 @@ def test_rejects_are_counted_and_good_data_is_intact(database_url: str, broker: 
         def batch(p: Zeal, device: str, seq: int) -> bytes:
             return encode_batch(
                 p,
+                stream="temps",
                 device=device,
                 sequence=seq,
                 codes=np.full(10, p.code_min),

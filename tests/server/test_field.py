@@ -129,6 +129,7 @@ def test_a_stream_created_by_the_cli_gets_its_retained_config_within_5_s(
             params = params_from_config(client.get("/api/v1/streams/cli-temps/config").json())
             batch = encode_batch(
                 params,
+                stream="cli-temps",
                 device="d1",
                 sequence=0,
                 timestamps=[int(time.time() * 1000)],

@@ -32,6 +32,7 @@ def batch(device: str, sequence: int, start_ms: int, n: int = 10) -> bytes:
     codes = PARAMS.perturb(np.full(n, 50.0), rng=np.random.default_rng(sequence))
     return encode_batch(
         PARAMS,
+        stream="temps",
         device=device,
         sequence=sequence,
         codes=codes,
@@ -147,7 +148,7 @@ def test_agent_clock_stepping_back_loses_and_duplicates_nothing(
         watcher.close()
     batches = {}
     for _topic, payload in sent:
-        b = decode_batch(payload, PARAMS_OF(config), device="dev1")
+        b = decode_batch(payload, PARAMS_OF(config), stream="temps", device="dev1")
         batches.setdefault(b.sequence, b)
     assert sorted(batches) == list(range(10))
     firsts = [int(batches[s].timestamps.min()) for s in range(10)]

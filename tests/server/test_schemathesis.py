@@ -51,6 +51,7 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             for d in range(3):
                 payload = encode_batch(
                     params,
+                    stream="temps",
                     device=f"dev{d}",
                     sequence=0,
                     codes=params.perturb(np.full(60, 50.0)),

@@ -1,4 +1,4 @@
-"""Wire format v1: documented vectors, round trips, sizes, and refusal of garbage."""
+"""Wire format v2: documented vectors, round trips, sizes, and refusal of garbage."""
 
 from __future__ import annotations
 
@@ -44,19 +44,27 @@ def test_documented_vectors_encode_and_decode() -> None:
     vectors = blocks("vector")
     assert len(vectors) >= 5
     for v in vectors:
-        params = stream_of(v["stream"])
+        params = stream_of(v["params"])
         stamps, codes = timestamps_of(v["timestamps"]), [int(c) for c in v["codes"].split()]
         payload = encode_batch(
-            params, device=v["device"], sequence=int(v["sequence"]), timestamps=stamps, codes=codes
+            params,
+            stream=v["stream"],
+            device=v["device"],
+            sequence=int(v["sequence"]),
+            timestamps=stamps,
+            codes=codes,
         )
         assert payload.hex() == v["hex"], v["name"]
-        batch = decode_batch(bytes.fromhex(v["hex"]), params, device=v["device"])
+        where = {"stream": v["stream"], "device": v["device"]}
+        batch = decode_batch(bytes.fromhex(v["hex"]), params, **where)
         assert batch.sequence == int(v["sequence"])
         assert batch.timestamps.tolist() == stamps
         assert batch.codes.tolist() == codes
-        assert batch.fingerprint == wire_fingerprint(params, v["device"])
+        assert batch.fingerprint == wire_fingerprint(params, v["stream"], v["device"])
         with pytest.raises(WireError, match="fingerprint_mismatch"):
-            decode_batch(bytes.fromhex(v["hex"]), params, device="another-device")
+            decode_batch(bytes.fromhex(v["hex"]), params, **{**where, "device": "another-device"})
+        with pytest.raises(WireError, match="fingerprint_mismatch"):
+            decode_batch(bytes.fromhex(v["hex"]), params, **{**where, "stream": "another-stream"})
 
 
 def test_documented_invalid_payloads_give_their_reason() -> None:
@@ -72,7 +80,7 @@ def test_documented_invalid_payloads_give_their_reason() -> None:
     }
     for v in invalid:
         with pytest.raises(WireError) as info:
-            decode_batch(bytes.fromhex(v["hex"]), STREAM_A, device="dev1")
+            decode_batch(bytes.fromhex(v["hex"]), STREAM_A, stream="temps", device="dev1")
         assert info.value.reason == v["reason"]
 
 
@@ -81,11 +89,25 @@ def test_size_targets() -> None:
     stamps = [1767225600000 + 1000 * i for i in range(60)]
     codes = STREAM_A.perturb(np.full(60, 50.0))
     assert (
-        len(encode_batch(STREAM_A, device="dev1", sequence=2**20, timestamps=stamps, codes=codes))
+        len(
+            encode_batch(
+                STREAM_A,
+                stream="temps",
+                device="dev1",
+                sequence=2**20,
+                timestamps=stamps,
+                codes=codes,
+            )
+        )
         <= 64
     )
     one = encode_batch(
-        STREAM_A, device="dev1", sequence=2**20, timestamps=[1767225600000], codes=codes[:1]
+        STREAM_A,
+        stream="temps",
+        device="dev1",
+        sequence=2**20,
+        timestamps=[1767225600000],
+        codes=codes[:1],
     )
     assert len(one) <= 16
 
@@ -118,10 +140,12 @@ def batches(draw: st.DrawFn) -> tuple[CodecParams, int, list[int], list[int]]:
 def test_any_valid_batch_round_trips(case: tuple[CodecParams, int, list[int], list[int]]) -> None:
     """Widths 1..32, 1..10,000 readings, periodic or irregular: decode(encode(b)) == b."""
     params, sequence, stamps, codes = case
-    payload = encode_batch(params, device="d", sequence=sequence, timestamps=stamps, codes=codes)
-    batch = decode_batch(payload, params, device="d")
+    payload = encode_batch(
+        params, stream="s", device="d", sequence=sequence, timestamps=stamps, codes=codes
+    )
+    batch = decode_batch(payload, params, stream="s", device="d")
     expected = Batch(
-        wire_fingerprint(params, "d"),
+        wire_fingerprint(params, "s", "d"),
         sequence,
         np.array(stamps, dtype=np.int64),
         np.array(codes, dtype=np.uint64),
@@ -130,10 +154,14 @@ def test_any_valid_batch_round_trips(case: tuple[CodecParams, int, list[int], li
     # Wrong length or fingerprint never decodes.
     for broken in (payload[:-1], payload + b"\x00"):
         with pytest.raises(WireError, match=r"^(truncated|trailing_bytes):"):
-            decode_batch(broken, params, device="d")
+            decode_batch(broken, params, stream="s", device="d")
     other = CodecParams(bytes(b ^ 0xFF for b in params.fingerprint), params.payload_bits)
     with pytest.raises(WireError) as info:
-        decode_batch(payload, other, device="d")
+        decode_batch(payload, other, stream="s", device="d")
+    assert info.value.reason == "fingerprint_mismatch"
+    # The same parameters under another stream's name (a replay on another stream) neither.
+    with pytest.raises(WireError) as info:
+        decode_batch(payload, params, stream="s2", device="d")
     assert info.value.reason == "fingerprint_mismatch"
 
 
@@ -152,8 +180,8 @@ def test_fuzzed_payloads_only_raise_wire_errors() -> None:
             payload = rng.bytes(int(rng.integers(0, 80)))
             if payload and rng.random() < 0.5:
                 payload = (
-                    bytes([0x10 | (payload[0] & 1)])
-                    + wire_fingerprint(STREAM_A, "dev1")
+                    bytes([0x20 | (payload[0] & 1)])
+                    + wire_fingerprint(STREAM_A, "temps", "dev1")
                     + payload[1:]
                 )
         else:
@@ -171,12 +199,12 @@ def test_fuzzed_payloads_only_raise_wire_errors() -> None:
                     data[pos] = int(rng.integers(0, 256))
             payload = bytes(data)
         try:
-            batch = decode_batch(payload, STREAM_A, device="dev1")
+            batch = decode_batch(payload, STREAM_A, stream="temps", device="dev1")
         except WireError as exc:
             reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
             continue
         decoded += 1
-        assert batch.fingerprint == wire_fingerprint(STREAM_A, "dev1")
+        assert batch.fingerprint == wire_fingerprint(STREAM_A, "temps", "dev1")
         assert (
             STREAM_A.code_min
             <= int(batch.codes.min())
@@ -185,12 +213,13 @@ def test_fuzzed_payloads_only_raise_wire_errors() -> None:
         )
         again = encode_batch(
             STREAM_A,
+            stream="temps",
             device="dev1",
             sequence=batch.sequence,
             timestamps=batch.timestamps,
             codes=batch.codes,
         )
-        assert decode_batch(again, STREAM_A, device="dev1") == batch
+        assert decode_batch(again, STREAM_A, stream="temps", device="dev1") == batch
     print(f"fuzz: {decoded} decoded, refusals by reason {dict(sorted(reasons.items()))}")
     assert set(reasons) <= set(REASONS)
     assert len(reasons) >= 8
@@ -210,11 +239,11 @@ def test_fuzzed_payloads_only_raise_wire_errors() -> None:
 def test_unencodable_batches_are_refused(kwargs: dict, reason: str) -> None:
     """encode_batch refuses batches it could not decode back, with the matching reason."""
     with pytest.raises(WireError) as info:
-        encode_batch(STREAM_A, device="dev1", **kwargs)
+        encode_batch(STREAM_A, stream="temps", device="dev1", **kwargs)
     assert info.value.reason == reason
 
 
 def test_not_bytes_is_refused() -> None:
     """A payload that is not bytes is refused, not crashed on."""
     with pytest.raises(WireError, match="empty"):
-        decode_batch("10d8", STREAM_A, device="dev1")  # type: ignore[arg-type]
+        decode_batch("20d8", STREAM_A, stream="temps", device="dev1")  # type: ignore[arg-type]
