@@ -94,7 +94,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     try:
         wait_for_port(port, timeout=30)
         srv = Server(f"http://127.0.0.1:{port}")
-        wait_until(lambda: srv.call("/healthz").get("broker") == "ok", 30, "the collector")
+        wait_until(
+            lambda: srv.call("/healthz", token=TOKEN).get("broker") == "ok", 30, "the collector"
+        )
         body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "bucket_seconds": 1}
         body["unit"] = UNIT
         srv.call("/api/v1/streams", method="POST", body=body, token=TOKEN)

@@ -605,3 +605,100 @@ def test_the_efficiency_sample_is_the_most_recent_readings(client: TestClient) -
 def stats_shared_bits(client: TestClient) -> int:
     shared: int = client.get("/api/v1/streams/temps").json()["shared_bits"]
     return shared
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"confidence": "0.9999999999999999"},
+        {"end": "9999-12-31T23:59:59Z"},
+        {"start": "0001-01-01T00:00:00+23:59"},
+        {"interval": "553402322211286548480"},
+    ],
+    ids=["confidence", "end-9999", "start-0001", "interval"],
+)
+def test_the_inputs_that_gave_500_are_answered(client: TestClient, params: dict[str, str]) -> None:
+    """The four inputs that answered 500: a parameter out of range is 422 naming it; a
+    window at the ends of the calendar is cut to the dates readings can have (200)."""
+    create(client)
+    feed(client, "dev0", 0, np.full(10, 50.0), T0)
+    for path in ("average", "series"):
+        response = client.get(f"/api/v1/streams/temps/{path}", params=params)
+        if "confidence" in params or "interval" in params:
+            expected = 422 if path == "series" or "confidence" in params else 200
+        else:
+            expected = 200
+        assert response.status_code == expected, (path, response.text)
+        if expected == 422:
+            assert next(iter(params)) in response.text
+    both = client.get(
+        "/api/v1/streams/temps/average",
+        params={"start": "0001-01-01T00:00:00+23:59", "end": "9999-12-31T23:59:59Z"},
+    )
+    assert both.status_code == 200
+    assert both.json()["n"] == 10
+
+
+def test_healthz_says_only_up_or_down_without_a_token(database_url: str) -> None:
+    """With tokens set, /healthz without one (or with a wrong one) is {"status": "up"};
+    with the read or operator token it has the details. Without tokens (development), the
+    details are open like everything else. No SQL ever appears in it."""
+    app = create_app(settings(database_url, ZEAL_OPERATOR_TOKEN=OPERATOR, ZEAL_READ_TOKEN=READER))
+    with TestClient(app) as c:
+        assert c.get("/healthz").json() == {"status": "up"}
+        assert c.get("/healthz", headers={"Authorization": "Bearer wrong"}).json() == {
+            "status": "up"
+        }
+        for token in (READER, OPERATOR):
+            body = c.get("/healthz", headers={"Authorization": f"Bearer {token}"}).json()
+            assert body == {"status": "up", "database": "ok", "broker": "off"}
+    with TestClient(create_app(settings(database_url))) as c:
+        assert c.get("/healthz").json() == {"status": "up", "database": "ok", "broker": "off"}
+
+
+def test_db_errors_are_told_without_their_sql() -> None:
+    """What the collector shows as its last error names the driver's error, not the
+    statement or its parameters."""
+    from sqlalchemy.exc import OperationalError
+
+    from zeal_server.collector import db_error_text
+
+    exc = OperationalError(
+        "INSERT INTO batches VALUES (?, ?)", (12, b"secret"), Exception("disk full")
+    )
+    assert db_error_text(exc) == "Exception: disk full"
+
+
+def test_tags_are_capped_and_groups_are_queried_by_join(client: TestClient) -> None:
+    """33 tags, a 65-character key or a 201-character value: 422. Groups and grouped
+    averages follow tag changes (the device_tags rows), and a group of no device is 422."""
+    create(client)
+    feed(client, "dev0", 0, np.full(10, 20.0), T0)
+    feed(client, "dev1", 0, np.full(10, 80.0), T0, rng=1)
+    path = "/api/v1/streams/temps/devices/dev0/tags"
+    for tags in (
+        {f"k{i}": "v" for i in range(33)},
+        {"k" * 65: "v"},
+        {"k": "v" * 201},
+        {"a:b": "v"},
+    ):
+        response = client.put(path, json={"tags": tags})
+        assert response.status_code == 422, response.text
+    assert client.put(path, json={"tags": {f"k{i}": "v" for i in range(32)}}).status_code == 200
+    assert client.put(path, json={"tags": {"site": "north"}}).status_code == 200
+    client.put("/api/v1/streams/temps/devices/dev1/tags", json={"tags": {"site": "south"}})
+    groups = client.get("/api/v1/streams/temps/groups").json()
+    assert groups == [{"group": "site:north", "devices": 1}, {"group": "site:south", "devices": 1}]
+    north = client.get("/api/v1/streams/temps/average", params={"group": "site:north"}).json()
+    assert north["n"] == 10
+    compare = client.get(
+        "/api/v1/streams/temps/compare", params={"a": "site:north", "b": "site:south"}
+    ).json()
+    assert (compare["n_a"], compare["n_b"]) == (10, 10)
+    client.put(path, json={"tags": {"site": "south"}})
+    assert client.get("/api/v1/streams/temps/groups").json() == [
+        {"group": "site:south", "devices": 2}
+    ]
+    missing = client.get("/api/v1/streams/temps/average", params={"group": "site:north"})
+    assert missing.status_code == 422
+    assert "matches no device" in missing.text

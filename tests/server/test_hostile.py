@@ -605,3 +605,34 @@ def test_schemathesis_cli_finds_no_server_error(tmp_path: Path) -> None:
         assert "Traceback" not in server.log.read_text()
     finally:
         server.stop()
+
+
+def test_retained_data_messages_are_never_replayed(broker: Mosquitto, tmp_path: Path) -> None:
+    """A valid batch retained on a data topic while no collector session exists is not
+    delivered to a collector that subscribes later (retain handling 2) and never stored,
+    at its first subscription or after a reconnect; a live batch after it is stored.
+    Before: stored at the first subscription, and replayed at every resubscription."""
+    database = f"sqlite:///{tmp_path / 'zeal.sqlite'}"
+    first = serve(database, broker, tmp_path).start()
+    try:
+        params = create(first)
+    finally:
+        first.stop()
+    retained, live = batches(params, "temps", "dev1", 2)
+    publisher = client(broker.port, None)
+    publisher.publish("zeal/v1/temps/dev1/up", retained, qos=1, retain=True).wait_for_publish(10)
+    # A collector with a session of its own (another id): it subscribes after the publish.
+    server = Server(database, broker, tmp_path / "server2.log", collector_id="zs-later")
+    try:
+        server.start()
+        time.sleep(1)
+        publisher.publish("zeal/v1/temps/dev1/up", live, qos=1).wait_for_publish(10)
+        wait_until(lambda: stats(server)["messages"] >= 1, 15, "the live batch")
+        server.stop()  # a reconnect: the retained batch is not replayed either
+        server.start()
+        time.sleep(2)
+        publisher.disconnect()
+        got = stats(server)
+        assert (got["messages"], got["readings"], got["duplicates"]) == (1, 10, 0)
+    finally:
+        server.stop()
