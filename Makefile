@@ -42,6 +42,7 @@ bench: install
 reliability: install   # the timed parts of docs/reliability.md (not in make test)
 	$(BIN)/python bench/flood.py --out bench/flood.json             # about 3 minutes
 	$(BIN)/python bench/reliability.py --out bench/reliability.json # 10 minutes
+	$(BIN)/python bench/hostile.py --out bench/hostile.json         # about 2 minutes
 
 bench-quick: install
 	$(BIN)/python bench/report.py --quick --out $(or $(OUT),bench-quick)

@@ -41,24 +41,29 @@ def batch(device: str, sequence: int, start_ms: int, n: int = 10) -> bytes:
 
 
 def test_implausible_timestamps_are_rejected_with_a_reason(database_url: str) -> None:
-    """Far future (beyond arrival + ZEAL_MAX_FUTURE_SECONDS) and before the stream existed
-    (beyond ZEAL_BACKFILL_SECONDS): rejected and counted; nothing stored. A batch within the
-    tolerances, including one stepping back a little, is stored."""
+    """Beyond arrival + ZEAL_MAX_FUTURE_SECONDS (10 min), before arrival −
+    ZEAL_MAX_AGE_SECONDS (7 days), before the stream existed (beyond ZEAL_BACKFILL_SECONDS):
+    rejected and counted; nothing stored. A batch within the tolerances, including one
+    stepping back a little, is stored."""
     settings = ServerSettings.from_env({"ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": "off"})
-    assert (settings.max_future_seconds, settings.backfill_seconds) == (86_400, 300)
+    limits = (settings.max_future_seconds, settings.max_age_seconds, settings.backfill_seconds)
+    assert limits == (600, 7 * 86_400, 300)
     with TestClient(create_app(settings)) as client:
         body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "payload_bits": 6}
         assert client.post("/api/v1/streams", json=body).status_code == 201
         app: Any = client.app
-        ingest = store.Ingest(max_future_ms=DAY_MS, backfill_ms=300_000)
+        ingest = store.Ingest(
+            max_future_ms=600_000, max_age_ms=7 * DAY_MS, backfill_ms=300_000, max_buckets=1440
+        )
         now = store.now_ms()
         cases = [
-            ("far future", "a", 0, now + 2 * DAY_MS, "future_timestamp"),
-            ("last year", "b", 0, now - 365 * DAY_MS, "before_stream"),
+            ("a day ahead", "a", 0, now + DAY_MS, "future_timestamp"),
+            ("11 minutes ahead", "a", 1, now + 660_000, "future_timestamp"),
+            ("last year", "b", 0, now - 365 * DAY_MS, "too_old"),
             ("an hour before the stream", "c", 0, now - 3_600_000, "before_stream"),
             ("now", "d", 0, now, None),
             ("stepped back 2 min", "d", 1, now - 120_000, None),
-            ("almost a day ahead", "e", 0, now + DAY_MS - 60_000, None),
+            ("almost 10 minutes ahead", "e", 0, now + 600_000 - 10_000, None),
         ]
         for label, device, sequence, start_ms, reason in cases:
             payload = batch(device, sequence, start_ms)
@@ -69,13 +74,18 @@ def test_implausible_timestamps_are_rejected_with_a_reason(database_url: str) ->
             else:
                 assert (outcome.status, outcome.reason) == ("rejected", reason), label
         stats = client.get("/api/v1/streams/temps/stats").json()
-        assert stats["rejects"] == {"future_timestamp": 1, "before_stream": 2}
+        assert stats["rejects"] == {"future_timestamp": 2, "too_old": 1, "before_stream": 1}
         assert (stats["readings"], stats["messages"]) == (30, 3)
 
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("ZEAL_MAX_FUTURE_SECONDS", "-1"), ("ZEAL_BACKFILL_SECONDS", "soon")],
+    [
+        ("ZEAL_MAX_FUTURE_SECONDS", "-1"),
+        ("ZEAL_BACKFILL_SECONDS", "soon"),
+        ("ZEAL_MAX_AGE_SECONDS", "1e9"),
+        ("ZEAL_MAX_BUCKETS_PER_BATCH", "0"),
+    ],
 )
 def test_bad_timestamp_limits_are_refused(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):
@@ -339,3 +349,28 @@ def test_reject_budget_sheds_a_flooding_topic_and_forgives_it(
     assert not budget.allows(evil)
     now[0] += 0.2
     assert budget.allows(evil)
+
+
+def test_reject_budget_is_per_device_and_its_memory_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A device that varies the stream level (all the ACL lets it choose) spends one budget;
+    a million distinct devices leave at most MAX_KEYS buckets; the log throttle lets at most
+    LOG_LINES_PER_MINUTE reject lines through a minute, whatever the keys."""
+    from zeal_server import collector
+
+    now = [1000.0]
+    monkeypatch.setattr(collector.time, "monotonic", lambda: now[0])
+    budget = collector.RejectBudget()
+    for i in range(100):
+        budget.spend(f"zeal/v1/s{i}/evil/up")
+    assert not budget.allows("zeal/v1/another/evil/up")
+    assert budget.allows("zeal/v1/s0/good/up")
+    for i in range(200_000):
+        budget.spend(f"zeal/v1/s/dev{i}/up")
+    assert len(budget._buckets) == collector.MAX_KEYS
+    throttle = collector.LogThrottle()
+    passed = sum(throttle.ready(("bad_topic", f"s{i}/d"), now[0]) for i in range(10_000))
+    assert passed == collector.LOG_LINES_PER_MINUTE
+    now[0] += 61
+    assert throttle.ready(("bad_topic", "s0/d"), now[0])
