@@ -82,6 +82,12 @@ class StreamIn(BaseModel):
     unit: str = Field(
         "", max_length=32, description="what the readings measure in, e.g. degF, kWh, mg/dL"
     )
+    enrolled_only: bool = Field(
+        False,
+        description="accept data only from devices enrolled beforehand with "
+        "PUT /streams/{name}/devices/{device} (the broker lets any device publish to any "
+        "stream under its own name)",
+    )
 
 
 class StreamOut(BaseModel):
@@ -101,6 +107,7 @@ class StreamOut(BaseModel):
     grid_step: float
     description: str
     unit: str
+    enrolled_only: bool
     created: datetime
 
 
@@ -309,6 +316,7 @@ def _stream_out(stream: Stream) -> StreamOut:
         grid_step=params.grid_step,
         description=stream.description,
         unit=stream.unit,
+        enrolled_only=stream.enrolled_only,
         created=_time(stream.created_ms),
     )
 
@@ -835,6 +843,24 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         """The device groups (tag key:value pairs) of the stream, for the group filter."""
         stream = stream_or_404(db, name)
         return [GroupOut(group=g, devices=n) for g, n in store.groups(db, stream).items()]
+
+    @app.put(
+        f"{api}/streams/{{name}}/devices/{{device}}",
+        dependencies=[Depends(operator)],
+        response_model=DeviceOut,
+        responses={201: {"model": DeviceOut, "description": "enrolled"}},
+    )
+    def enroll(name: str, device: str, response: Response, db: Db) -> DeviceOut:
+        """Enroll a device (operator token): on a stream created with enrolled_only, only
+        enrolled devices may send. 201 when it is new, 200 when it exists already."""
+        stream = stream_or_404(db, name)
+        try:
+            row, created = store.enroll(db, stream, device)
+        except store.StoreError as exc:
+            raise invalid("path", "device", str(exc)) from exc
+        db.commit()
+        response.status_code = 201 if created else 200
+        return _device_out(row, stream.epsilon)
 
     @app.put(
         f"{api}/streams/{{name}}/devices/{{device}}/tags",

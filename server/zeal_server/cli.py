@@ -98,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
         "--bucket-seconds", type=int, default=60, help="time aggregation bucket [60]"
     )
     create.add_argument("--unit", default="", help="what the readings measure in, e.g. degF")
+    create.add_argument(
+        "--enrolled-only",
+        action="store_true",
+        help="accept data only from devices enrolled beforehand "
+        "(PUT /api/v1/streams/NAME/devices/DEVICE)",
+    )
     create.add_argument("--description", default="", help="free text, at most 500 characters")
     listing = _command(sub, "list", "list the streams")
     listing.add_argument("--json", action="store_true", help="names as a JSON array (for scripts)")
@@ -248,6 +254,7 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
         bucket_seconds=args.bucket_seconds,
         description=args.description,
         unit=args.unit,
+        enrolled_only=args.enrolled_only,
     )
     session.commit()
     print(

@@ -86,6 +86,8 @@ _NOTICES = {
     "import window",
     "too_many_buckets": "the batch spans more time buckets of stream {stream} than the "
     "server accepts in one batch (ZEAL_MAX_BUCKETS_PER_BATCH): send smaller batches",
+    "not_enrolled": "stream {stream} accepts data only from enrolled devices, and device "
+    "{device} is not one: ask the operator to enroll it",
     "bad_version": "the batch uses an older wire format than this server accepts: upgrade "
     "the agent",
     "before_stream": "the batch holds readings stamped before stream {stream} was created: "

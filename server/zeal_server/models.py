@@ -66,6 +66,9 @@ class Stream(Base):
     #: What the readings measure in, e.g. degF or kWh (shown beside every figure).
     unit: Mapped[str] = mapped_column(String(32), default="")
     created_ms: Mapped[int] = mapped_column(BigInteger)
+    #: Only devices enrolled beforehand (``PUT .../devices/{device}``) may send: the broker's
+    #: ACL lets a device publish to any stream under its own name, this closes a stream.
+    enrolled_only: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class Device(Base):

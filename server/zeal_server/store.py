@@ -153,6 +153,7 @@ def create_stream(
     bucket_seconds: int = 60,
     description: str = "",
     unit: str = "",
+    enrolled_only: bool = False,
 ) -> Stream:
     """Create a stream; its parameters are fixed for good (a change is a new stream)."""
     try:
@@ -181,6 +182,7 @@ def create_stream(
         description=description,
         unit=unit,
         created_ms=now_ms(),
+        enrolled_only=bool(enrolled_only),
     )
     session.add(stream)
     session.flush()
@@ -276,6 +278,7 @@ class _StreamEntry:
     params: Zeal
     bucket_ms: int
     created_ms: int
+    enrolled_only: bool = False
 
 
 class _Writes:
@@ -403,7 +406,9 @@ class Ingest:
             row = stream_by_name(session, name)
             if row is None:
                 return None
-            entry = _StreamEntry(row.id, params_of(row), row.bucket_seconds * 1000, row.created_ms)
+            entry = _StreamEntry(
+                row.id, params_of(row), row.bucket_seconds * 1000, row.created_ms, row.enrolled_only
+            )
             self._streams[name] = entry
         return entry
 
@@ -505,6 +510,12 @@ class Ingest:
         except WireError as exc:
             return self.reject(session, stream_name, device_name, exc.reason, received_ms)
         reason = self._implausible(entry, batch, received_ms)
+        if (
+            reason is None
+            and entry.enrolled_only
+            and not self._enrolled(session, entry, device_name)
+        ):
+            reason = "not_enrolled"
         if reason is not None:
             return replace(
                 self.reject(session, stream_name, device_name, reason, received_ms),
@@ -547,6 +558,19 @@ class Ingest:
             reset=last_sequence is not None,
             last_sequence=last_sequence,
         )
+
+    def _enrolled(self, session: Session, entry: _StreamEntry, name: str) -> bool:
+        """Whether the device exists already (enrolled, or heard from before the stream
+        was closed); looked up, never created."""
+        key = (entry.id, name)
+        if key in self._devices:
+            return True
+        found = session.scalar(
+            select(Device.id).where(Device.stream_id == entry.id, Device.name == name)
+        )
+        if found is not None:
+            self._devices[key] = found
+        return found is not None
 
     def _implausible(self, entry: _StreamEntry, batch: Batch, received_ms: int) -> str | None:
         """Why a well-formed batch is still refused (its times), or None."""
@@ -761,6 +785,36 @@ def check_tags(tags: dict[str, str]) -> None:
             )
 
 
+def enroll(session: Session, stream: Stream, name: str) -> tuple[Device, bool]:
+    """The device `name` of `stream`, created (enrolled) if it is new: (device, created).
+    StoreError for an invalid name."""
+    try:
+        check_name("device", name)
+    except ParameterError as exc:
+        raise StoreError(str(exc)) from exc
+    device = session.scalar(
+        select(Device).where(Device.stream_id == stream.id, Device.name == name)
+    )
+    if device is not None:
+        return device, False
+    when = now_ms()
+    device = Device(
+        stream_id=stream.id,
+        name=name,
+        tags="{}",
+        first_seen_ms=when,
+        last_seen_ms=when,
+        readings=0,
+        batches=0,
+        bytes=0,
+        duplicates=0,
+        sequence_resets=0,
+    )
+    session.add(device)
+    session.flush()
+    return device, True
+
+
 def set_tags(session: Session, device: Device, tags: dict[str, str]) -> None:
     """Replace a device's tags (both the JSON column and the rows groups are queried by)."""
     check_tags(tags)
@@ -780,14 +834,15 @@ def group_devices(session: Session, stream: Stream, group: str) -> Select[Any]:
     key, sep, value = group.partition(":")
     if not sep or not key:
         raise StoreError(f"group {group!r} must look like key:value (e.g. site:aarhus)")
-    members = (
-        select(DeviceTag.device_id)
-        .join(Device, Device.id == DeviceTag.device_id)
-        .where(Device.stream_id == stream.id, DeviceTag.key == key, DeviceTag.value == value)
+    tagged = select(DeviceTag.device_id).where(DeviceTag.key == key, DeviceTag.value == value)
+    ours = tagged.join(Device, Device.id == DeviceTag.device_id).where(
+        Device.stream_id == stream.id
     )
-    if session.scalar(members.limit(1)) is None:
+    if session.scalar(ours.limit(1)) is None:
         raise StoreError(f"group {group!r} matches no device of stream {stream.name!r}")
-    return members
+    # A device id belongs to one stream, and every sum also filters on the stream: the
+    # members of other streams in `tagged` match nothing, and the join is saved.
+    return tagged
 
 
 def groups(session: Session, stream: Stream) -> dict[str, int]:

@@ -702,3 +702,41 @@ def test_tags_are_capped_and_groups_are_queried_by_join(client: TestClient) -> N
     missing = client.get("/api/v1/streams/temps/average", params={"group": "site:north"})
     assert missing.status_code == 422
     assert "matches no device" in missing.text
+
+
+def test_a_stream_for_enrolled_devices_only_refuses_the_others(client: TestClient) -> None:
+    """A device may publish to any stream under its own name (the broker's ACL fixes only
+    the device level). A stream created with enrolled_only stores batches only of devices
+    enrolled through the API (operator token): the others are rejected `not_enrolled`."""
+    stream = create(client, enrolled_only=True)
+    assert stream["enrolled_only"] is True
+    enrolled = client.put("/api/v1/streams/temps/devices/dev0")
+    assert enrolled.status_code == 201
+    assert enrolled.json()["readings"] == 0
+    assert client.put("/api/v1/streams/temps/devices/dev0").status_code == 200
+    assert client.put("/api/v1/streams/temps/devices/bad%20name").status_code == 422
+    anonymous = client.put(
+        "/api/v1/streams/temps/devices/dev9", headers={"Authorization": "Bearer wrong"}
+    )
+    assert anonymous.status_code == 403
+    ingest = store.Ingest()
+    outcomes = []
+    for device in ("dev0", "dev1"):
+        payload = encode_batch(
+            PARAMS,
+            stream="temps",
+            device=device,
+            sequence=0,
+            codes=np.full(5, 40),
+            timestamps=T0 + 1000 * np.arange(5),
+        )
+        with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+            outcomes.append(ingest.add(session, f"zeal/v1/temps/{device}/up", payload, T0))
+    assert [(o.status, o.reason) for o in outcomes] == [
+        ("stored", None),
+        ("rejected", "not_enrolled"),
+    ]
+    stats = client.get("/api/v1/streams/temps/stats").json()
+    assert (stats["readings"], stats["rejects"]) == (5, {"not_enrolled": 1})
+    names = [d["name"] for d in client.get("/api/v1/streams/temps/devices").json()["devices"]]
+    assert names == ["dev0"]

@@ -1,4 +1,5 @@
-"""device tags as rows, for group queries without giant IN lists
+"""device tags as rows (group queries without giant IN lists); streams open to enrolled
+devices only
 
 Revision ID: 0003
 Revises: 0002
@@ -18,6 +19,10 @@ depends_on = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("streams") as streams:
+        streams.add_column(
+            sa.Column("enrolled_only", sa.Boolean(), nullable=False, server_default="0")
+        )
     tags = op.create_table(
         "device_tags",
         sa.Column("device_id", sa.Integer(), sa.ForeignKey("devices.id"), primary_key=True),
@@ -39,3 +44,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_device_tags_key_value", table_name="device_tags")
     op.drop_table("device_tags")
+    with op.batch_alter_table("streams") as streams:
+        streams.drop_column("enrolled_only")
