@@ -175,3 +175,20 @@ def agent_status(data_dir: Path) -> list[dict[str, object]]:
     ).stdout
     records: list[dict[str, object]] = json.loads(out)
     return records
+
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "mosquitto"
+
+
+def deploy_broker_config(conf: str, port: int, directory: Path) -> str:
+    """deploy/mosquitto's mosquitto.conf text for a private broker: its plain listener on
+    `port` (loopback), password file, persistence and log in `directory`, the deploy ACL,
+    run as the test's user. Everything else is the deployment's own."""
+    conf = (
+        conf.replace("listener 1883", f"listener {port} 127.0.0.1")
+        .replace("/mosquitto/config/passwd", str(directory / "passwd"))
+        .replace("/mosquitto/config/acl", str(DEPLOY / "acl"))
+        .replace("/mosquitto/data/", f"{directory}/")
+        .replace("log_dest stdout", f"log_dest file {directory}/mosquitto.log")
+    )
+    return f"user {getpass.getuser()}\n{conf}"

@@ -313,6 +313,19 @@ def _accumulate(table: dict[Any, list[int]], key: Any, values: list[int]) -> Non
 _VALUE_COLUMNS = ["n", *_SUM_COLUMNS, *_SQUARE_COLUMNS]
 
 
+def _new_device(stream_id: int, name: str, when: int) -> dict[str, Any]:
+    """The columns of a device row that has sent nothing yet."""
+    counters = dict.fromkeys(("readings", "batches", "bytes", "duplicates", "sequence_resets"), 0)
+    return {
+        "stream_id": stream_id,
+        "name": name,
+        "tags": "{}",
+        "first_seen_ms": when,
+        "last_seen_ms": when,
+        **counters,
+    }
+
+
 class Ingest:
     """Validates and stores messages; caches streams, devices and compiled statements.
 
@@ -418,18 +431,7 @@ class Ingest:
         if device_id is None:
             session.execute(
                 _insert(session)(Device)
-                .values(
-                    stream_id=stream_id,
-                    name=name,
-                    tags="{}",
-                    first_seen_ms=when,
-                    last_seen_ms=when,
-                    readings=0,
-                    batches=0,
-                    bytes=0,
-                    duplicates=0,
-                    sequence_resets=0,
-                )
+                .values(**_new_device(stream_id, name, when))
                 .on_conflict_do_nothing()
             )
             device_id = session.scalar(
@@ -797,19 +799,7 @@ def enroll(session: Session, stream: Stream, name: str) -> tuple[Device, bool]:
     )
     if device is not None:
         return device, False
-    when = now_ms()
-    device = Device(
-        stream_id=stream.id,
-        name=name,
-        tags="{}",
-        first_seen_ms=when,
-        last_seen_ms=when,
-        readings=0,
-        batches=0,
-        bytes=0,
-        duplicates=0,
-        sequence_resets=0,
-    )
+    device = Device(**_new_device(stream.id, name, now_ms()))
     session.add(device)
     session.flush()
     return device, True

@@ -14,7 +14,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tests.deploy.compose_check import problems
-from tests.mqtt_helpers import free_port, wait_for_port
+from tests.mqtt_helpers import deploy_broker_config, free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -182,16 +182,7 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
             .replace("#keyfile /mosquitto/certs/server.key", f"keyfile {certs['key']}")
             .replace("#tls_version", "tls_version")
         )
-    conf = (
-        conf.replace("listener 1883", f"listener {port} 127.0.0.1")
-        .replace("/mosquitto/config/passwd", str(tmp_path / "passwd"))
-        .replace("/mosquitto/config/acl", str(ROOT / "deploy" / "mosquitto" / "acl"))
-        .replace("/mosquitto/data/", f"{tmp_path}/")
-        .replace("log_dest stdout", f"log_dest file {tmp_path}/mosquitto.log")
-    )
-    import getpass
-
-    (tmp_path / "mosquitto.conf").write_text(f"user {getpass.getuser()}\n{conf}")
+    (tmp_path / "mosquitto.conf").write_text(deploy_broker_config(conf, port, tmp_path))
     for user in ("zeal-collector", "dev1", "dev2"):
         subprocess.run(
             [

@@ -4,7 +4,6 @@ figures are in docs/reliability.md, "Hostile input")."""
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import socket
@@ -23,7 +22,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.mqtt_helpers import Mosquitto
+from tests.mqtt_helpers import Mosquitto, deploy_broker_config
 from tests.server.test_crash import Server
 from zeal import Zeal, encode_batch
 from zeal.streamconfig import config_document, params_from_config
@@ -45,14 +44,7 @@ class DeployBroker(Mosquitto):
     def __init__(self, directory: Path) -> None:
         super().__init__(directory)
         conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
-        conf = (
-            conf.replace("listener 1883", f"listener {self.port} 127.0.0.1")
-            .replace("/mosquitto/config/passwd", str(directory / "passwd"))
-            .replace("/mosquitto/config/acl", str(ROOT / "deploy" / "mosquitto" / "acl"))
-            .replace("/mosquitto/data/", f"{directory}/")
-            .replace("log_dest stdout", f"log_dest file {directory}/mosquitto.log")
-        )
-        self.config.write_text(f"user {getpass.getuser()}\n{conf}")
+        self.config.write_text(deploy_broker_config(conf, self.port, directory))
         for i, user in enumerate(USERS):
             subprocess.run(
                 [
@@ -100,6 +92,17 @@ def serve(database_url: str, broker: Mosquitto, tmp_path: Path, **env: str) -> S
     return server
 
 
+def serve_collector(broker: DeployBroker, tmp_path: Path) -> Server:
+    """A running server (SQLite) whose collector logs in as zeal-collector."""
+    return serve(
+        f"sqlite:///{tmp_path / 'zeal.sqlite'}",
+        broker,
+        tmp_path,
+        ZEAL_MQTT_USERNAME="zeal-collector",
+        ZEAL_MQTT_PASSWORD="pw-zeal-collector",
+    ).start()
+
+
 def create(server: Server, name: str = "temps") -> Zeal:
     body = {"name": name, "lower": 0, "upper": 110, "epsilon": 1, "bucket_seconds": 1}
     created = server.http.post("/api/v1/streams", json=body)
@@ -141,13 +144,7 @@ def test_a_device_cannot_take_the_collectors_session_over(
     persistent session (clean_start False), as fast as it can, while an honest device
     publishes 200 batches: all 200 are stored and the collector never loses its session.
     Before `use_username_as_clientid`, 198 of 199 were lost (the issue's figure)."""
-    server = serve(
-        f"sqlite:///{tmp_path / 'zeal.sqlite'}",
-        deploy_broker,
-        tmp_path,
-        ZEAL_MQTT_USERNAME="zeal-collector",
-        ZEAL_MQTT_PASSWORD="pw-zeal-collector",
-    ).start()
+    server = serve_collector(deploy_broker, tmp_path)
     stop = threading.Event()
     attempts = [0]
 
@@ -342,13 +339,7 @@ def test_5000_topics_with_60_kb_stream_names_are_shed_at_the_door(
     name (the ACL allows any stream level): the server's memory grows < 50 MB, its log
     < 1 MB, the rejects table gains one row, and an honest device's batches sent meanwhile
     are all stored. Before: +556 MB never released, 240 MB of log, 4,000 reject rows."""
-    server = serve(
-        f"sqlite:///{tmp_path / 'zeal.sqlite'}",
-        deploy_broker,
-        tmp_path,
-        ZEAL_MQTT_USERNAME="zeal-collector",
-        ZEAL_MQTT_PASSWORD="pw-zeal-collector",
-    ).start()
+    server = serve_collector(deploy_broker, tmp_path)
     try:
         params = create(server)
         assert server.process is not None
