@@ -174,7 +174,17 @@ def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
     from zeal_server.api import create_app
 
     app = create_app(settings, collector=not args.no_collector)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    # Idle keep-alive connections close after 5 s; beyond 1,000 connections at once new
+    # requests get 503 instead of exhausting the process. uvicorn has no time limit on
+    # reading a request's headers: on the internet, put a proxy in front (docs/server.md).
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        timeout_keep_alive=5,
+        limit_concurrency=1000,
+    )
     return 0
 
 

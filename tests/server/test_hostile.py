@@ -583,7 +583,7 @@ def test_schemathesis_cli_finds_no_server_error(tmp_path: Path) -> None:
                 [
                     *(str(st), "run", f"http://127.0.0.1:{port}/openapi.json"),
                     *("--checks", "not_a_server_error", "-H", f"Authorization: Bearer {token}"),
-                    *("--max-examples", "30", "--seed", "1", "--no-color"),
+                    *("--max-examples", "15", "--seed", "1", "--no-color"),
                 ],
                 capture_output=True,
                 text=True,
