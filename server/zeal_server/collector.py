@@ -448,6 +448,13 @@ class Collector:
         return messages
 
     def _write_loop(self) -> None:
+        # Notices name the installation; read it before the first message is stored, not
+        # only with the first configuration sync (notices of the first batches were lost).
+        try:
+            with self.sessions() as session:
+                self.configs.server_id = self.configs.server_id or store.installation_id(session)
+        except Exception as exc:  # the sync loop reads it again once the database answers
+            log.error("could not read the installation id: %s", db_error_text(exc))
         synced_connects = 0
         last_sync = last_compact = time.monotonic()
         backoff, retried = 0.5, False

@@ -447,7 +447,10 @@ def test_implausible_batches_and_replays_are_rejected_with_a_reason(
         notices: list[dict] = []
         listener = client(broker.port, None)
         listener.on_message = lambda c, u, m: notices.append(json.loads(m.payload))
+        subscribed = threading.Event()
+        listener.on_subscribe = lambda *args: subscribed.set()
         listener.subscribe("zeal/v1/+/dev1/notice", qos=1)
+        assert subscribed.wait(10), "no SUBACK for the notice topic"
         now = int(time.time() * 1000)
         day = 86_400_000
 
@@ -474,7 +477,10 @@ def test_implausible_batches_and_replays_are_rejected_with_a_reason(
             device.publish(topic, payload, qos=1).wait_for_publish(10)
         device.disconnect()
         wait_until(lambda: stats(server)["messages"] == 1, 20, "the good batch")
-        wait_until(lambda: len(notices) >= 4, 10, "4 notices")
+        try:
+            wait_until(lambda: len(notices) >= 4, 30, "4 notices")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; got {notices}; {stats(server)}") from None
         listener.disconnect()
         assert stats(server)["rejects"] == {
             "too_many_buckets": 1,
