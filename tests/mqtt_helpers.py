@@ -180,12 +180,22 @@ def agent_status(data_dir: Path) -> list[dict[str, object]]:
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "mosquitto"
 
 
+def dynsec_plugin() -> str:
+    """Where Debian's mosquitto package put the dynamic security plugin (per architecture)."""
+    found = sorted(Path("/usr/lib").glob("*/mosquitto_dynamic_security.so"))
+    return str(found[0]) if found else "/usr/lib/mosquitto_dynamic_security.so"
+
+
 def deploy_broker_config(conf: str, port: int, directory: Path) -> str:
     """deploy/mosquitto's mosquitto.conf text for a private broker: its plain listener on
-    `port` (loopback), password file, persistence and log in `directory`, the deploy ACL,
-    run as the test's user. Everything else is the deployment's own."""
+    `port` (loopback), password file, dynamic security file (dynsec/ in it: made with
+    `mosquitto_ctrl dynsec init` where a test needs an admin), persistence and log in
+    `directory`, the deploy ACL, Debian's plugin path, run as the test's user. Everything
+    else is the deployment's own."""
     conf = (
         conf.replace("listener 1883", f"listener {port} 127.0.0.1")
+        .replace("/usr/lib/mosquitto_dynamic_security.so", dynsec_plugin())
+        .replace("/mosquitto/dynsec/", f"{directory}/dynsec/")
         .replace("/mosquitto/config/passwd", str(directory / "passwd"))
         .replace("/mosquitto/config/acl", str(DEPLOY / "acl"))
         .replace("/mosquitto/data/", f"{directory}/")

@@ -8,7 +8,6 @@ token when one is set.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import math
@@ -26,13 +25,12 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import (
     HTMLResponse,
     JSONResponse,
-    PlainTextResponse,
     StreamingResponse,
 )
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, Field
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,10 +39,13 @@ from zeal import Estimate
 from zeal.estimate import bernstein_half_width
 from zeal.wire import MAX_TIMESTAMP
 from zeal_server import store
+from zeal_server.auth import operator, reader, refusal
 from zeal_server.collector import Collector
 from zeal_server.db import make_engine, migrate, session_factory
 from zeal_server.efficiency import efficiency
+from zeal_server.metrics import build_registry
 from zeal_server.models import BatchSeen, BucketTotal, Device, Stream
+from zeal_server.routes import health, logins
 from zeal_server.settings import ServerSettings
 
 __all__ = ["create_app"]
@@ -426,9 +427,11 @@ class WriteGuard:
         headers = {k.lower(): v for k, v in scope["headers"]}
         if scope["method"] in self.WRITES:
             settings: ServerSettings = scope["app"].state.settings
-            refusal = _token_refusal(headers.get(b"authorization", b""), settings.operator_token)
-            if refusal is not None:
-                await _answer(send, *refusal)
+            refused = refusal(headers.get(b"authorization"), settings.operator_token, "operator")
+            if refused is not None:
+                status, detail, extra = refused
+                pairs = [(k.lower().encode(), v.encode()) for k, v in extra.items()]
+                await _answer(send, status, detail, pairs)
                 return
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
@@ -445,25 +448,6 @@ class WriteGuard:
             return message
 
         await self.app(scope, capped, send)
-
-
-def _token_refusal(
-    header: bytes, expected: str | None
-) -> tuple[int, str, list[tuple[bytes, bytes]]] | None:
-    """(status, detail, headers) when a write's Authorization header does not carry the
-    operator token; None when it does, or when no token is set (development)."""
-    if expected is None:
-        return None
-    scheme, _, token = header.partition(b" ")
-    if scheme.lower() != b"bearer" or not token:
-        return (
-            401,
-            "operator token required (Authorization: Bearer ...)",
-            [(b"www-authenticate", b"Bearer")],
-        )
-    if not hmac.compare_digest(token, expected.encode()):
-        return 403, "wrong operator token", []
-    return None
 
 
 async def _answer(
@@ -499,6 +483,7 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         app.state.engine = engine
         app.state.sessions = session_factory(engine)
         app.state.collector = None
+        app.state.metrics = build_registry(None, app.state.sessions)
         app.state.exports = threading.BoundedSemaphore(MAX_EXPORTS)
         if config.operator_token is None:
             log.warning("development mode without ZEAL_OPERATOR_TOKEN: writes are open")
@@ -506,6 +491,7 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         if collector and config.broker is not None:
             collector_engine = make_engine(config.database_url, pool_size=2)
             app.state.collector = Collector(config, session_factory(collector_engine))
+            app.state.metrics = build_registry(app.state.collector, app.state.sessions)
             app.state.collector.start()
         try:
             yield
@@ -535,26 +521,6 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
     async def database_error(request: Request, exc: SQLAlchemyError) -> JSONResponse:
         log.error("database error on %s: %s", request.url.path, exc)
         return JSONResponse({"detail": "database error"}, status_code=503)
-
-    def _check(request: Request, expected: str | None, what: str) -> None:
-        if expected is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise HTTPException(
-                401,
-                f"{what} token required (Authorization: Bearer ...)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        if not hmac.compare_digest(token.encode(), expected.encode()):
-            raise HTTPException(403, f"wrong {what} token")
-
-    def reader(request: Request) -> None:
-        _check(request, request.app.state.settings.read_token, "read")
-
-    def operator(request: Request) -> None:
-        _check(request, request.app.state.settings.operator_token, "operator")
 
     def stream_or_404(db: Session, name: str) -> Stream:
         stream = store.stream_by_name(db, name)
@@ -1015,82 +981,6 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             response.headers.update(_DASHBOARD_HEADERS)
         return response
 
-    @app.get("/healthz")
-    def healthz(request: Request) -> JSONResponse:
-        """Up or down (503 when the database or the broker is down). With a read or
-        operator token (or when no token is set at all) also what the collector is doing:
-        queue, commit lag, counters, its last error."""
-        state = request.app.state
-        body: dict[str, Any] = {}
-        try:
-            with state.engine.connect() as connection:
-                connection.execute(text("SELECT 1"))
-            body["database"] = "ok"
-        except SQLAlchemyError as exc:
-            body["database"] = f"down: {type(exc).__name__}"
-        except TimeoutError:  # every connection of the API's pool is busy
-            body["database"] = "busy"
-        coll: Collector | None = state.collector
-        if coll is None:
-            body["broker"] = "off"
-        else:
-            body["broker"] = "ok" if coll.broker_connected else "down"
-            body["collector"] = {
-                "client_id": coll.client_id,
-                "queue": coll.queue.qsize(),
-                "commit_lag_ms": coll.lag_ms(),
-                "database_ok": coll.database_ok,
-                "last_error": coll.last_error,
-                **dict(coll.counts),
-            }
-            if not coll.database_ok:
-                body["database"] = "failing in the collector"
-        healthy = body["database"] in ("ok", "busy") and body["broker"] != "down"
-        status = 200 if healthy else 503
-        if not _may_see_details(request):
-            return JSONResponse({"status": "up" if healthy else "down"}, status_code=status)
-        return JSONResponse({"status": "up" if healthy else "down", **body}, status_code=status)
-
-    def _may_see_details(request: Request) -> bool:
-        settings: ServerSettings = request.app.state.settings
-        tokens = [t for t in (settings.read_token, settings.operator_token) if t is not None]
-        if not tokens:
-            return True
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and any(
-            hmac.compare_digest(token.encode(), t.encode()) for t in tokens
-        )
-
-    @app.get("/metrics", dependencies=read, response_class=PlainTextResponse)
-    def metrics(request: Request) -> Response:
-        """Prometheus text format: collector counters and queue depth."""
-        coll: Collector | None = request.app.state.collector
-        lines = ["# TYPE zeal_collector_messages_total counter"]
-        counts = dict(coll.counts) if coll else {}
-        for status in ("stored", "duplicate", "rejected", "rate_limited", "too_large"):
-            lines.append(
-                f'zeal_collector_messages_total{{status="{status}"}} {counts.get(status, 0)}'
-            )
-        lines += [
-            "# TYPE zeal_collector_readings_total counter",
-            f"zeal_collector_readings_total {counts.get('readings', 0)}",
-            "# TYPE zeal_collector_sequence_resets_total counter",
-            f"zeal_collector_sequence_resets_total {counts.get('sequence_reset', 0)}",
-            "# TYPE zeal_collector_queue gauge",
-            f"zeal_collector_queue {coll.queue.qsize() if coll else 0}",
-            "# TYPE zeal_collector_commit_lag_seconds gauge",
-            *(
-                f'zeal_collector_commit_lag_seconds{{quantile="{q}"}} {lag[key] / 1000:.4f}'
-                for lag in [coll.lag_ms() if coll else None]
-                if lag is not None
-                for q, key in (("0.5", "p50"), ("0.99", "p99"))
-            ),
-            "# TYPE zeal_broker_connected gauge",
-            f"zeal_broker_connected {int(bool(coll and coll.broker_connected))}",
-        ]
-        with request.app.state.sessions() as db:
-            for reason, count in sorted(store.rejects(db).items()):
-                lines.append(f'zeal_rejects_total{{reason="{reason}"}} {count}')
-        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
-
+    app.include_router(health.router)
+    app.include_router(logins.router)
     return app

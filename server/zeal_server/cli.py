@@ -8,6 +8,9 @@ zeal-server verify [STREAM]                  segment sums == aggregates, per dev
 zeal-server compact [STREAM]                 merge closed buckets' parts into segments
 zeal-server export STREAM [--start T] [--end T]   decoded estimates as CSV
 zeal-server migrate                          bring the database schema up to date
+zeal-server devices provision NAME           a broker login for a device (password shown once)
+zeal-server devices revoke NAME              remove it: the device is disconnected, for good
+zeal-server devices list                     devices with a login made here
 
 Errors (a bad setting, an unreachable database) are one line on stderr and exit status 2.
 """
@@ -28,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from zeal_server import store
 from zeal_server.db import make_engine, migrate, session_factory
+from zeal_server.provisioning import ProvisioningError, admin_for
 from zeal_server.settings import ServerSettings, SettingsError, variables_help
 
 __all__ = ["main"]
@@ -128,6 +132,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--end", type=datetime.fromisoformat, help="ISO 8601 time, exclusive")
     _command(commands, "migrate", "bring the database schema to the latest revision")
+    broker = ("ZEAL_MQTT_URL", "ZEAL_MQTT_ADMIN_USERNAME", "ZEAL_MQTT_ADMIN_PASSWORD")
+    devices = _command(
+        commands,
+        "devices",
+        "device logins in the broker (Mosquitto's dynamic security plugin)",
+        variables=broker,
+    )
+    sub = devices.add_subparsers(dest="action", required=True, metavar="ACTION")
+    provision = _command(
+        sub,
+        "provision",
+        "create a broker login for a device: it may publish only its own data and presence "
+        "and read the configurations and its notices; prints its password once",
+        variables=broker,
+    )
+    provision.add_argument("name", help="the device id (1-64 letters, digits, '_', '.' or '-')")
+    revoke = _command(
+        sub,
+        "revoke",
+        "delete a device's broker login: a connected device is disconnected, and it can no "
+        "longer connect (its stored data stays; DELETE .../devices/NAME removes it)",
+        variables=broker,
+    )
+    revoke.add_argument("name", help="the device id")
+    _command(sub, "list", "the devices with a broker login made here", variables=broker)
     return parser
 
 
@@ -153,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = ServerSettings.from_env(os.environ)
     except SettingsError as exc:
         return _fail(str(exc))
+    if args.command == "devices":
+        return _devices(settings, args)
     engine = make_engine(settings.database_url)
     try:
         migrate(engine)
@@ -185,6 +216,28 @@ def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
         timeout_keep_alive=5,
         limit_concurrency=1000,
     )
+    return 0
+
+
+def _devices(settings: ServerSettings, args: argparse.Namespace) -> int:
+    try:
+        admin = admin_for(settings)
+        if args.action == "list":
+            for name in admin.provisioned():
+                print(name)
+        elif args.action == "provision":
+            password = admin.provision(args.name)
+            print(
+                f"provisioned device {args.name} on {admin.broker.url}\n"
+                f"username: {args.name}\npassword: {password}\n"
+                "(shown once: give it to the device as ZEAL_MQTT_PASSWORD; it is stored "
+                "nowhere but hashed in the broker)"
+            )
+        else:
+            admin.revoke(args.name)
+            print(f"revoked device {args.name}: disconnected, and its login is gone")
+    except ProvisioningError as exc:
+        return _fail(str(exc))
     return 0
 
 

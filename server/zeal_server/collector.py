@@ -48,6 +48,7 @@ from zeal.wire import MAX_PAYLOAD_BYTES
 from zeal_server import store
 from zeal_server.configsync import ConfigSync
 from zeal_server.identity import CollectorIdentity, claim_collector_id
+from zeal_server.metrics import commit_lag_histogram
 from zeal_server.settings import ServerSettings
 
 __all__ = ["Collector", "data_subscription"]
@@ -262,6 +263,9 @@ class Collector:
             max_buckets=settings.max_buckets_per_batch,
         )
         self.counts: Counter[str] = Counter()
+        #: Rejected messages by reason (door and store); sums to counts["rejected"].
+        self.rejected_by: Counter[str] = Counter()
+        self.lag_histogram = commit_lag_histogram()
         self.budget = RejectBudget()
         # (stream, device, reason) shed at the door; names are "" unless valid
         self.dropped: Counter[tuple[str, str, str]] = Counter()
@@ -424,6 +428,7 @@ class Collector:
             self.dropped[(*(names or ("", "")), reason)] += 1
             self.counts["rejected"] += 1
             self.counts[reason] += 1
+            self.rejected_by[reason] += 1
             client.ack(message.mid, message.qos)
             return
         self.queue.put(
@@ -507,10 +512,12 @@ class Collector:
                 if outcome.status == "stored":
                     self.counts["readings"] += outcome.readings
                     self._lags.append((committed, int(committed - message.received_ms)))
+                    self.lag_histogram.observe(max(0.0, committed - message.received_ms) / 1000)
                     if outcome.reset:
                         self.counts["sequence_reset"] += 1
                         self._notify(outcome, "sequence_reset")
                 elif outcome.status == "rejected":
+                    self.rejected_by[outcome.reason or "unknown"] += 1
                     self.budget.spend(message.topic)
                     self._log_reject(outcome)
                     self._notify(outcome, outcome.reason or "")

@@ -8,13 +8,16 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = ["make_engine", "migrate", "session_factory"]
 
 log = logging.getLogger("zeal_server.db")
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+#: PostgreSQL advisory lock key of schema migrations ("zeal" in ASCII): replicas that start
+#: together migrate one after the other, and the later ones find the schema up to date.
+MIGRATION_LOCK = 0x7A65616C
 
 
 def make_engine(url: str, *, pool_size: int = 5, pool_timeout: float = 30.0) -> Engine:
@@ -50,7 +53,9 @@ def migrate(engine: Engine) -> tuple[str | None, str | None]:
     """Bring the schema to the latest revision; returns the revisions before and after.
 
     Alembic's own INFO lines are shown only when this module's logger is at DEBUG
-    (``--log-level DEBUG``); an upgrade that changed something is logged in one line.
+    (``--log-level DEBUG``); an upgrade that changed something is logged in one line. On
+    PostgreSQL the whole upgrade runs in one transaction holding MIGRATION_LOCK, so two
+    processes starting on one database never race (SQLite serializes writers itself).
     """
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
@@ -60,6 +65,10 @@ def migrate(engine: Engine) -> tuple[str | None, str | None]:
         alembic_log.setLevel(logging.WARNING)
     try:
         with engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execute(
+                    text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK}
+                )
             before = MigrationContext.configure(connection).get_current_revision()
             config.attributes["connection"] = connection
             command.upgrade(config, "head")

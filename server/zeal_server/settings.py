@@ -28,6 +28,11 @@ VARIABLES: dict[str, tuple[str, str]] = {
     ),
     "ZEAL_MQTT_USERNAME": ("none", "broker username"),
     "ZEAL_MQTT_PASSWORD": ("none", "broker password"),
+    "ZEAL_MQTT_ADMIN_USERNAME": (
+        "none",
+        "broker login of the dynamic security admin, for zeal-server devices provision/revoke",
+    ),
+    "ZEAL_MQTT_ADMIN_PASSWORD": ("none", "its password"),
     "ZEAL_MQTT_CA": ("none", "CA certificate file for mqtts://"),
     "ZEAL_MQTT_CERT": ("none", "client certificate file for mqtts://"),
     "ZEAL_MQTT_KEY": ("none", "client key file for mqtts://"),
@@ -77,6 +82,9 @@ class ServerSettings:
     max_age_seconds: int = 7 * 86_400
     backfill_seconds: int = 300
     max_buckets_per_batch: int = 1440
+    #: The broker's dynamic security admin login (device provisioning); None: off.
+    admin_username: str | None = None
+    admin_password: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServerSettings:
@@ -134,6 +142,8 @@ class ServerSettings:
             operator_token=operator,
             read_token=env.get("ZEAL_READ_TOKEN") or None,
             mode=mode,
+            admin_username=env.get("ZEAL_MQTT_ADMIN_USERNAME") or None,
+            admin_password=env.get("ZEAL_MQTT_ADMIN_PASSWORD") or None,
         )
 
 

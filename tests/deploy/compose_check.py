@@ -1,8 +1,11 @@
-"""Checks of docker-compose.yml and deploy/ that do not need Docker (it cannot run here)."""
+"""Checks of docker-compose.yml and deploy/ that do not need a Docker daemon: the files it
+references, and what Compose itself (Debian's docker-compose, which resolves the file
+exactly as `up` would) gives each service."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,17 +16,13 @@ from zeal_edge.settings import SETTINGS
 from zeal_server.settings import VARIABLES
 
 #: Files the compose file needs that hold secrets: created by the operator, never committed.
-SECRETS = {"deploy/.env": "deploy/env.example", "deploy/mosquitto/passwd": None}
+SECRETS = {
+    "deploy/.env": "deploy/env.example",
+    "deploy/mosquitto/passwd": None,
+    "deploy/mosquitto/dynsec": None,  # the broker's device logins (dynamic security)
+}
 KNOWN = set(VARIABLES) | {s.env for s in SETTINGS}
-_REFERENCE = re.compile(r"\$\{([A-Z0-9_]+)(:-[^}]*)?\}")
-
-
-def _env_keys(path: Path) -> set[str]:
-    return {
-        line.split("=", 1)[0].strip()
-        for line in path.read_text().splitlines()
-        if "=" in line and not line.lstrip().startswith("#")
-    }
+_REFERENCE = re.compile(r"(?<!\$)\$\{?[A-Z_]")
 
 
 def _ignored(root: Path, relative: str) -> bool:
@@ -40,7 +39,6 @@ def problems(root: Path) -> list[str]:
     except (OSError, yaml.YAMLError) as exc:
         return [f"docker-compose.yml does not parse: {exc}"]
     example = root / "deploy" / "env.example"
-    defined = _env_keys(example) if example.exists() else set()
     if not example.exists():
         found.append("deploy/env.example is missing")
 
@@ -79,12 +77,12 @@ def problems(root: Path) -> list[str]:
         for key in service.get("environment", {}):
             if key.startswith("ZEAL_") and key not in KNOWN:
                 found.append(f"service {name} sets {key}, which no zeal setting reads")
-        for variable, default in _REFERENCE.findall(yaml.safe_dump(service)):
-            if not default and variable not in defined:
-                found.append(
-                    f"service {name} needs ${{{variable}}}, which deploy/env.example "
-                    "does not define"
-                )
+    if _REFERENCE.search(yaml.safe_dump(compose)):
+        found.append(
+            "docker-compose.yml interpolates a variable: Compose fills ${...} from the "
+            "shell, never from env_file; give values through deploy/.env (write $$ for "
+            "the container's shell)"
+        )
     conf = root / "deploy" / "mosquitto" / "mosquitto.conf"
     if conf.exists():
         text = conf.read_text()
@@ -92,8 +90,33 @@ def problems(root: Path) -> list[str]:
             "allow_anonymous false",
             "password_file",
             "acl_file",
-            "max_queued_messages 0",
         ):
             if setting not in text:
                 found.append(f"deploy/mosquitto/mosquitto.conf lacks '{setting}'")
     return found
+
+
+def staged(root: Path, directory: Path) -> Path:
+    """docker-compose.yml and deploy/ copied to `directory` with the operator's first steps
+    done: deploy/.env copied from deploy/env.example, an empty password file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(root / "docker-compose.yml", directory / "docker-compose.yml")
+    shutil.copytree(root / "deploy", directory / "deploy", dirs_exist_ok=True)
+    shutil.copy(directory / "deploy" / "env.example", directory / "deploy" / ".env")
+    (directory / "deploy" / "mosquitto" / "passwd").touch()
+    return directory
+
+
+def compose_config(directory: Path, *profiles: str) -> tuple[dict[str, Any], str]:
+    """`docker-compose config` run in `directory`: the resolved file and what the tool
+    warned about (empty when it had nothing to say)."""
+    command = ["docker-compose"]
+    for profile in profiles:
+        command += ["--profile", profile]
+    done = subprocess.run(
+        [*command, "config"], cwd=directory, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"docker-compose config failed: {done.stderr}")
+    resolved: dict[str, Any] = yaml.safe_load(done.stdout)
+    return resolved, done.stderr.strip()

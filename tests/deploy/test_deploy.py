@@ -4,57 +4,142 @@ access control checked against a real mosquitto."""
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from sqlalchemy.engine import make_url
 
-from tests.deploy.compose_check import problems
+from tests.deploy.compose_check import KNOWN, compose_config, problems, staged
 from tests.mqtt_helpers import deploy_broker_config, free_port, wait_for_port
+from zeal_server.settings import ServerSettings, SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_compose_and_deploy_files_are_consistent() -> None:
-    """The compose file parses, every file it references exists (secrets are git-ignored and
-    documented), and every variable it sets or needs is one the settings know."""
+    """Every file the compose file references exists (secrets are git-ignored and
+    documented), and it interpolates no variable."""
     assert problems(ROOT) == []
 
 
-def _copy_repo(tmp_path: Path) -> Path:
-    copy = tmp_path / "repo"
-    shutil.copytree(
-        ROOT,
-        copy,
-        ignore=shutil.ignore_patterns(".venv", ".git", "*.sqlite", "__pycache__", ".mypy_cache"),
-    )
-    subprocess.run(["git", "init", "-q"], cwd=copy, check=True)
-    return copy
+needs_compose = pytest.mark.skipif(
+    shutil.which("docker-compose") is None, reason="docker-compose (Debian) not installed"
+)
+#: What the server refuses to run without, or runs wrongly without, in the deployment.
+SERVER_NEEDS = (
+    "ZEAL_MODE",
+    "ZEAL_DATABASE_URL",
+    "ZEAL_OPERATOR_TOKEN",
+    "ZEAL_MQTT_URL",
+    "ZEAL_MQTT_USERNAME",
+    "ZEAL_MQTT_PASSWORD",
+)
 
 
-def test_validation_fails_when_a_file_or_variable_is_missing(tmp_path: Path) -> None:
-    """Removing a referenced file or a required variable makes the validation fail."""
-    copy = _copy_repo(tmp_path)
-    assert problems(copy) == []
-    (copy / "deploy" / "mosquitto" / "acl").unlink()
-    assert any("deploy/mosquitto/acl does not exist" in p for p in problems(copy))
-    (copy / "deploy" / "mosquitto" / "acl").write_text("")
-    example = copy / "deploy" / "env.example"
-    example.write_text(
-        "\n".join(
-            line
-            for line in example.read_text().splitlines()
-            if not line.startswith("ZEAL_OPERATOR_TOKEN")
+def _environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):  # docker-compose prints a mapping; accept both forms
+        env = dict(item.split("=", 1) for item in env)
+    return {k: "" if v is None else str(v) for k, v in env.items()}
+
+
+def _compose_problems(directory: Path) -> list[str]:
+    """What `docker-compose config` gives that would not start: empty values the server
+    or PostgreSQL needs, settings the server refuses, warnings from the tool."""
+    found: list[str] = []
+    resolved, warnings = compose_config(directory, "demo", "monitoring")
+    if warnings:
+        found.append(f"docker-compose warned: {warnings}")
+    services = resolved["services"]
+    server = _environment(services["server"])
+    found += [f"server gets {k}={server.get(k)!r}" for k in SERVER_NEEDS if not server.get(k)]
+    try:
+        settings = ServerSettings.from_env(server)
+    except SettingsError as exc:
+        found.append(f"the server refuses its settings: {exc}")
+    else:
+        if settings.mode != "production" or settings.broker is None:
+            found.append(f"the server would run in {settings.mode} mode, broker {settings.broker}")
+    postgres = _environment(services["postgres"])
+    for key in ("POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"):
+        if not postgres.get(key):
+            found.append(f"postgres gets {key}={postgres.get(key)!r}")
+    if server.get("ZEAL_DATABASE_URL"):
+        url = make_url(server["ZEAL_DATABASE_URL"])
+        wanted = (postgres.get("POSTGRES_USER"), postgres.get("POSTGRES_PASSWORD"))
+        if (url.username, url.password, url.database) != (*wanted, postgres.get("POSTGRES_DB")):
+            found.append("ZEAL_DATABASE_URL does not name PostgreSQL's user, password and db")
+    check = " ".join(services["postgres"]["healthcheck"]["test"])
+    if '"$$POSTGRES_USER"' not in check:  # the tool prints $$: left to the container's shell
+        found.append(f"the database health check is {check!r}")
+    fleet = _environment(services["fleet"])
+    if fleet.get("ZEAL_MQTT_USERNAME") != "zeal-fleet-simulator":
+        found.append(f"the fleet logs in as {fleet.get('ZEAL_MQTT_USERNAME')!r}")
+    if "$$ZEAL_FLEET_PASSWORD" not in " ".join(services["fleet"]["entrypoint"]):
+        found.append("the fleet does not log in with ZEAL_FLEET_PASSWORD")
+    if not fleet.get("ZEAL_FLEET_PASSWORD"):
+        found.append("the fleet gets no ZEAL_FLEET_PASSWORD")
+    for name, service in services.items():
+        unknown = {k for k in _environment(service) if k.startswith("ZEAL_") and k not in ALLOWED}
+        if unknown:
+            found.append(f"{name} gets {sorted(unknown)}, which no zeal setting reads")
+    return found
+
+
+ALLOWED = KNOWN | {"ZEAL_FLEET_PASSWORD"}
+
+
+@needs_compose
+def test_compose_gives_every_service_its_settings(tmp_path: Path) -> None:
+    """The operator's first step (deploy/.env copied from deploy/env.example), then
+    `docker-compose config`: the server gets every setting, non-empty and accepted by its
+    own settings parser, PostgreSQL its password (the one in the server's URL), the fleet
+    its own login, and the tool warns about nothing."""
+    assert _compose_problems(staged(ROOT, tmp_path)) == []
+
+
+@needs_compose
+def test_compose_check_catches_interpolation_from_the_env_file(tmp_path: Path) -> None:
+    """The old mistake (environment: X: ${X} beside env_file:) makes the check fail: Compose
+    fills ${X} from the shell, not from env_file, and the empty value wins."""
+    directory = staged(ROOT, tmp_path)
+    compose = directory / "docker-compose.yml"
+    compose.write_text(
+        compose.read_text().replace(
+            "      ZEAL_MQTT_URL: mqtt://mosquitto:1883\n    ports:",
+            "      ZEAL_MQTT_URL: mqtt://mosquitto:1883\n      ZEAL_MODE: ${ZEAL_MODE}\n"
+            "      ZEAL_OPERATOR_TOKEN: ${ZEAL_OPERATOR_TOKEN}\n    ports:",
         )
     )
-    assert any("${ZEAL_OPERATOR_TOKEN}" in p for p in problems(copy))
-    compose = copy / "docker-compose.yml"
-    compose.write_text(compose.read_text().replace("ZEAL_SHARE_GROUP:", "ZEAL_SHARE_GRUOP:"))
-    assert any("ZEAL_SHARE_GRUOP, which no zeal setting reads" in p for p in problems(copy))
+    found = _compose_problems(directory)
+    assert "server gets ZEAL_MODE=''" in found
+    assert "server gets ZEAL_OPERATOR_TOKEN=''" in found
+    assert any("The ZEAL_MODE variable is not set" in p for p in found)
+
+
+def _version(command: list[str]) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    found = re.search(r"version (\d+\.\d+\.\d+)", done.stdout + done.stderr)
+    assert found, (command, done.stdout, done.stderr)
+    return found.group(1)
+
+
+@needs_compose
+def test_images_name_the_versions_the_tests_run(tmp_path: Path) -> None:
+    """The broker and Prometheus images are pinned to the versions of the mosquitto and
+    prometheus binaries these tests run, not to a moving major tag."""
+    resolved, _ = compose_config(staged(ROOT, tmp_path), "monitoring")
+    images = {name: s.get("image", "") for name, s in resolved["services"].items()}
+    assert images["mosquitto"] == f"eclipse-mosquitto:{_version(['mosquitto', '-h'])}"
+    if shutil.which("prometheus"):
+        assert images["prometheus"] == f"prom/prometheus:v{_version(['prometheus', '--version'])}"
 
 
 class _Client:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
+import shutil
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +22,7 @@ from zeal import Zeal, encode_batch
 from zeal.streamconfig import config_document
 from zeal_server import efficiency, store
 from zeal_server.api import create_app
+from zeal_server.db import make_engine
 from zeal_server.models import BatchSeen, Segment
 from zeal_server.settings import ServerSettings, SettingsError
 
@@ -654,6 +658,79 @@ def test_healthz_says_only_up_or_down_without_a_token(database_url: str) -> None
             assert body == {"status": "up", "database": "ok", "broker": "off"}
     with TestClient(create_app(settings(database_url))) as c:
         assert c.get("/healthz").json() == {"status": "up", "database": "ok", "broker": "off"}
+
+
+def test_liveness_and_readiness_are_separate_and_quiet_without_a_token(
+    database_url: str, tmp_path: Path
+) -> None:
+    """/livez answers while the database is gone; /readyz says not ready (503) then, and
+    without a token neither says more than its status."""
+    url = database_url
+    if url.startswith("sqlite"):
+        url = f"sqlite:///{tmp_path / 'gone' / 'zeal.sqlite'}"
+    app = create_app(settings(url, ZEAL_OPERATOR_TOKEN=OPERATOR, ZEAL_READ_TOKEN=READER))
+    with TestClient(app) as c:
+        assert c.get("/livez").json() == {"status": "live"}
+        assert c.get("/readyz").json() == {"status": "ready"}
+        details = c.get("/readyz", headers={"Authorization": f"Bearer {READER}"}).json()
+        assert details == {"status": "ready", "database": "ok", "broker": "off"}
+        app.state.engine.dispose()
+        if url.startswith("sqlite"):
+            shutil.rmtree(tmp_path / "gone")
+            (tmp_path / "gone").write_text("not a directory")  # the file cannot come back
+        else:
+            app.state.engine = make_engine(url.replace("127.0.0.1:5432", "127.0.0.1:9"))
+        assert c.get("/livez").status_code == 200
+        answer = c.get("/readyz")
+        assert (answer.status_code, answer.json()) == (503, {"status": "not ready"})
+        detailed = c.get("/readyz", headers={"Authorization": f"Bearer {OPERATOR}"}).json()
+        assert detailed["database"].startswith("down: ")
+        assert "SELECT" not in json.dumps(detailed)
+
+
+def test_openapi_declares_bearer_schemes_and_every_write_requires_one(client: TestClient) -> None:
+    """The OpenAPI document lists the operator and read schemes (HTTP bearer, so /docs
+    offers Authorize); every POST, PUT, PATCH and DELETE requires the operator one, every
+    /api/v1 read the read one."""
+    document = client.get("/openapi.json").json()
+    schemes = document["components"]["securitySchemes"]
+    assert schemes["OperatorToken"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": schemes["OperatorToken"]["description"],
+    }
+    assert schemes["ReadToken"]["scheme"] == "bearer"
+    writes = reads = 0
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            if method in ("post", "put", "patch", "delete"):
+                writes += 1
+                assert operation.get("security") == [{"OperatorToken": []}], (method, path)
+            elif path.startswith("/api/v1/devices"):
+                assert operation.get("security") == [{"OperatorToken": []}], (method, path)
+            elif path.startswith("/api/v1") or path == "/metrics":
+                reads += 1
+                assert operation.get("security") == [{"ReadToken": []}], (method, path)
+    assert writes >= 6
+    assert reads >= 10
+
+
+def test_tokens_never_reach_the_log(database_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Right, wrong and missing tokens on reads and writes: no token appears in any log
+    record of the application or the HTTP client (uvicorn's access log prints no header)."""
+    caplog.set_level(logging.DEBUG)
+    app = create_app(settings(database_url, ZEAL_OPERATOR_TOKEN=OPERATOR, ZEAL_READ_TOKEN=READER))
+    wrong = "wrong-token-that-must-not-be-logged"
+    with TestClient(app) as c:
+        for token in (OPERATOR, READER, wrong):
+            headers = {"Authorization": f"Bearer {token}"}
+            c.post("/api/v1/streams", json={"name": "x"}, headers=headers)
+            c.get("/api/v1/streams", headers=headers)
+            c.get("/metrics", headers=headers)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert caplog.records
+    for token in (OPERATOR, READER, wrong):
+        assert token not in text
 
 
 def test_db_errors_are_told_without_their_sql() -> None:

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tests.mqtt_helpers import Mosquitto, fleet_command
+from tests.server.metrics_check import assert_metrics_are_prometheus, metric_samples
 from zeal import Zeal, encode_batch
 from zeal_server import store
 from zeal_server.api import create_app
@@ -201,9 +202,30 @@ def test_rejects_are_counted_and_good_data_is_intact(database_url: str, broker: 
         s = stats(client)
         assert s["rejects"] == {"truncated": 1, "fingerprint_mismatch": 2}
         assert (s["messages"], s["readings"], s["devices"]) == (2, 20, 1)
-        metrics = client.get("/metrics").text
-        assert 'zeal_rejects_total{reason="fingerprint_mismatch"} 2' in metrics
-        assert 'zeal_rejects_total{reason="unknown_stream"} 1' in metrics
+        assert_metrics_are_prometheus(client.get("/metrics"))
+        samples = metric_samples(client.get("/metrics").text)
+        assert samples[("zeal_store_rejects_total", (("reason", "fingerprint_mismatch"),))] == 2
+        assert samples[("zeal_store_rejects_total", (("reason", "unknown_stream"),))] == 1
+        rejected = {
+            labels: value
+            for (name, labels), value in samples.items()
+            if name == "zeal_collector_rejected_messages_total"
+        }
+        assert rejected == {
+            (("reason", "truncated"),): 1,
+            (("reason", "fingerprint_mismatch"),): 2,
+            (("reason", "unknown_stream"),): 1,
+        }
+        outcome = {
+            labels[0][1]: value
+            for (name, labels), value in samples.items()
+            if name == "zeal_collector_messages_total"
+        }
+        # Disjoint outcomes: their sum is the messages received, once each.
+        assert outcome == {"stored": 2, "duplicate": 0, "rejected": sum(rejected.values())}
+        assert samples[("zeal_collector_commit_lag_seconds_count", ())] == 2
+        assert samples[("zeal_collector_commit_lag_seconds_bucket", (("le", "+Inf"),))] == 2
+        assert samples[("zeal_stream_readings_total", (("stream", "temps"),))] == 20
 
 
 def test_two_collectors_share_the_load_and_store_everything_once(

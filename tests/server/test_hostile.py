@@ -39,7 +39,8 @@ USERS = ("zeal-collector", "dev1", "evil")
 
 class DeployBroker(Mosquitto):
     """deploy/mosquitto (its mosquitto.conf and acl, unchanged but for paths and port) with a
-    password file holding USERS (password pw-USER)."""
+    password file holding USERS (password pw-USER), and the dynamic security plugin's file
+    made by `mosquitto_ctrl dynsec init` with its admin zeal-admin (pw-zeal-admin)."""
 
     def __init__(self, directory: Path) -> None:
         super().__init__(directory)
@@ -57,6 +58,19 @@ class DeployBroker(Mosquitto):
                 ],
                 check=True,
             )
+        (directory / "dynsec").mkdir()
+        subprocess.run(
+            [
+                "mosquitto_ctrl",
+                "dynsec",
+                "init",
+                str(directory / "dynsec" / "dynamic-security.json"),
+                "zeal-admin",
+                "pw-zeal-admin",
+            ],
+            check=True,
+            capture_output=True,
+        )
 
 
 def client(port: int, user: str | None, client_id: str = "", **connect: object) -> mqtt.Client:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
+from typing import Any
+
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
@@ -62,3 +65,39 @@ def test_tags_written_before_0003_become_group_rows(database_url: str) -> None:
         (1, "site", "north"),
         (3, "site", "south"),
     ]
+
+
+def _migrate_after(url: str, barrier: Any, results: Any) -> None:
+    engine = make_engine(url)
+    barrier.wait(timeout=30)
+    try:
+        migrate(engine)
+        results.put("ok")
+    except Exception as exc:  # the race shows as a duplicate-object error
+        results.put(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+    finally:
+        engine.dispose()
+
+
+def test_replicas_starting_together_migrate_one_postgresql_database_in_turn(
+    postgres_url: str,
+) -> None:
+    """Four processes migrate one empty PostgreSQL database at the same instant (a barrier):
+    every one succeeds, because the upgrade holds an advisory lock, and the schema is the
+    models' once."""
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(4), context.Queue()
+    workers = [
+        context.Process(target=_migrate_after, args=(postgres_url, barrier, results))
+        for _ in range(4)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert sorted(results.get(timeout=5) for _ in workers) == ["ok"] * 4
+    engine = make_engine(postgres_url)
+    with engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    engine.dispose()
+    assert diff == []

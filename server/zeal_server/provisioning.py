@@ -1,0 +1,235 @@
+"""Device logins through the broker's own mechanism: Mosquitto's dynamic security plugin.
+
+``provision(name)`` creates a broker client ``name`` with a generated password and a role
+of its own, ``zeal-device-{name}``, that allows exactly what a device does (topics:
+zeal.topics)::
+
+    publish    zeal/v1/+/{name}/up         its data, to any stream
+    publish    zeal/v1/+/{name}/presence   its presence (retained, Last Will)
+    subscribe  zeal/v1/+/config            the stream configurations
+    subscribe  zeal/v1/+/{name}/notice     the collector's notices to it
+    subscribe  zeal/v1/+/{name}/presence   its own presence (one agent per device id)
+
+Everything else is refused by the plugin's defaults (publishing and subscribing are denied
+unless a role allows them). ``revoke(name)`` deletes the client and its role: the broker
+disconnects a connected device at once, and the login no longer works.
+
+The commands travel as JSON on ``$CONTROL/dynamic-security/v1`` under the admin login made
+by ``mosquitto_ctrl dynsec init`` (ZEAL_MQTT_ADMIN_USERNAME, ZEAL_MQTT_ADMIN_PASSWORD); the
+answers come back on ``.../response``. The password is generated here (secrets), returned
+once, and kept nowhere but in the broker (which stores a salted hash).
+
+Errors: :class:`ProvisioningError` (``ValueError``) with ``kind`` one of ``invalid``,
+``exists``, ``unknown``, ``unavailable`` (no admin login, broker down, no answer).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from typing import Any, Literal
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from zeal.brokerurl import BrokerSettings
+from zeal.errors import ParameterError
+from zeal.streamconfig import check_name
+from zeal_server.settings import ServerSettings
+
+__all__ = ["BrokerAdmin", "ProvisioningError", "admin_for", "device_acls", "role_name"]
+
+CONTROL = "$CONTROL/dynamic-security/v1"
+RESPONSE = f"{CONTROL}/response"
+
+Kind = Literal["invalid", "exists", "unknown", "unavailable"]
+
+
+class ProvisioningError(ValueError):
+    """A device login could not be made or removed; ``kind`` says why."""
+
+    def __init__(self, kind: Kind, message: str) -> None:
+        super().__init__(message)
+        self.kind: Kind = kind
+
+
+def role_name(device: str) -> str:
+    """The role that holds one device's access rules."""
+    return f"zeal-device-{device}"
+
+
+def device_acls(device: str) -> list[dict[str, Any]]:
+    """The dynamic security ACL entries of a device's role (see the module docstring)."""
+    rules = [
+        ("publishClientSend", f"zeal/v1/+/{device}/up"),
+        ("publishClientSend", f"zeal/v1/+/{device}/presence"),
+        ("subscribePattern", "zeal/v1/+/config"),
+        ("subscribePattern", f"zeal/v1/+/{device}/notice"),
+        ("subscribePattern", f"zeal/v1/+/{device}/presence"),
+    ]
+    return [{"acltype": kind, "topic": topic, "allow": True} for kind, topic in rules]
+
+
+def admin_for(settings: ServerSettings) -> BrokerAdmin:
+    """The admin of the server's broker (ZEAL_MQTT_URL, ZEAL_MQTT_ADMIN_*)."""
+    if settings.broker is None:
+        raise ProvisioningError("unavailable", "ZEAL_MQTT_URL is off: there is no broker")
+    return BrokerAdmin(
+        settings.broker,
+        settings.admin_username,
+        settings.admin_password,
+        reserved=frozenset({"zeal-fleet-simulator"}),
+    )
+
+
+class BrokerAdmin:
+    """Sends dynamic security commands to the broker with the admin login."""
+
+    def __init__(
+        self,
+        broker: BrokerSettings,
+        username: str | None,
+        password: str | None,
+        *,
+        reserved: frozenset[str] = frozenset(),
+        timeout: float = 10.0,
+    ) -> None:
+        self.broker, self.username, self.password = broker, username, password
+        #: Logins that are not devices (the collector's, the admin's): never provisioned.
+        self.reserved = reserved | {n for n in (username, broker.username) if n}
+        self.timeout = timeout
+
+    def provision(self, device: str) -> str:
+        """Create the device's login; returns its password (shown once, stored nowhere)."""
+        self._check(device)
+        password = secrets.token_urlsafe(24)
+        answers = self.run(
+            [
+                {
+                    "command": "createRole",
+                    "rolename": role_name(device),
+                    "acls": device_acls(device),
+                },
+                {
+                    "command": "createClient",
+                    "username": device,
+                    "password": password,
+                    "roles": [{"rolename": role_name(device)}],
+                },
+            ]
+        )
+        created = answers[1].get("error")
+        if created:
+            if "exist" in created.lower():
+                raise ProvisioningError("exists", f"device {device!r} is already provisioned")
+            raise ProvisioningError("unavailable", f"the broker refused: {created}")
+        return password
+
+    def revoke(self, device: str) -> None:
+        """Delete the device's login and role; the broker disconnects it if connected."""
+        self._check(device)
+        answers = self.run(
+            [
+                {"command": "deleteClient", "username": device},
+                {"command": "deleteRole", "rolename": role_name(device)},
+            ]
+        )
+        deleted = answers[0].get("error")
+        if deleted:
+            if "not found" in deleted.lower():
+                raise ProvisioningError("unknown", f"device {device!r} is not provisioned")
+            raise ProvisioningError("unavailable", f"the broker refused: {deleted}")
+
+    def provisioned(self) -> list[str]:
+        """The devices with a login made here (those with a zeal-device-* role)."""
+        answer = self.run([{"command": "listRoles", "count": -1, "offset": 0}])[0]
+        roles = answer.get("data", {}).get("roles", [])
+        prefix = role_name("")
+        return sorted(r.removeprefix(prefix) for r in roles if r.startswith(prefix))
+
+    def _check(self, device: str) -> None:
+        try:
+            check_name("device", device)
+        except ParameterError as exc:
+            raise ProvisioningError("invalid", str(exc)) from None
+        if device in self.reserved:
+            raise ProvisioningError(
+                "invalid", f"{device!r} is the login of a server component, not a device name"
+            )
+
+    def run(self, commands: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Send commands in one message; the broker's answers, one per command, in order."""
+        if not self.username:
+            raise ProvisioningError(
+                "unavailable",
+                "device provisioning needs the broker's admin login "
+                "(ZEAL_MQTT_ADMIN_USERNAME and ZEAL_MQTT_ADMIN_PASSWORD)",
+            )
+        tag = secrets.token_hex(8)
+        for number, command in enumerate(commands):
+            command["correlationData"] = f"{tag}-{number}"
+        answers: dict[str, dict[str, Any]] = {}
+        done = threading.Event()
+        failure: list[str] = []
+
+        def on_connect(client: mqtt.Client, u: Any, f: Any, reason: Any, p: Any) -> None:
+            if reason.is_failure:
+                failure.append(f"the broker refused the admin login: {reason}")
+                done.set()
+            else:
+                client.subscribe(RESPONSE, qos=1)
+
+        def on_subscribe(client: mqtt.Client, u: Any, mid: int, codes: Any, p: Any) -> None:
+            if any(code.is_failure for code in codes):
+                failure.append(f"the admin login may not read {RESPONSE}")
+                done.set()
+                return
+            client.publish(CONTROL, json.dumps({"commands": commands}), qos=1)
+
+        def on_message(client: mqtt.Client, u: Any, message: mqtt.MQTTMessage) -> None:
+            try:
+                responses = json.loads(message.payload)["responses"]
+            except (ValueError, KeyError, TypeError):
+                return
+            for response in responses:
+                if str(response.get("correlationData", "")).startswith(tag):
+                    answers[response["correlationData"]] = response
+            if len(answers) == len(commands):
+                done.set()
+
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"zeal-admin-{tag}",
+            protocol=MQTTProtocolVersion.MQTTv5,
+        )
+        client.username_pw_set(self.username, self.password)
+        if self.broker.tls:
+            client.tls_set(
+                ca_certs=self.broker.ca_file,
+                certfile=self.broker.cert_file,
+                keyfile=self.broker.key_file,
+            )
+        client.on_connect = on_connect
+        client.on_subscribe = on_subscribe
+        client.on_message = on_message
+        try:
+            client.connect(self.broker.host, self.broker.port, keepalive=30)
+        except OSError as exc:
+            raise ProvisioningError(
+                "unavailable", f"cannot reach the broker at {self.broker.url}: {exc}"
+            ) from None
+        client.loop_start()
+        try:
+            if not done.wait(self.timeout):
+                raise ProvisioningError(
+                    "unavailable",
+                    f"no answer from the broker's dynamic security plugin at {self.broker.url} "
+                    f"within {self.timeout:g} s (is the plugin loaded?)",
+                )
+        finally:
+            client.disconnect()
+            client.loop_stop()
+        if failure:
+            raise ProvisioningError("unavailable", failure[0])
+        return [answers[f"{tag}-{n}"] for n in range(len(commands))]

@@ -1,0 +1,188 @@
+"""Device logins through Mosquitto's dynamic security plugin: the deployment's broker config
+on a real mosquitto, a real `zeal-server serve`, the CLI and the API."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from tests.server.test_crash import Server
+from tests.server.test_hostile import TOKEN, DeployBroker, batches, create, serve, wait_until
+
+pytestmark = pytest.mark.integration
+ADMIN = {"ZEAL_MQTT_ADMIN_USERNAME": "zeal-admin", "ZEAL_MQTT_ADMIN_PASSWORD": "pw-zeal-admin"}
+
+
+class Device:
+    """A device's MQTT connection with the login it was given; remembers how it ended."""
+
+    def __init__(self, port: int, username: str, password: str) -> None:
+        self.connected = threading.Event()
+        self.refused: str | None = None
+        self.disconnected = threading.Event()
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=username,
+            protocol=MQTTProtocolVersion.MQTTv5,
+        )
+        self.client.username_pw_set(username, password)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = lambda c, u, f, r, p: self.disconnected.set()
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        deadline = time.monotonic() + 5
+        while not (self.connected.is_set() or self.refused) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def _on_connect(self, c: mqtt.Client, u: object, f: object, reason: object, p: object) -> None:
+        if getattr(reason, "is_failure", False):
+            self.refused = str(reason)
+            self.client.disconnect()
+        else:
+            self.connected.set()
+
+    def publish(self, topic: str, payloads: list[bytes]) -> None:
+        for payload in payloads:
+            info = self.client.publish(topic, payload, qos=1)
+            try:
+                info.wait_for_publish(5)
+            except RuntimeError:  # the broker may close the connection of a denied publish
+                return
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def cli(broker: DeployBroker, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZEAL_")}
+    env |= {"ZEAL_MQTT_URL": broker.url, **ADMIN}
+    return subprocess.run(
+        [sys.executable, "-m", "zeal_server", "devices", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[tuple[DeployBroker, Server]]:
+    broker = DeployBroker(tmp_path / "broker").start()
+    server = serve(
+        f"sqlite:///{tmp_path / 'zeal.sqlite'}",
+        broker,
+        tmp_path,
+        ZEAL_MQTT_USERNAME="zeal-collector",
+        ZEAL_MQTT_PASSWORD="pw-zeal-collector",
+        ZEAL_OPERATOR_TOKEN=TOKEN,
+        **ADMIN,
+    ).start()
+    server.http.headers["Authorization"] = f"Bearer {TOKEN}"
+    yield broker, server
+    server.stop()
+    broker.stop()
+
+
+def readings_of(server: Server, device: str) -> int:
+    listing = server.http.get("/api/v1/streams/temps/devices").json()["devices"]
+    return sum(d["readings"] for d in listing if d["name"] == device)
+
+
+def test_provisioned_devices_publish_only_their_own_data_and_revoked_ones_are_refused(
+    setup: tuple[DeployBroker, Server],
+) -> None:
+    """A device provisioned with the CLI and one provisioned through the API each publish
+    their data, which is stored; neither they nor a password-file device can publish on
+    another's topic; revoking a connected device disconnects it at once, and its login is
+    refused afterwards."""
+    broker, server = setup
+    params = create(server)
+    made = cli(broker, "provision", "kitchen-1")
+    assert made.returncode == 0, made.stderr
+    password = made.stdout.split("password: ", 1)[1].split()[0]
+    answer = server.http.post("/api/v1/devices/hall-2/login")
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["username"] == "hall-2"
+    assert sorted(server.http.get("/api/v1/devices").json()) == ["hall-2", "kitchen-1"]
+
+    kitchen = Device(broker.port, "kitchen-1", password)
+    hall = Device(broker.port, "hall-2", answer.json()["password"])
+    intruder = Device(broker.port, "evil", "pw-evil")  # a password-file device
+    for device in (kitchen, hall, intruder):
+        assert device.connected.is_set()
+    kitchen.publish("zeal/v1/temps/kitchen-1/up", batches(params, "temps", "kitchen-1", 3))
+    hall.publish("zeal/v1/temps/hall-2/up", batches(params, "temps", "hall-2", 2))
+    wait_until(
+        lambda: (readings_of(server, "kitchen-1"), readings_of(server, "hall-2")) == (30, 20),
+        10,
+        "both provisioned devices' data stored",
+    )
+    # Others on kitchen-1's topic, with payloads that would be stored if they got through.
+    forged = batches(params, "temps", "kitchen-1", 2, first=100)
+    hall.publish("zeal/v1/temps/kitchen-1/up", forged[:1])
+    intruder.publish("zeal/v1/temps/kitchen-1/up", forged[1:])
+    kitchen.publish("zeal/v1/temps/hall-2/up", batches(params, "temps", "hall-2", 1, 100))
+    time.sleep(1.5)
+    assert (readings_of(server, "kitchen-1"), readings_of(server, "hall-2")) == (30, 20)
+
+    revoked = server.http.delete("/api/v1/devices/kitchen-1/login")
+    assert revoked.status_code == 200, revoked.text
+    assert kitchen.disconnected.wait(5), "the revoked device stayed connected"
+    kitchen.close()
+    again = Device(broker.port, "kitchen-1", password)
+    assert again.refused is not None
+    assert not again.connected.is_set()
+    again.close()
+    gone = cli(broker, "revoke", "hall-2")
+    assert gone.returncode == 0, gone.stderr
+    assert hall.disconnected.wait(5)
+    hall.close()
+    intruder.close()
+    assert server.http.get("/api/v1/devices").json() == []
+    assert readings_of(server, "kitchen-1") == 30  # revoking keeps what was stored
+
+
+def test_provisioning_errors_are_clear(setup: tuple[DeployBroker, Server]) -> None:
+    """Twice the same device: 409; revoking an unknown one: 404; a name that is not a
+    device id, or the collector's own login: 422; without a token: 401; the CLI says the
+    same in one line with status 2."""
+    broker, server = setup
+    assert server.http.post("/api/v1/devices/d1/login").status_code == 201
+    again = server.http.post("/api/v1/devices/d1/login")
+    assert (again.status_code, again.json()["detail"]) == (
+        409,
+        "device 'd1' is already provisioned",
+    )
+    assert server.http.delete("/api/v1/devices/nobody/login").status_code == 404
+    assert server.http.post("/api/v1/devices/zeal-collector/login").status_code == 422
+    assert server.http.post("/api/v1/devices/a+b/login").status_code == 422
+    anonymous = server.http.post("/api/v1/devices/d2/login", headers={"Authorization": ""})
+    assert anonymous.status_code == 401
+    twice = cli(broker, "provision", "d1")
+    assert (twice.returncode, twice.stderr) == (
+        2,
+        "zeal-server: error: device 'd1' is already provisioned\n",
+    )
+    wrong = subprocess.run(
+        [sys.executable, "-m", "zeal_server", "devices", "list"],
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("ZEAL_")},
+            "ZEAL_MQTT_URL": broker.url,
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert wrong.returncode == 2
+    assert "ZEAL_MQTT_ADMIN_USERNAME" in wrong.stderr
