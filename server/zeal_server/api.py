@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from zeal import Estimate
 from zeal.estimate import bernstein_half_width
 from zeal.wire import MAX_TIMESTAMP
-from zeal_server import store
+from zeal_server import retention, store
 from zeal_server.auth import operator, reader, refusal
 from zeal_server.collector import Collector
 from zeal_server.db import make_engine, migrate, session_factory
@@ -89,6 +89,22 @@ class StreamIn(BaseModel):
         "PUT /streams/{name}/devices/{device} (the broker lets any device publish to any "
         "stream under its own name)",
     )
+    retention_days: int | None = Field(
+        None,
+        ge=1,
+        le=36_500,
+        description="delete whole buckets older than this many days (default: keep all)",
+    )
+
+
+class StreamPatch(BaseModel):
+    """What may change on an existing stream (its privacy parameters never do)."""
+
+    retention_days: int | None = Field(
+        description="delete whole buckets older than this many days; null keeps everything",
+        ge=1,
+        le=36_500,
+    )
 
 
 class StreamOut(BaseModel):
@@ -109,12 +125,14 @@ class StreamOut(BaseModel):
     description: str
     unit: str
     enrolled_only: bool
+    retention_days: int | None
     created: datetime
 
 
 class DeletedOut(BaseModel):
     stream: str
-    readings: int = Field(description="readings that were stored for it and are now gone")
+    device: str | None = Field(None, description="the device whose data was deleted")
+    readings: int = Field(description="readings that were stored and are now gone")
 
 
 class EstimateOut(BaseModel):
@@ -318,6 +336,7 @@ def _stream_out(stream: Stream) -> StreamOut:
         description=stream.description,
         unit=stream.unit,
         enrolled_only=stream.enrolled_only,
+        retention_days=stream.retention_days,
         created=_time(stream.created_ms),
     )
 
@@ -327,6 +346,15 @@ def _window(stream: Stream, start: datetime | None, end: datetime | None) -> tup
     if start_ms is not None and end_ms is not None and start_ms >= end_ms:
         raise invalid("query", "start", f"start ({start}) must be before end ({end})")
     return store.bucket_bounds(stream, start_ms, end_ms)
+
+
+def _confirmed(confirm: str | None, name: str) -> None:
+    if confirm != name:
+        raise invalid(
+            "query",
+            "confirm",
+            f"deleting cannot be undone: repeat the name as confirm={name}",
+        )
 
 
 def invalid(where: str, field: str | None, message: str) -> HTTPException:
@@ -391,6 +419,10 @@ Confidence = Annotated[
 ]
 Start = Annotated[datetime | None, Query(description="window start (ISO 8601; UTC if no zone)")]
 End = Annotated[datetime | None, Query(description="window end, exclusive (ISO 8601)")]
+Confirm = Annotated[
+    str | None,
+    Query(description="the name of what is deleted, again: deleting cannot be undone"),
+]
 Group = Annotated[
     str | None, Query(description="devices whose tag matches key:value", max_length=200)
 ]
@@ -567,20 +599,61 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         """One stream's parameters and derived values."""
         return _stream_out(stream_or_404(db, name))
 
-    @app.delete(
-        f"{api}/streams/{{name}}", dependencies=[Depends(operator)], response_model=DeletedOut
+    @app.patch(
+        f"{api}/streams/{{name}}", dependencies=[Depends(operator)], response_model=StreamOut
     )
-    def delete_stream(name: str, request: Request, db: Db) -> DeletedOut:
-        """Delete a stream and everything stored for it (operator token). Its retained
-        configuration is withdrawn from the broker, and agents sending to it stop."""
+    def patch_stream(name: str, body: StreamPatch, db: Db) -> StreamOut:
+        """Change a stream's retention (operator token). A shorter one deletes what is
+        older at the collector's next housekeeping, within a minute, for good."""
         stream = stream_or_404(db, name)
+        store.set_retention(db, stream, body.retention_days)
+        db.commit()
+        log.warning("stream %s: retention set to %s days", name, body.retention_days)
+        return _stream_out(stream)
+
+    @app.delete(
+        f"{api}/streams/{{name}}",
+        dependencies=[Depends(operator)],
+        response_model=DeletedOut,
+        responses={422: {"description": "confirm missing or not the stream's name"}},
+    )
+    def delete_stream(name: str, request: Request, db: Db, confirm: Confirm = None) -> DeletedOut:
+        """Delete a stream and everything stored for it (operator token; confirm=NAME).
+        Its retained configuration is withdrawn from the broker, and agents sending to it
+        stop."""
+        stream = stream_or_404(db, name)
+        _confirmed(confirm, name)
         readings = store.delete_stream(db, stream)
         db.commit()
         if request.app.state.collector is not None:
             request.app.state.collector.configs.clear(name)
             request.app.state.collector.streams_changed()
         log.warning("stream %s deleted through the API (%d readings)", name, readings)
-        return DeletedOut(stream=name, readings=readings)
+        return DeletedOut(stream=name, device=None, readings=readings)
+
+    @app.delete(
+        f"{api}/streams/{{name}}/devices/{{device}}",
+        dependencies=[Depends(operator)],
+        response_model=DeletedOut,
+        responses={422: {"description": "confirm missing or not the device's name"}},
+    )
+    def delete_device(
+        name: str, device: str, request: Request, db: Db, confirm: Confirm = None
+    ) -> DeletedOut:
+        """Delete everything stored of one device of the stream (operator token;
+        confirm=DEVICE): its readings leave every average, and the other devices' data is
+        untouched. Revoke its broker login first, or what it sends next is stored anew."""
+        stream = stream_or_404(db, name)
+        row = db.scalar(select(Device).where(Device.stream_id == stream.id, Device.name == device))
+        if row is None:
+            raise HTTPException(404, f"no device {device[:64]!r} in stream {name!r}")
+        _confirmed(confirm, device)
+        readings = retention.delete_device_data(db, stream, row)
+        db.commit()
+        if request.app.state.collector is not None:
+            request.app.state.collector.devices_changed()
+        log.warning("device %s of stream %s deleted (%d readings)", device, name, readings)
+        return DeletedOut(stream=name, device=device, readings=readings)
 
     @app.get(f"{api}/streams/{{name}}/config", dependencies=read)
     def get_config(name: str, db: Db) -> dict[str, Any]:

@@ -4,6 +4,8 @@ zeal-server serve [--host H] [--port P]      API + collector (settings: ZEAL_* v
 zeal-server streams create NAME --lower L --upper U --epsilon E [--unit degF] ...
 zeal-server streams list
 zeal-server streams delete NAME --yes        the stream and all its data
+zeal-server streams retention NAME DAYS|none  keep whole buckets of the last DAYS days only
+zeal-server streams delete-device NAME DEVICE --yes   one device's data, from every bucket
 zeal-server verify [STREAM]                  segment sums == aggregates, per device/bucket
 zeal-server compact [STREAM]                 merge closed buckets' parts into segments
 zeal-server export STREAM [--start T] [--end T]   decoded estimates as CSV
@@ -25,12 +27,13 @@ import sys
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from zeal_server import store
+from zeal_server import retention, store
 from zeal_server.db import make_engine, migrate, session_factory
+from zeal_server.models import Device
 from zeal_server.provisioning import ProvisioningError, admin_for
 from zeal_server.settings import ServerSettings, SettingsError, variables_help
 
@@ -108,6 +111,11 @@ def _parser() -> argparse.ArgumentParser:
         help="accept data only from devices enrolled beforehand "
         "(PUT /api/v1/streams/NAME/devices/DEVICE)",
     )
+    create.add_argument(
+        "--retention-days",
+        type=_days,
+        help="delete whole buckets older than this many days [keep everything]",
+    )
     create.add_argument("--description", default="", help="free text, at most 500 characters")
     listing = _command(sub, "list", "list the streams")
     listing.add_argument("--json", action="store_true", help="names as a JSON array (for scripts)")
@@ -119,6 +127,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     delete.add_argument("name", help="the stream to delete")
     delete.add_argument("--yes", action="store_true", help="confirm: the data cannot come back")
+    keep = _command(
+        sub,
+        "retention",
+        "set how long a stream's data is kept: a running collector deletes whole buckets "
+        "older than that within a minute, for good",
+    )
+    keep.add_argument("name", help="the stream")
+    keep.add_argument("days", type=_days, help="1 to 36500 days, or none to keep everything")
+    forget = _command(
+        sub,
+        "delete-device",
+        "delete everything stored of one device of a stream; the other devices' data is "
+        "untouched (revoke the device's broker login first)",
+    )
+    forget.add_argument("name", help="the stream")
+    forget.add_argument("device", help="the device")
+    forget.add_argument("--yes", action="store_true", help="confirm: the data cannot come back")
     for name, text in (
         ("verify", "check that segment sums equal the aggregates, per device and bucket"),
         ("compact", "merge closed buckets into compressed segments"),
@@ -158,6 +183,15 @@ def _parser() -> argparse.ArgumentParser:
     revoke.add_argument("name", help="the device id")
     _command(sub, "list", "the devices with a broker login made here", variables=broker)
     return parser
+
+
+def _days(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"whole days or none, got {text!r}") from None
 
 
 def _fail(message: str) -> int:
@@ -290,6 +324,8 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
         if not streams and not args.json:
             print("no streams yet (zeal-server streams create --help)")
         return 0
+    if args.action in ("retention", "delete-device"):
+        return _stream_data(session, args)
     if args.action == "delete":
         found = store.stream_by_name(session, args.name)
         if found is None:
@@ -318,6 +354,7 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
         description=args.description,
         unit=args.unit,
         enrolled_only=args.enrolled_only,
+        retention_days=args.retention_days,
     )
     session.commit()
     print(
@@ -325,6 +362,32 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
         f"{stream.fingerprint} (a running server retains its configuration on the broker "
         "within seconds)"
     )
+    return 0
+
+
+def _stream_data(session: Session, args: argparse.Namespace) -> int:
+    stream = store.stream_by_name(session, args.name)
+    if stream is None:
+        return _fail(f"no stream named {args.name!r}")
+    if args.action == "retention":
+        store.set_retention(session, stream, args.days)
+        session.commit()
+        kept = "everything" if args.days is None else f"the last {args.days} days"
+        print(f"stream {args.name} keeps {kept} (a running collector applies it within a minute)")
+        return 0
+    device = session.scalar(
+        select(Device).where(Device.stream_id == stream.id, Device.name == args.device)
+    )
+    if device is None:
+        return _fail(f"no device {args.device!r} in stream {args.name!r}")
+    if not args.yes:
+        return _fail(
+            f"deleting device {args.device!r} removes every reading it sent to "
+            f"{args.name!r}; add --yes to confirm"
+        )
+    readings = retention.delete_device_data(session, stream, device)
+    session.commit()
+    print(f"deleted device {args.device} of stream {args.name} and its {readings} readings")
     return 0
 
 

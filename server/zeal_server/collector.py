@@ -45,7 +45,7 @@ from zeal.topics import (
     parse_data_topic,
 )
 from zeal.wire import MAX_PAYLOAD_BYTES
-from zeal_server import store
+from zeal_server import retention, store
 from zeal_server.configsync import ConfigSync
 from zeal_server.identity import CollectorIdentity, claim_collector_id
 from zeal_server.metrics import commit_lag_histogram
@@ -266,6 +266,7 @@ class Collector:
         #: Rejected messages by reason (door and store); sums to counts["rejected"].
         self.rejected_by: Counter[str] = Counter()
         self.lag_histogram = commit_lag_histogram()
+        self._forget_devices = threading.Event()
         self.budget = RejectBudget()
         # (stream, device, reason) shed at the door; names are "" unless valid
         self.dropped: Counter[tuple[str, str, str]] = Counter()
@@ -336,6 +337,12 @@ class Collector:
         """A stream was created or deleted through this process: sync the configurations now
         (the API publishes or withdraws the one concerned first, through ``configs``)."""
         self.configs.changed.set()
+
+    def devices_changed(self) -> None:
+        """A device's data was deleted through this process: the writer drops the ids it
+        caches before its next write (another process's writer finds out from the failed
+        write, rolls back, drops its caches and retries)."""
+        self._forget_devices.set()
 
     # -- paho callbacks (network thread) --------------------------------------------------
 
@@ -476,6 +483,9 @@ class Collector:
                 if ids is not None:
                     self.ingest.forget_streams(ids)
                     synced_connects = connects
+            if self._forget_devices.is_set():
+                self._forget_devices.clear()
+                self.ingest.forget()
             if not pending:
                 pending = self._take()
                 if not pending:
@@ -616,10 +626,24 @@ class Collector:
         self.client.publish(notice_topic(outcome.stream, outcome.device), notice.to_json(), qos=1)
 
     def _compact(self) -> None:
+        """Housekeeping: compact closed buckets, and delete what is past each stream's
+        retention (whole buckets; zeal_server.retention)."""
+        now = int(time.time() * 1000)
         try:
             with self.sessions() as session, session.begin():
-                for stream in store.list_streams(session):
-                    closed = int(time.time() * 1000) // (stream.bucket_seconds * 1000) - 1
+                streams = store.list_streams(session)
+                self.ingest.refresh(streams)
+                for stream in streams:
+                    closed = now // (stream.bucket_seconds * 1000) - 1
                     store.compact(session, stream, before_bucket=closed)
+                    lead = self.settings.max_future_seconds * 1000
+                    expired = retention.expire(session, stream, now, clock_lead_ms=lead)
+                    if expired:
+                        log.info(
+                            "deleted %d readings of %s older than its retention of %d days",
+                            expired,
+                            stream.name,
+                            stream.retention_days,
+                        )
         except Exception as exc:
-            log.error("compaction failed (will retry): %s", db_error_text(exc))
+            log.error("housekeeping failed (will retry): %s", db_error_text(exc))

@@ -69,6 +69,9 @@ class Stream(Base):
     #: Only devices enrolled beforehand (``PUT .../devices/{device}``) may send: the broker's
     #: ACL lets a device publish to any stream under its own name, this closes a stream.
     enrolled_only: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Whole buckets older than this many days are deleted by the collector's housekeeping
+    #: (and readings older than that are refused); None keeps everything.
+    retention_days: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
 
 
 class Device(Base):

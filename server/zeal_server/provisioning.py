@@ -20,7 +20,8 @@ answers come back on ``.../response``. The password is generated here (secrets),
 once, and kept nowhere but in the broker (which stores a salted hash).
 
 Errors: :class:`ProvisioningError` (``ValueError``) with ``kind`` one of ``invalid``,
-``exists``, ``unknown``, ``unavailable`` (no admin login, broker down, no answer).
+``exists``, ``unknown``, ``off`` (no broker, or no admin login configured),
+``unavailable`` (the broker is down, refuses the admin login, or does not answer).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ __all__ = ["BrokerAdmin", "ProvisioningError", "admin_for", "device_acls", "role
 CONTROL = "$CONTROL/dynamic-security/v1"
 RESPONSE = f"{CONTROL}/response"
 
-Kind = Literal["invalid", "exists", "unknown", "unavailable"]
+Kind = Literal["invalid", "exists", "unknown", "off", "unavailable"]
 
 
 class ProvisioningError(ValueError):
@@ -74,7 +75,7 @@ def device_acls(device: str) -> list[dict[str, Any]]:
 def admin_for(settings: ServerSettings) -> BrokerAdmin:
     """The admin of the server's broker (ZEAL_MQTT_URL, ZEAL_MQTT_ADMIN_*)."""
     if settings.broker is None:
-        raise ProvisioningError("unavailable", "ZEAL_MQTT_URL is off: there is no broker")
+        raise ProvisioningError("off", "ZEAL_MQTT_URL is off: there is no broker")
     return BrokerAdmin(
         settings.broker,
         settings.admin_username,
@@ -162,7 +163,7 @@ class BrokerAdmin:
         """Send commands in one message; the broker's answers, one per command, in order."""
         if not self.username:
             raise ProvisioningError(
-                "unavailable",
+                "off",
                 "device provisioning needs the broker's admin login "
                 "(ZEAL_MQTT_ADMIN_USERNAME and ZEAL_MQTT_ADMIN_PASSWORD)",
             )

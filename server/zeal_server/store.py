@@ -154,8 +154,10 @@ def create_stream(
     description: str = "",
     unit: str = "",
     enrolled_only: bool = False,
+    retention_days: int | None = None,
 ) -> Stream:
-    """Create a stream; its parameters are fixed for good (a change is a new stream)."""
+    """Create a stream; its parameters are fixed for good (a change is a new stream). Its
+    retention (not a privacy parameter) may change later (set_retention)."""
     try:
         check_name("stream", name)
     except ParameterError as exc:
@@ -164,6 +166,7 @@ def create_stream(
     if isinstance(bucket_seconds, bool) or not 1 <= bucket_seconds <= 86400:
         raise StoreError(f"bucket_seconds must be in [1, 86400], got {bucket_seconds!r}")
     check_unit(unit)
+    check_retention(retention_days)
     if session.scalar(select(Stream.id).where(Stream.name == name)) is not None:
         raise StoreError(
             f"stream {name!r} already exists; its parameters cannot change "
@@ -183,10 +186,27 @@ def create_stream(
         unit=unit,
         created_ms=now_ms(),
         enrolled_only=bool(enrolled_only),
+        retention_days=retention_days,
     )
     session.add(stream)
     session.flush()
     return stream
+
+
+def check_retention(days: object) -> int | None:
+    """Validate a retention: None (keep everything) or whole days, 1 to 36,500."""
+    if days is None:
+        return None
+    if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= 36_500:
+        raise StoreError(f"retention_days must be 1 to 36500 whole days or none, got {days!r}")
+    return days
+
+
+def set_retention(session: Session, stream: Stream, days: int | None) -> None:
+    """Change how long the stream's buckets are kept (the collector applies it within a
+    minute; what is older is then deleted for good)."""
+    stream.retention_days = check_retention(days)
+    session.flush()
 
 
 def check_unit(unit: object) -> str:
@@ -279,6 +299,8 @@ class _StreamEntry:
     bucket_ms: int
     created_ms: int
     enrolled_only: bool = False
+    #: Readings before now - this are refused (too_old); None: no retention.
+    retention_ms: int | None = None
 
 
 class _Writes:
@@ -362,6 +384,14 @@ class Ingest:
         self._streams.clear()
         self._devices.clear()
 
+    def refresh(self, streams: list[Stream]) -> None:
+        """Take up changed retentions of cached streams (the collector's housekeeping)."""
+        for stream in streams:
+            entry = self._streams.get(stream.name)
+            if entry is not None and entry.id == stream.id:
+                days = stream.retention_days
+                entry.retention_ms = None if days is None else days * 86_400_000
+
     def forget_streams(self, current: dict[str, int]) -> None:
         """Drop what is cached of streams deleted (or created anew) since: `current` maps
         the streams that exist now to their ids."""
@@ -420,7 +450,12 @@ class Ingest:
             if row is None:
                 return None
             entry = _StreamEntry(
-                row.id, params_of(row), row.bucket_seconds * 1000, row.created_ms, row.enrolled_only
+                row.id,
+                params_of(row),
+                row.bucket_seconds * 1000,
+                row.created_ms,
+                row.enrolled_only,
+                None if row.retention_days is None else row.retention_days * 86_400_000,
             )
             self._streams[name] = entry
         return entry
@@ -587,6 +622,8 @@ class Ingest:
             return "future_timestamp"
         if self.max_age_ms is not None and first < received_ms - self.max_age_ms:
             return "too_old"
+        if entry.retention_ms is not None and first < received_ms - entry.retention_ms:
+            return "too_old"  # it would be deleted at once; and a replay must not return
         if self.backfill_ms is not None and first < entry.created_ms - self.backfill_ms:
             return "before_stream"
         return None

@@ -432,15 +432,16 @@ def test_deleting_a_stream_removes_it_and_its_data_only(client: TestClient) -> N
         store.Ingest().add(session, "zeal/v1/temps/dev0/up", b"garbage", T0)
     before = client.get("/api/v1/streams/other/average").json()
     anonymous = client.delete(
-        "/api/v1/streams/temps", headers={"Authorization": "Bearer wrong-token-0123456789"}
+        "/api/v1/streams/temps?confirm=temps",
+        headers={"Authorization": "Bearer wrong-token-0123456789"},
     )
     assert anonymous.status_code == 403
-    response = client.delete("/api/v1/streams/temps")
+    response = client.delete("/api/v1/streams/temps?confirm=temps")
     assert response.status_code == 200, response.text
-    assert response.json() == {"stream": "temps", "readings": 60}
+    assert response.json() == {"stream": "temps", "device": None, "readings": 60}
     for path in ("", "/config", "/average", "/stats"):
         assert client.get(f"/api/v1/streams/temps{path}").status_code == 404
-    assert client.delete("/api/v1/streams/temps").status_code == 404
+    assert client.delete("/api/v1/streams/temps?confirm=temps").status_code == 404
     assert [s["name"] for s in client.get("/api/v1/streams").json()] == ["other"]
     assert client.get("/api/v1/streams/other/average").json() == before
     with client.app.state.sessions() as session:  # type: ignore[attr-defined]

@@ -21,11 +21,14 @@ __all__ = ["router"]
 router = APIRouter(prefix="/api/v1/devices", tags=["devices"], dependencies=[Depends(operator)])
 
 Name = Annotated[str, Path(description="device id: 1-64 letters, digits, '_', '.' or '-'")]
-STATUS = {"invalid": 422, "exists": 409, "unknown": 404, "unavailable": 503}
+STATUS = {"invalid": 422, "exists": 409, "unknown": 404, "off": 409, "unavailable": 502}
 ANSWERS: dict[int | str, dict[str, Any]] = {
-    409: {"description": "the device has a login already"},
+    409: {
+        "description": "the device has a login already, or provisioning is off (no "
+        "ZEAL_MQTT_ADMIN_USERNAME)"
+    },
     404: {"description": "the device has no login made here"},
-    503: {"description": "no broker admin login, or the broker did not answer"},
+    502: {"description": "the broker is down, refused the admin login or did not answer"},
 }
 
 
