@@ -7,6 +7,7 @@ import contextlib
 import re
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,13 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from sqlalchemy.engine import make_url
 
 from tests.deploy.compose_check import KNOWN, compose_config, problems, staged
 from tests.mqtt_helpers import deploy_broker_config, free_port, wait_for_port
+from tests.server.test_hostile import DeployBroker
 from zeal_server.settings import ServerSettings, SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -346,3 +350,57 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
     finally:
         broker.terminate()
         broker.wait(timeout=10)
+
+
+@pytest.mark.integration
+def test_the_broker_queues_a_collector_outage_beyond_the_default_limit(tmp_path: Path) -> None:
+    """The deployment's broker config on a real mosquitto: 3,000 batches published while
+    the collector's persistent session is offline (three times Mosquitto's default queue
+    of 1,000) all reach it when it comes back."""
+    broker = DeployBroker(tmp_path / "broker").start()
+    try:
+        expiry = Properties(PacketTypes.CONNECT)
+        expiry.SessionExpiryInterval = 3600
+        received: list[bytes] = []
+        subscribed = threading.Event()
+
+        def collector() -> mqtt.Client:
+            c = mqtt.Client(
+                CallbackAPIVersion.VERSION2,
+                client_id="zeal-collector",
+                protocol=MQTTProtocolVersion.MQTTv5,
+            )
+            c.username_pw_set("zeal-collector", "pw-zeal-collector")
+            c.on_message = lambda cl, u, m: received.append(bytes(m.payload))
+            c.on_subscribe = lambda cl, u, mid, codes, p: subscribed.set()
+            c.connect("127.0.0.1", broker.port, clean_start=False, properties=expiry)
+            c.loop_start()
+            return c
+
+        first = collector()
+        first.subscribe("zeal/v1/+/+/up", qos=1)
+        assert subscribed.wait(5)
+        first.disconnect()
+        first.loop_stop()
+        device = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id="dev1", protocol=MQTTProtocolVersion.MQTTv5
+        )
+        device.username_pw_set("dev1", "pw-dev1")
+        device.connect("127.0.0.1", broker.port)
+        device.loop_start()
+        for i in range(3000):
+            info = device.publish("zeal/v1/temps/dev1/up", i.to_bytes(4, "big"), qos=1)
+            if i % 200 == 199:
+                info.wait_for_publish(10)
+        info.wait_for_publish(10)
+        device.disconnect()
+        device.loop_stop()
+        back = collector()
+        deadline = time.monotonic() + 20
+        while len(received) < 3000 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        back.disconnect()
+        back.loop_stop()
+        assert sorted(int.from_bytes(p, "big") for p in received) == list(range(3000))
+    finally:
+        broker.stop()
