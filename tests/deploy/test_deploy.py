@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -33,9 +32,6 @@ def test_compose_and_deploy_files_are_consistent() -> None:
     assert problems(ROOT) == []
 
 
-needs_compose = pytest.mark.skipif(
-    shutil.which("docker-compose") is None, reason="docker-compose (Debian) not installed"
-)
 #: What the server refuses to run without, or runs wrongly without, in the deployment.
 SERVER_NEEDS = (
     "ZEAL_MODE",
@@ -100,7 +96,6 @@ def _compose_problems(directory: Path) -> list[str]:
 ALLOWED = KNOWN | {"ZEAL_FLEET_PASSWORD"}
 
 
-@needs_compose
 def test_compose_gives_every_service_its_settings(tmp_path: Path) -> None:
     """The operator's first step (deploy/.env copied from deploy/env.example), then
     `docker-compose config`: the server gets every setting, non-empty and accepted by its
@@ -109,7 +104,6 @@ def test_compose_gives_every_service_its_settings(tmp_path: Path) -> None:
     assert _compose_problems(staged(ROOT, tmp_path)) == []
 
 
-@needs_compose
 def test_compose_check_catches_interpolation_from_the_env_file(tmp_path: Path) -> None:
     """The old mistake (environment: X: ${X} beside env_file:) makes the check fail: Compose
     fills ${X} from the shell, not from env_file, and the empty value wins."""
@@ -135,15 +129,13 @@ def _version(command: list[str]) -> str:
     return found.group(1)
 
 
-@needs_compose
 def test_images_name_the_versions_the_tests_run(tmp_path: Path) -> None:
     """The broker and Prometheus images are pinned to the versions of the mosquitto and
     prometheus binaries these tests run, not to a moving major tag."""
     resolved, _ = compose_config(staged(ROOT, tmp_path), "monitoring")
     images = {name: s.get("image", "") for name, s in resolved["services"].items()}
     assert images["mosquitto"] == f"eclipse-mosquitto:{_version(['mosquitto', '-h'])}"
-    if shutil.which("prometheus"):
-        assert images["prometheus"] == f"prom/prometheus:v{_version(['prometheus', '--version'])}"
+    assert images["prometheus"] == f"prom/prometheus:v{_version(['prometheus', '--version'])}"
 
 
 class _Client:

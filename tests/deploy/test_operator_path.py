@@ -1,0 +1,87 @@
+"""deploy/README.md's path from nothing to a running stack, run as written up to the point
+where Docker would start the containers; then its broker files in a real mosquitto with
+the deployment's config, and its provisioning command against that broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.compose_check import staged
+from tests.mqtt_helpers import Mosquitto, deploy_broker_config
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+def commands() -> list[str]:
+    """The section's sh block, one command per line."""
+    text = (ROOT / "deploy" / "README.md").read_text()
+    section = text.split("## From nothing to a running stack", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```sh\n(.*?)```", section, flags=re.S)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_the_operators_path_runs_as_written_until_docker_starts(tmp_path: Path) -> None:
+    """Every command before `docker-compose ... up` succeeds in a copy of the repository's
+    deployment files (one shell, as an operator types them): random tokens replace the
+    examples, both password-file users and the dynamic security admin exist, and Compose
+    accepts the result. The broker files then work in a real mosquitto: the collector's
+    login connects, and the README's provisioning command makes a device login."""
+    before_up = []
+    for command in commands():
+        if re.match(r"docker-compose .*\bup\b", command):
+            break
+        before_up.append(command)
+    assert before_up[0] == "cp deploy/env.example deploy/.env"
+    assert before_up[-1].startswith("docker-compose --profile monitoring config")
+    directory = staged(ROOT, tmp_path / "stack")
+    (directory / "deploy" / ".env").unlink()  # the first command makes it
+    (directory / "deploy" / "mosquitto" / "passwd").unlink()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEAL_", "POSTGRES_"))}
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", "\n".join(before_up)],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "WARNING" not in done.stderr
+    settings = dict(
+        line.split("=", 1)
+        for line in (directory / "deploy" / ".env").read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    for token in ("ZEAL_OPERATOR_TOKEN", "ZEAL_READ_TOKEN"):
+        assert re.fullmatch(r"[0-9a-f]{48}", settings[token]), token
+    users = (directory / "deploy" / "mosquitto" / "passwd").read_text().splitlines()
+    assert [u.split(":")[0] for u in users] == ["zeal-collector", "zeal-fleet-simulator"]
+    dynsec = json.loads(
+        (directory / "deploy" / "mosquitto" / "dynsec" / "dynamic-security.json").read_text()
+    )
+    assert [c["username"] for c in dynsec["clients"]] == [settings["ZEAL_MQTT_ADMIN_USERNAME"]]
+
+    files = directory / "deploy" / "mosquitto"
+    broker = Mosquitto(tmp_path / "broker")
+    conf = (files / "mosquitto.conf").read_text()
+    broker.config.write_text(deploy_broker_config(conf, broker.port, files))
+    broker.start()
+    try:
+        provision = subprocess.run(
+            [sys.executable, "-m", "zeal_server", "devices", "provision", "kitchen-1"],
+            env={**env, **settings, "ZEAL_MQTT_URL": broker.url},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert provision.returncode == 0, provision.stderr
+        assert "username: kitchen-1" in provision.stdout
+    finally:
+        broker.stop()
