@@ -33,11 +33,11 @@ def processes_mentioning(text: str) -> list[str]:
     return [line for line in out.stdout.splitlines()[1:] if text in line and "ps -ww" not in line]
 
 
-def test_make_demo_from_a_fresh_clone(tmp_path: Path) -> None:
+def test_make_demo_from_a_fresh_clone(fresh_clone: Path) -> None:
     """No broker at ZEAL_MQTT_URL: the demo starts one, prints the served average within
-    3 minutes of `make demo` (environment included), and SIGINT stops every process."""
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    3 minutes of `make demo` (its environment included when this test runs first in the
+    shared clone), and SIGINT stops every process."""
+    clone = fresh_clone
     env = {**os.environ, "ZEAL_MQTT_URL": f"mqtt://127.0.0.1:{free_port()}"}
     demo = subprocess.Popen(
         ["make", "demo"],

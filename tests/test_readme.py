@@ -45,14 +45,14 @@ def test_the_walkthrough_has_every_step() -> None:
     assert positions == sorted(positions), commands
 
 
-def test_the_readme_walkthrough_works_as_written(tmp_path: Path) -> None:
-    """A fresh clone, a broker at ZEAL_MQTT_URL, the commands exactly as the README gives
-    them: both agents' readings reach the served average, status tells what the broker
-    confirmed, Ctrl-C stops everything cleanly, and git sees no new files."""
+def test_the_readme_walkthrough_works_as_written(tmp_path: Path, fresh_clone: Path) -> None:
+    """A fresh clone (shared with the demo's test), a broker at ZEAL_MQTT_URL, the commands
+    exactly as the README gives them: both agents' readings reach the served average,
+    status tells what the broker confirmed, Ctrl-C stops everything cleanly, and git sees
+    no new files."""
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", 8000)) != 0, "port 8000 (the README's) is taken"
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    clone = fresh_clone
     broker = Mosquitto(tmp_path / "broker").start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZEAL_")}
     env |= {"ZEAL_MQTT_URL": broker.url, "PYTHONUNBUFFERED": "1"}
