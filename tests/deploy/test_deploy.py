@@ -82,7 +82,7 @@ def _compose_problems(directory: Path) -> list[str]:
     fleet = _environment(services["fleet"])
     if fleet.get("ZEAL_MQTT_USERNAME") != "zeal-fleet-simulator":
         found.append(f"the fleet logs in as {fleet.get('ZEAL_MQTT_USERNAME')!r}")
-    if "$$ZEAL_FLEET_PASSWORD" not in " ".join(services["fleet"]["entrypoint"]):
+    if "$$ZEAL_FLEET_PASSWORD" not in " ".join(services["fleet"].get("entrypoint", [])):
         found.append("the fleet does not log in with ZEAL_FLEET_PASSWORD")
     if not fleet.get("ZEAL_FLEET_PASSWORD"):
         found.append("the fleet gets no ZEAL_FLEET_PASSWORD")
