@@ -23,9 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.mqtt_helpers import Mosquitto  # noqa: E402
-from tests.server.flood import flood_trial, limit_packet_size  # noqa: E402
-from tests.server.test_crash import Server  # noqa: E402
+from tools.testbed.broker import Mosquitto  # noqa: E402
+from tools.testbed.flood import flood_trial, limit_packet_size  # noqa: E402
+from tools.testbed.server import Server  # noqa: E402
 
 LIMIT = 0.20
 

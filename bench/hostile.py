@@ -33,15 +33,7 @@ import psycopg  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import insert  # noqa: E402
 
-from tests.server.test_hostile import (  # noqa: E402
-    FLOOD,
-    DeployBroker,
-    batches,
-    client,
-    create,
-    serve,
-    stats,
-)
+from tools.testbed.server import FLOOD, DeployBroker, batches, client, create, serve, stats  # noqa: E402
 from zeal_server import store  # noqa: E402
 from zeal_server.api import create_app  # noqa: E402
 from zeal_server.db import make_engine, migrate, session_factory  # noqa: E402

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tests.mqtt_helpers import Mosquitto
+from tools.testbed.broker import Mosquitto
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"

@@ -17,7 +17,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.mqtt_helpers import Mosquitto, free_port
+from tools.testbed.broker import Mosquitto, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = re.compile(r"dashboard: (http://\S+/)")

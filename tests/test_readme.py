@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mqtt_helpers import Mosquitto
+from tools.testbed.broker import Mosquitto
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -23,8 +23,10 @@ codes, like every answer of the API).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from queue import Queue
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -36,10 +38,7 @@ from sqlalchemy.orm import Session
 from zeal_server import store
 from zeal_server.models import Device, Stream
 
-if TYPE_CHECKING:
-    from zeal_server.collector import Collector
-
-__all__ = ["OUTCOMES", "build_registry", "commit_lag_histogram", "exposition"]
+__all__ = ["OUTCOMES", "CollectorFigures", "build_registry", "commit_lag_histogram", "exposition"]
 
 log = logging.getLogger("zeal_server.metrics")
 
@@ -50,6 +49,18 @@ OUTCOMES = ("stored", "duplicate", "rejected")
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 #: Confidence of the average's bands.
 CONFIDENCE = 0.95
+
+
+class CollectorFigures(Protocol):
+    """What the metrics read of a collector (zeal_server.collector.Collector provides it;
+    this module does not import the collector, which imports it)."""
+
+    counts: Counter[str]
+    rejected_by: Counter[str]
+    queue: Queue[Any]
+    broker_connected: bool
+    database_ok: bool
+    lag_histogram: Histogram
 
 
 def commit_lag_histogram() -> Histogram:
@@ -63,7 +74,7 @@ def commit_lag_histogram() -> Histogram:
 
 
 class _ProcessFigures(PrometheusCollector):
-    def __init__(self, collector: Collector | None) -> None:
+    def __init__(self, collector: CollectorFigures | None) -> None:
         self.collector = collector
 
     def collect(self) -> Iterator[Metric]:
@@ -208,7 +219,7 @@ class _DatabaseFigures(PrometheusCollector):
 
 
 def build_registry(
-    collector: Collector | None, sessions: Callable[[], Session]
+    collector: CollectorFigures | None, sessions: Callable[[], Session]
 ) -> CollectorRegistry:
     """A registry of one application (not the global one: tests build many apps)."""
     registry = CollectorRegistry(auto_describe=False)

@@ -39,8 +39,17 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from zeal import Batch, Estimate, ParameterError, WireError, Zeal, ZealWarning, decode_batch
-from zeal._exact import exact_sum, exact_sum_squares
+from zeal import (
+    Batch,
+    Estimate,
+    ParameterError,
+    WireError,
+    Zeal,
+    ZealWarning,
+    decode_batch,
+    exact_sum,
+    exact_sum_squares,
+)
 from zeal.streamconfig import check_name, config_document
 from zeal.topics import parse_data_topic
 from zeal_server.models import (

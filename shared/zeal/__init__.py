@@ -6,9 +6,11 @@ Public surface::
     Estimate                                  an average with its intervals
     audit(params) -> AuditReport              the privacy loss the sampler really realizes
     encode_batch / decode_batch -> Batch      wire format v2 (docs/wire-format.md)
+    exact_sum / exact_sum_squares             exact integer sums of codes (the store's aggregates)
     ZealError, ParameterError, ReadingError, CodeError, WireError, ZealWarning
 """
 
+from zeal._exact import exact_sum, exact_sum_squares
 from zeal.errors import CodeError, ParameterError, ReadingError, ZealError, ZealWarning
 from zeal.estimate import Estimate
 from zeal.grid import OutputDistribution
@@ -34,4 +36,6 @@ __all__ = [
     "audit",
     "decode_batch",
     "encode_batch",
+    "exact_sum",
+    "exact_sum_squares",
 ]

@@ -561,6 +561,16 @@ class Zeal:
 
     # -- exactness and audit ---------------------------------------------------------------
 
+    @property
+    def grid_sampler(self) -> GridSampler | None:
+        """The integer grid sampler that privatizes readings (None for the paper's)."""
+        return self._grid
+
+    @property
+    def paper_sampler(self) -> PaperSampler | None:
+        """The paper's float sampler (None for the grid sampler)."""
+        return self._paper
+
     def output_distribution(self, reading: float) -> OutputDistribution:
         """The exact distribution of codes the grid sampler produces for a reading."""
         if self._grid is None:

@@ -25,7 +25,7 @@ import math
 import warnings
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -35,10 +35,36 @@ from zeal.paper import UNIFORM_BITS
 
 if TYPE_CHECKING:
     from zeal.grid import GridSampler
-    from zeal.mechanism import Zeal
     from zeal.paper import PaperSampler
 
-__all__ = ["AuditReport", "audit", "output_extremes"]
+__all__ = ["AuditReport", "Audited", "audit", "output_extremes"]
+
+_F64 = npt.NDArray[np.float64]
+_U64 = npt.NDArray[np.uint64]
+
+
+class Audited(Protocol):
+    """What the audit reads of a stream's parameters; :class:`zeal.Zeal` provides it (the
+    audit does not import the mechanism, which calls the audit)."""
+
+    @property
+    def lower(self) -> float: ...
+    @property
+    def upper(self) -> float: ...
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def ebar(self) -> float: ...
+    @property
+    def exponent(self) -> int: ...
+    @property
+    def payload_bits(self) -> int: ...
+    @property
+    def grid_sampler(self) -> GridSampler | None: ...
+    @property
+    def paper_sampler(self) -> PaperSampler | None: ...
+    def to_float64(self, codes: npt.ArrayLike) -> _F64: ...
+    def from_float64(self, values: npt.ArrayLike) -> _U64: ...
 
 
 @dataclass(frozen=True)
@@ -84,11 +110,11 @@ class AuditReport:
         )
 
 
-def audit(params: Zeal, *, max_outputs: int = 4096, seed: int = 0) -> AuditReport:
+def audit(params: Audited, *, max_outputs: int = 4096, seed: int = 0) -> AuditReport:
     """Measure the privacy loss that `params`' sampler realizes (see module docstring)."""
     if isinstance(max_outputs, bool) or not isinstance(max_outputs, int) or max_outputs < 16:
         raise ParameterError(f"max_outputs must be an integer >= 16, got {max_outputs!r}")
-    grid, paper = params._grid, params._paper
+    grid, paper = params.grid_sampler, params.paper_sampler
     if grid is not None:
         return _audit_grid(params, grid, max_outputs)
     assert paper is not None
@@ -117,7 +143,7 @@ def output_extremes(grid: GridSampler, q: int, s_lo: int, s_hi: int) -> tuple[in
     return max(values), min(values)
 
 
-def _audit_grid(params: Zeal, grid: GridSampler, max_outputs: int) -> AuditReport:
+def _audit_grid(params: Audited, grid: GridSampler, max_outputs: int) -> AuditReport:
     g = grid.frac_bits
     fixed = grid.fixed_starts(np.array([params.upper, params.lower]))
     s_lo = int(fixed[0]) >> g
@@ -183,7 +209,7 @@ def _first_at_least(
         low = np.where(active & ~ok, mid + 1, low)
 
 
-def _audit_paper(params: Zeal, paper: PaperSampler, max_outputs: int, seed: int) -> AuditReport:
+def _audit_paper(params: Audited, paper: PaperSampler, max_outputs: int, seed: int) -> AuditReport:
     lo_x, hi_x = params.lower, params.upper
     inputs = [lo_x, lo_x + (hi_x - lo_x) / 4, params.ebar, hi_x - (hi_x - lo_x) / 4, hi_x]
     top = 1 << UNIFORM_BITS

@@ -26,7 +26,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.mqtt_helpers import Mosquitto, fleet_command, free_port, wait_for_port
+from tools.testbed.broker import Mosquitto, fleet_command, free_port, wait_for_port
 from zeal import encode_batch
 from zeal.streamconfig import params_from_config
 

@@ -19,8 +19,8 @@ from paho.mqtt.properties import Properties
 from sqlalchemy.engine import make_url
 
 from tests.deploy.compose_check import KNOWN, compose_config, problems, staged
-from tests.mqtt_helpers import deploy_broker_config, free_port, wait_for_port
-from tests.server.test_hostile import DeployBroker
+from tools.testbed.broker import deploy_broker_config, free_port, wait_for_port
+from tools.testbed.server import DeployBroker
 from zeal_server.settings import ServerSettings, SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,9 +15,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.mqtt_helpers import Mosquitto, free_port, wait_for_port
-from tests.server.test_crash import Server
-from tests.server.test_hostile import READ, TOKEN, batches, client, wait_until
+from tools.testbed.broker import Mosquitto, free_port, wait_for_port
+from tools.testbed.server import READ, TOKEN, Server, batches, client, wait_until
 from zeal.streamconfig import params_from_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.compose_check import staged
-from tests.mqtt_helpers import Mosquitto, deploy_broker_config
+from tools.testbed.broker import Mosquitto, deploy_broker_config
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.mqtt_helpers import Mosquitto, Subscriber, agent_status, free_port, publish_retained
+from tools.testbed.broker import Mosquitto, Subscriber, agent_status, free_port, publish_retained
 from zeal import Zeal, decode_batch
 from zeal.streamconfig import config_document
 

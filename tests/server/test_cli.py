@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mqtt_helpers import free_port
+from tools.testbed.broker import free_port
 from zeal_server.cli import _parser
 from zeal_server.settings import VARIABLES
 

@@ -17,8 +17,8 @@ import pytest
 from fastapi.testclient import TestClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.mqtt_helpers import Mosquitto, fleet_command
 from tests.server.metrics_check import assert_metrics_are_prometheus, metric_samples
+from tools.testbed.broker import Mosquitto, fleet_command
 from zeal import Zeal, encode_batch
 from zeal_server import store
 from zeal_server.api import create_app

@@ -4,128 +4,16 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.mqtt_helpers import Mosquitto, fleet_command, free_port
+from tools.testbed.broker import Mosquitto
+from tools.testbed.server import Server, create_temps, start_fleet, verify, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-class Server:
-    """`zeal-server serve` as a subprocess that can be killed and restarted."""
-
-    def __init__(
-        self,
-        database_url: str | None,
-        broker: Mosquitto,
-        log: Path,
-        *,
-        collector_id: str | None = "crash-test",
-        cwd: Path | None = None,
-    ) -> None:
-        """`database_url` and `collector_id` None: the server's defaults (in `cwd`)."""
-        self.port = free_port()
-        self.env = {
-            key: value
-            for key, value in os.environ.items()
-            if key not in ("ZEAL_DATABASE_URL", "ZEAL_COLLECTOR_ID", "ZEAL_DATA_DIR")
-        }
-        self.env.update({"ZEAL_MQTT_URL": broker.url, "PYTHONUNBUFFERED": "1"})
-        if database_url is not None:
-            self.env["ZEAL_DATABASE_URL"] = database_url
-        if collector_id is not None:
-            self.env["ZEAL_COLLECTOR_ID"] = collector_id
-        self.cwd = cwd
-        self.log = log
-        self.process: subprocess.Popen[bytes] | None = None
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
-
-    def start(self) -> Server:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "zeal_server", "serve", "--port", str(self.port)],
-            env=self.env,
-            cwd=self.cwd,
-            stdout=self.log.open("ab"),
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if self.http.get("/healthz").status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"server did not come up:\n{self.log.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=30)
-
-    def stats(self) -> dict[str, int]:
-        # Counts only: the efficiency figures are not needed for polling.
-        stats = "/api/v1/streams/temps/stats?efficiency=false"
-        body = self.http.get(stats).json()
-        return {"messages": body["messages"], "readings": body["readings"]}
-
-
-def start_fleet(
-    broker: Mosquitto, tmp_path: Path, devices: int, readings: int, batch: int = 60
-) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        fleet_command(
-            broker.url,
-            tmp_path / "sim",
-            *("--devices", str(devices), "--rate", "20", "--readings", str(readings)),
-            *("--batch", str(batch), "--log-level", "WARNING"),
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_for(server: Server, expected: dict[str, int], timeout: float = 90) -> dict[str, int]:
-    deadline = time.monotonic() + timeout
-    seen: dict[str, int] = {}
-    while time.monotonic() < deadline:
-        try:
-            seen = server.stats()
-        except httpx.TransportError:
-            seen = {}
-        if seen == expected:
-            return seen
-        time.sleep(0.25)
-    return seen
-
-
-def verify(database_url: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "zeal_server", "verify"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": "off"},
-        check=False,
-    )
-    return result.stdout + result.stderr
-
-
-def create_temps(server: Server) -> None:
-    body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
-    assert server.http.post("/api/v1/streams", json=body).status_code == 201
 
 
 def test_collector_sigkill_five_times_loses_and_duplicates_nothing(

@@ -20,9 +20,9 @@ import pytest
 from fastapi.testclient import TestClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.mqtt_helpers import Mosquitto, agent_status
 from tests.server.test_collector_mqtt import create_stream, server_app, stats, wait_until
-from tests.server.test_crash import Server
+from tools.testbed.broker import Mosquitto, agent_status
+from tools.testbed.server import Server
 from zeal import encode_batch
 from zeal.streamconfig import params_from_config
 

@@ -22,8 +22,21 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.mqtt_helpers import Mosquitto, deploy_broker_config
-from tests.server.test_crash import Server
+from tools.testbed.broker import Mosquitto
+from tools.testbed.server import (
+    FLOOD,
+    READ,
+    TOKEN,
+    DeployBroker,
+    Server,
+    batches,
+    client,
+    create,
+    serve,
+    serve_collector,
+    stats,
+    wait_until,
+)
 from zeal import Zeal, encode_batch
 from zeal.streamconfig import config_document, params_from_config
 from zeal_server import store
@@ -32,113 +45,6 @@ from zeal_server.db import make_engine, migrate, session_factory
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "operator-token-0123456789"
-READ = "read-token-0123456789abc"
-USERS = ("zeal-collector", "dev1", "evil")
-
-
-class DeployBroker(Mosquitto):
-    """deploy/mosquitto (its mosquitto.conf and acl, unchanged but for paths and port) with a
-    password file holding USERS (password pw-USER), and the dynamic security plugin's file
-    made by `mosquitto_ctrl dynsec init` with its admin zeal-admin (pw-zeal-admin)."""
-
-    def __init__(self, directory: Path) -> None:
-        super().__init__(directory)
-        conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
-        self.config.write_text(deploy_broker_config(conf, self.port, directory))
-        for i, user in enumerate(USERS):
-            subprocess.run(
-                [
-                    "mosquitto_passwd",
-                    "-b",
-                    *(["-c"] if i == 0 else []),
-                    str(directory / "passwd"),
-                    user,
-                    f"pw-{user}",
-                ],
-                check=True,
-            )
-        (directory / "dynsec").mkdir()
-        subprocess.run(
-            [
-                "mosquitto_ctrl",
-                "dynsec",
-                "init",
-                str(directory / "dynsec" / "dynamic-security.json"),
-                "zeal-admin",
-                "pw-zeal-admin",
-            ],
-            check=True,
-            capture_output=True,
-        )
-
-
-def client(port: int, user: str | None, client_id: str = "", **connect: object) -> mqtt.Client:
-    c = mqtt.Client(
-        CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
-    )
-    if user is not None:
-        c.username_pw_set(user, f"pw-{user}")
-    c.connect("127.0.0.1", port, **connect)  # type: ignore[arg-type]
-    c.loop_start()
-    return c
-
-
-def batches(params: Zeal, stream: str, device: str, count: int, first: int = 0) -> list[bytes]:
-    now = int(time.time() * 1000)
-    rng = np.random.default_rng(first)
-    return [
-        encode_batch(
-            params,
-            stream=stream,
-            device=device,
-            sequence=first + i,
-            timestamps=now + 1000 * np.arange(10),
-            codes=params.perturb(np.full(10, 50.0), rng=rng),
-        )
-        for i in range(count)
-    ]
-
-
-def serve(database_url: str, broker: Mosquitto, tmp_path: Path, **env: str) -> Server:
-    server = Server(database_url, broker, tmp_path / "server.log", collector_id="zs-hostile")
-    server.env.update(env)
-    return server
-
-
-def serve_collector(broker: DeployBroker, tmp_path: Path) -> Server:
-    """A running server (SQLite) whose collector logs in as zeal-collector."""
-    return serve(
-        f"sqlite:///{tmp_path / 'zeal.sqlite'}",
-        broker,
-        tmp_path,
-        ZEAL_MQTT_USERNAME="zeal-collector",
-        ZEAL_MQTT_PASSWORD="pw-zeal-collector",
-    ).start()
-
-
-def create(server: Server, name: str = "temps") -> Zeal:
-    body = {"name": name, "lower": 0, "upper": 110, "epsilon": 1, "bucket_seconds": 1}
-    created = server.http.post("/api/v1/streams", json=body)
-    assert created.status_code == 201, created.text
-    config = server.http.get(f"/api/v1/streams/{name}/config").json()
-    return params_from_config(json.dumps(config), stream=name)
-
-
-def stats(server: Server, name: str = "temps", token: str | None = None) -> dict:
-    headers = {"Authorization": f"Bearer {token}"} if token else None
-    got = server.http.get(f"/api/v1/streams/{name}/stats?efficiency=false", headers=headers)
-    assert got.status_code == 200, got.text
-    return got.json()
-
-
-def wait_until(check: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -312,31 +218,6 @@ def test_abandoned_exports_never_starve_the_api_or_ingestion(
 
 
 # -- 3. bounded bookkeeping -------------------------------------------------------------------
-
-
-FLOOD = r"""
-import sys, time
-import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
-port, count = int(sys.argv[1]), int(sys.argv[2])
-c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="evil", protocol=MQTTProtocolVersion.MQTTv5)
-c.username_pw_set("evil", "pw-evil")
-c.max_inflight_messages_set(100)
-c.connect("127.0.0.1", port)
-c.loop_start()
-pending = []
-for i in range(count):
-    name = f"{i:08d}" + "s" * 60_000
-    pending.append(c.publish(f"zeal/v1/{name}/evil/up", b"\x20" * 20, qos=1))
-    if len(pending) >= 100:
-        for p in pending:
-            p.wait_for_publish(30)
-        pending = []
-for p in pending:
-    p.wait_for_publish(30)
-c.disconnect()
-print(count, flush=True)
-"""
 
 
 def rss_kb(pid: int) -> int:

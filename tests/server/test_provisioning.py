@@ -15,8 +15,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.server.test_crash import Server
-from tests.server.test_hostile import TOKEN, DeployBroker, batches, create, serve, wait_until
+from tools.testbed.server import TOKEN, DeployBroker, Server, batches, create, serve, wait_until
 
 pytestmark = pytest.mark.integration
 ADMIN = {"ZEAL_MQTT_ADMIN_USERNAME": "zeal-admin", "ZEAL_MQTT_ADMIN_PASSWORD": "pw-zeal-admin"}

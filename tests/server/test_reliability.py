@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.mqtt_helpers import Mosquitto, Subscriber
-from tests.server.flood import flood_trial, limit_packet_size
-from tests.server.test_crash import Server, create_temps, start_fleet, verify, wait_for
+from tools.testbed.broker import Mosquitto, Subscriber
+from tools.testbed.flood import flood_trial, limit_packet_size
+from tools.testbed.server import Server, create_temps, start_fleet, verify, wait_for
 from zeal import Zeal, decode_batch, encode_batch
 from zeal_server import store
 from zeal_server.api import create_app

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.mqtt_helpers import Mosquitto, fleet_command
-from tests.server.test_crash import Server, create_temps, wait_for
+from tools.testbed.broker import Mosquitto, fleet_command
+from tools.testbed.server import Server, create_temps, wait_for
 
 #: What the broker's ACL lets a hostile device reach: its own topic only.
 FLOOD_TOPIC = "zeal/v1/temps/evil/up"

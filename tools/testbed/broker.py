@@ -1,4 +1,4 @@
-"""Real Mosquitto brokers and subscribers for integration tests."""
+"""Real Mosquitto brokers and subscribers, for tests/ and bench/."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def publish_retained(port: int, topic: str, payload: bytes) -> None:
     client.loop_stop()
 
 
-SEATTLE = Path(__file__).resolve().parents[1] / "data" / "seattle-temps.csv"
+SEATTLE = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
 
 
 def fleet_command(broker_url: str, data_dir: Path, *args: str, stream: str = "temps") -> list[str]:
@@ -177,7 +177,7 @@ def agent_status(data_dir: Path) -> list[dict[str, object]]:
     return records
 
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "mosquitto"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
 
 
 def dynsec_plugin() -> str:

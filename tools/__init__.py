@@ -1,0 +1,1 @@
+"""Tools beside the packages: the demo, and the test bed shared by tests/ and bench/."""

@@ -1,0 +1,1 @@
+"""Real brokers, servers and devices for tests/ and bench/ (not installed)."""

@@ -1,0 +1,269 @@
+"""Real processes for tests and benchmarks: `zeal-server serve` as a subprocess, the
+deployment's broker, devices that publish, and the helpers that drive them.
+
+tests/ and bench/ both import this (benchmarks never import the test suite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from tools.testbed.broker import Mosquitto, deploy_broker_config, fleet_command, free_port
+from zeal import Zeal, encode_batch
+from zeal.streamconfig import params_from_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Server:
+    """`zeal-server serve` as a subprocess that can be killed and restarted."""
+
+    def __init__(
+        self,
+        database_url: str | None,
+        broker: Mosquitto,
+        log: Path,
+        *,
+        collector_id: str | None = "crash-test",
+        cwd: Path | None = None,
+    ) -> None:
+        """`database_url` and `collector_id` None: the server's defaults (in `cwd`)."""
+        self.port = free_port()
+        self.env = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in ("ZEAL_DATABASE_URL", "ZEAL_COLLECTOR_ID", "ZEAL_DATA_DIR")
+        }
+        self.env.update({"ZEAL_MQTT_URL": broker.url, "PYTHONUNBUFFERED": "1"})
+        if database_url is not None:
+            self.env["ZEAL_DATABASE_URL"] = database_url
+        if collector_id is not None:
+            self.env["ZEAL_COLLECTOR_ID"] = collector_id
+        self.cwd = cwd
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
+
+    def start(self) -> Server:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "zeal_server", "serve", "--port", str(self.port)],
+            env=self.env,
+            cwd=self.cwd,
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if self.http.get("/healthz").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"server did not come up:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+    def stats(self) -> dict[str, int]:
+        # Counts only: the efficiency figures are not needed for polling.
+        stats = "/api/v1/streams/temps/stats?efficiency=false"
+        body = self.http.get(stats).json()
+        return {"messages": body["messages"], "readings": body["readings"]}
+
+
+def start_fleet(
+    broker: Mosquitto, tmp_path: Path, devices: int, readings: int, batch: int = 60
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        fleet_command(
+            broker.url,
+            tmp_path / "sim",
+            *("--devices", str(devices), "--rate", "20", "--readings", str(readings)),
+            *("--batch", str(batch), "--log-level", "WARNING"),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(server: Server, expected: dict[str, int], timeout: float = 90) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    seen: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        try:
+            seen = server.stats()
+        except httpx.TransportError:
+            seen = {}
+        if seen == expected:
+            return seen
+        time.sleep(0.25)
+    return seen
+
+
+def verify(database_url: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "zeal_server", "verify"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": "off"},
+        check=False,
+    )
+    return result.stdout + result.stderr
+
+
+def create_temps(server: Server) -> None:
+    body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
+    assert server.http.post("/api/v1/streams", json=body).status_code == 201
+
+
+TOKEN = "operator-token-0123456789"
+READ = "read-token-0123456789abc"
+USERS = ("zeal-collector", "dev1", "evil")
+
+
+class DeployBroker(Mosquitto):
+    """deploy/mosquitto (its mosquitto.conf and acl, unchanged but for paths and port) with a
+    password file holding USERS (password pw-USER), and the dynamic security plugin's file
+    made by `mosquitto_ctrl dynsec init` with its admin zeal-admin (pw-zeal-admin)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
+        self.config.write_text(deploy_broker_config(conf, self.port, directory))
+        for i, user in enumerate(USERS):
+            subprocess.run(
+                [
+                    "mosquitto_passwd",
+                    "-b",
+                    *(["-c"] if i == 0 else []),
+                    str(directory / "passwd"),
+                    user,
+                    f"pw-{user}",
+                ],
+                check=True,
+            )
+        (directory / "dynsec").mkdir()
+        subprocess.run(
+            [
+                "mosquitto_ctrl",
+                "dynsec",
+                "init",
+                str(directory / "dynsec" / "dynamic-security.json"),
+                "zeal-admin",
+                "pw-zeal-admin",
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+
+def client(port: int, user: str | None, client_id: str = "", **connect: object) -> mqtt.Client:
+    c = mqtt.Client(
+        CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
+    )
+    if user is not None:
+        c.username_pw_set(user, f"pw-{user}")
+    c.connect("127.0.0.1", port, **connect)  # type: ignore[arg-type]
+    c.loop_start()
+    return c
+
+
+def batches(params: Zeal, stream: str, device: str, count: int, first: int = 0) -> list[bytes]:
+    now = int(time.time() * 1000)
+    rng = np.random.default_rng(first)
+    return [
+        encode_batch(
+            params,
+            stream=stream,
+            device=device,
+            sequence=first + i,
+            timestamps=now + 1000 * np.arange(10),
+            codes=params.perturb(np.full(10, 50.0), rng=rng),
+        )
+        for i in range(count)
+    ]
+
+
+def serve(database_url: str, broker: Mosquitto, tmp_path: Path, **env: str) -> Server:
+    server = Server(database_url, broker, tmp_path / "server.log", collector_id="zs-hostile")
+    server.env.update(env)
+    return server
+
+
+def serve_collector(broker: DeployBroker, tmp_path: Path) -> Server:
+    """A running server (SQLite) whose collector logs in as zeal-collector."""
+    return serve(
+        f"sqlite:///{tmp_path / 'zeal.sqlite'}",
+        broker,
+        tmp_path,
+        ZEAL_MQTT_USERNAME="zeal-collector",
+        ZEAL_MQTT_PASSWORD="pw-zeal-collector",
+    ).start()
+
+
+def create(server: Server, name: str = "temps") -> Zeal:
+    body = {"name": name, "lower": 0, "upper": 110, "epsilon": 1, "bucket_seconds": 1}
+    created = server.http.post("/api/v1/streams", json=body)
+    assert created.status_code == 201, created.text
+    config = server.http.get(f"/api/v1/streams/{name}/config").json()
+    return params_from_config(json.dumps(config), stream=name)
+
+
+def stats(server: Server, name: str = "temps", token: str | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    got = server.http.get(f"/api/v1/streams/{name}/stats?efficiency=false", headers=headers)
+    assert got.status_code == 200, got.text
+    return got.json()
+
+
+def wait_until(check: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+FLOOD = r"""
+import sys, time
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+port, count = int(sys.argv[1]), int(sys.argv[2])
+c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="evil", protocol=MQTTProtocolVersion.MQTTv5)
+c.username_pw_set("evil", "pw-evil")
+c.max_inflight_messages_set(100)
+c.connect("127.0.0.1", port)
+c.loop_start()
+pending = []
+for i in range(count):
+    name = f"{i:08d}" + "s" * 60_000
+    pending.append(c.publish(f"zeal/v1/{name}/evil/up", b"\x20" * 20, qos=1))
+    if len(pending) >= 100:
+        for p in pending:
+            p.wait_for_publish(30)
+        pending = []
+for p in pending:
+    p.wait_for_publish(30)
+c.disconnect()
+print(count, flush=True)
+"""
