@@ -101,3 +101,44 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     """The check above can fail: a two-module circle is reported."""
     assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _code_strings(path: Path) -> list[str]:
+    """String constants of a file's code (f-string parts included), docstrings left out."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+    ]
+
+
+def test_the_topic_layout_is_written_in_one_module() -> None:
+    """The MQTT topic prefix appears in the code of zeal.topics only; every other module
+    builds, parses and filters topics through it (docstrings may describe the layout)."""
+    offenders = sorted(
+        str(path.relative_to(ROOT))
+        for folder in PACKAGES.values()
+        for path in python_files(folder)
+        if any("zeal/v1" in text for text in _code_strings(path))
+    )
+    assert offenders == ["shared/zeal/topics.py"]
+
+
+def test_the_topic_check_sees_code_and_skips_docstrings(tmp_path: Path) -> None:
+    """The check above can fail: a layout string in code (an f-string too) is found, one in
+    a docstring is not."""
+    module = tmp_path / "m.py"
+    module.write_text(
+        '"""zeal/v1/a"""\n\ndef f(d):\n    """zeal/v1/b"""\n    return f"zeal/v1/+/{d}/up"\n'
+    )
+    assert _code_strings(module) == ["zeal/v1/+/", "/up"]

@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from zeal import Zeal, encode_batch
+from zeal.topics import data_topic
 
 __all__ = ["json_message", "publish_packet_size", "size_table"]
 
-TOPIC = "zeal/v1/temps/device-0001/up"
+TOPIC = data_topic("temps", "device-0001")
 DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
 BASE_MS = 1767225600000
 

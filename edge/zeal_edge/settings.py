@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zeal.streamconfig import check_name
+from zeal.topics import PREFIX
 from zeal_edge.errors import SettingsError
 
 __all__ = ["SETTINGS", "Setting", "SettingsError", "add_arguments", "resolve"]
@@ -121,7 +122,7 @@ SETTINGS: tuple[Setting, ...] = (
         str,
         None,
         "ZEAL_PARAMS",
-        "local stream configuration JSON instead of the retained zeal/v1/{stream}/config",
+        f"local stream configuration JSON instead of the one retained on {PREFIX}/STREAM/config",
     ),
     Setting(
         "data_dir",

@@ -39,6 +39,7 @@ from zeal.streamconfig import check_name
 from zeal.topics import (
     CONFIG_FILTER,
     DATA_FILTER,
+    MAX_TOPIC_LENGTH,
     Notice,
     notice_topic,
     parse_config_topic,
@@ -106,7 +107,6 @@ REJECT_BURST = 100
 REJECT_RATE = 10.0
 #: The longest data topic with valid names: zeal/v1/ + 64 + / + 64 + /up. Anything longer
 #: is refused at the door before any other work (no decoding, no database, no log of it).
-MAX_TOPIC_LENGTH = len("zeal/v1/") + 64 + 1 + 64 + len("/up")
 #: Bookkeeping keyed by what clients choose (budgets, log and notice throttles) holds at
 #: most this many keys, forgetting the least recently used: memory stays flat whatever
 #: topics arrive.

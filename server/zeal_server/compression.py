@@ -23,6 +23,7 @@ import zstandard
 
 from zeal import Zeal, encode_batch
 from zeal.baselines import PiecewiseFloat
+from zeal.topics import data_topic
 from zeal_server import store
 from zeal_server.db import make_engine, migrate, session_factory
 
@@ -83,7 +84,7 @@ def measure(
                         codes=part,
                         timestamps=t0 + 1000 * (start + np.arange(part.size)),
                     )
-                    messages.append((f"zeal/v1/temps/dev{d:03d}/up", payload, t0))
+                    messages.append((data_topic("temps", f"dev{d:03d}"), payload, t0))
             ingest.add_many(session, messages)
             store.compact(session, stream)
             sizes = store.storage_bytes(session, stream)

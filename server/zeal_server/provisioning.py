@@ -37,6 +37,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from zeal.brokerurl import BrokerSettings
 from zeal.errors import ParameterError
 from zeal.streamconfig import check_name
+from zeal.topics import CONFIG_FILTER, device_filters
 from zeal_server.settings import ServerSettings
 
 __all__ = ["BrokerAdmin", "ProvisioningError", "admin_for", "device_acls", "role_name"]
@@ -62,12 +63,13 @@ def role_name(device: str) -> str:
 
 def device_acls(device: str) -> list[dict[str, Any]]:
     """The dynamic security ACL entries of a device's role (see the module docstring)."""
+    own = device_filters(device)
     rules = [
-        ("publishClientSend", f"zeal/v1/+/{device}/up"),
-        ("publishClientSend", f"zeal/v1/+/{device}/presence"),
-        ("subscribePattern", "zeal/v1/+/config"),
-        ("subscribePattern", f"zeal/v1/+/{device}/notice"),
-        ("subscribePattern", f"zeal/v1/+/{device}/presence"),
+        ("publishClientSend", own["data"]),
+        ("publishClientSend", own["presence"]),
+        ("subscribePattern", CONFIG_FILTER),
+        ("subscribePattern", own["notice"]),
+        ("subscribePattern", own["presence"]),
     ]
     return [{"acltype": kind, "topic": topic, "allow": True} for kind, topic in rules]
 

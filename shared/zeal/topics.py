@@ -36,13 +36,16 @@ from zeal.errors import ZealError
 __all__ = [
     "CONFIG_FILTER",
     "DATA_FILTER",
+    "MAX_TOPIC_LENGTH",
     "NOTICE_FORMAT",
+    "PREFIX",
     "PRESENCE_FORMAT",
     "Notice",
     "Presence",
     "TopicError",
     "config_topic",
     "data_topic",
+    "device_filters",
     "notice_topic",
     "parse_config_topic",
     "parse_data_topic",
@@ -82,13 +85,27 @@ def presence_topic(stream: str, device: str) -> str:
     return f"{PREFIX}/{stream}/{device}/presence"
 
 
+#: The longest valid data topic (stream and device names of 64 characters).
+MAX_TOPIC_LENGTH: Final = len(f"{PREFIX}/{'s' * 64}/{'d' * 64}/up")
+
+
+def device_filters(device: str) -> dict[str, str]:
+    """Topic filters of one device's own topics on every stream (for access rules):
+    ``data``, ``presence`` and ``notice``."""
+    return {
+        "data": f"{PREFIX}/+/{device}/up",
+        "presence": f"{PREFIX}/+/{device}/presence",
+        "notice": f"{PREFIX}/+/{device}/notice",
+    }
+
+
 def parse_data_topic(topic: str) -> tuple[str, str] | None:
     """(stream, device) of a data topic, or None if the topic is not shaped like one.
 
     The names are not validated here (``zeal.streamconfig.check_name`` does that).
     """
     parts = topic.split("/")
-    if len(parts) != 5 or parts[0] != "zeal" or parts[1] != "v1" or parts[4] != "up":
+    if len(parts) != 5 or "/".join(parts[:2]) != PREFIX or parts[4] != "up":
         return None
     return parts[2], parts[3]
 
@@ -96,7 +113,7 @@ def parse_data_topic(topic: str) -> tuple[str, str] | None:
 def parse_config_topic(topic: str) -> str | None:
     """The stream of a configuration topic, or None."""
     parts = topic.split("/")
-    if len(parts) != 4 or parts[0] != "zeal" or parts[1] != "v1" or parts[3] != "config":
+    if len(parts) != 4 or "/".join(parts[:2]) != PREFIX or parts[3] != "config":
         return None
     return parts[2]
 
