@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from importlib import resources
-from statistics import NormalDist
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
@@ -36,7 +35,7 @@ from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from zeal import Estimate
-from zeal.estimate import bernstein_half_width
+from zeal.estimate import bernstein_half_width, difference_of
 from zeal.wire import MAX_TIMESTAMP
 from zeal_server import retention, store
 from zeal_server.auth import operator, reader, refusal
@@ -824,12 +823,9 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             confidence=confidence,
         )
         if est[0] and est[1]:
-            diff = est[0].mean - est[1].mean
-            se = math.hypot(est[0].std_error, est[1].std_error)
-            z = NormalDist().inv_cdf(0.5 + confidence / 2)
-            out.difference, out.std_error = diff, se
-            out.ci = (diff - z * se, diff + z * se)
-            out.p_value = 2 * (1 - NormalDist().cdf(abs(diff) / se)) if se > 0 else None
+            found = difference_of(est[0], est[1], confidence)
+            out.difference, out.std_error = found.difference, found.std_error
+            out.ci, out.p_value = found.ci, found.p_value
         return out
 
     def _device_out(device: Device, epsilon: float) -> DeviceOut:

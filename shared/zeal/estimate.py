@@ -15,7 +15,14 @@ from statistics import NormalDist
 
 from zeal.errors import ParameterError
 
-__all__ = ["Estimate", "bernstein_half_width", "bernstein_tail", "check_confidence"]
+__all__ = [
+    "Difference",
+    "Estimate",
+    "bernstein_half_width",
+    "bernstein_tail",
+    "check_confidence",
+    "difference_of",
+]
 
 
 @dataclass(frozen=True)
@@ -74,3 +81,28 @@ def bernstein_half_width(confidence: float, *, n: int, variance: float, bound: f
     log_term = math.log(2.0 / (1.0 - confidence))
     a = log_term * bound / 3
     return (a + math.sqrt(a * a + 2 * n * log_term * variance)) / n
+
+
+@dataclass(frozen=True)
+class Difference:
+    """a.mean - b.mean of two independent estimates, with its normal interval and the
+    two-sided p-value of "equal means" (None when the standard error is 0)."""
+
+    difference: float
+    std_error: float
+    ci: tuple[float, float]
+    p_value: float | None
+    confidence: float
+
+
+def difference_of(a: Estimate, b: Estimate, confidence: float) -> Difference:
+    """The difference of two averages as independent normal estimates: the standard error
+    is sqrt(se_a^2 + se_b^2). Valid when every reading is independent of every other
+    (readings of different devices, one reading each); readings of one device are
+    correlated in real fleets, and this standard error is then too small."""
+    check_confidence(confidence)
+    diff = a.mean - b.mean
+    se = math.hypot(a.std_error, b.std_error)
+    z = normal_quantile(confidence)
+    p_value = 2 * (1 - NormalDist().cdf(abs(diff) / se)) if se > 0 else None
+    return Difference(diff, se, (diff - z * se, diff + z * se), p_value, confidence)

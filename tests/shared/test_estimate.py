@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
 from zeal import CodeError, ParameterError, Zeal
+from zeal.estimate import Estimate, difference_of
 
 
 @pytest.mark.slow
@@ -99,3 +101,31 @@ def test_no_codes_is_an_error() -> None:
     """An estimate needs at least one code."""
     with pytest.raises(CodeError, match="zero codes"):
         Zeal(lower=0, upper=1, epsilon=1).estimate_mean([])
+
+
+def test_the_difference_of_two_estimates_is_normal_with_their_errors_added() -> None:
+    """difference_of: a - b, standard error sqrt(3^2 + 4^2) = 5, the 95 % interval
+    +-1.959964 * 5, and p = 2 (1 - Phi(|d| / 5)); a zero standard error has no p-value."""
+    a = Estimate(
+        mean=12.0,
+        n=100,
+        std_error=3.0,
+        ci=(0, 0),
+        guaranteed=(0, 0),
+        in_range=True,
+        confidence=0.95,
+    )
+    b = Estimate(
+        mean=2.0, n=100, std_error=4.0, ci=(0, 0), guaranteed=(0, 0), in_range=True, confidence=0.95
+    )
+    found = difference_of(a, b, 0.95)
+    assert (found.difference, found.std_error) == (10.0, 5.0)
+    z = NormalDist().inv_cdf(0.975)
+    assert found.ci == pytest.approx((10 - 5 * z, 10 + 5 * z), rel=1e-12)
+    assert found.p_value == pytest.approx(2 * (1 - NormalDist().cdf(2.0)), rel=1e-12)
+    exact = Estimate(
+        mean=1.0, n=1, std_error=0.0, ci=(1, 1), guaranteed=(1, 1), in_range=True, confidence=0.95
+    )
+    assert difference_of(exact, exact, 0.95).p_value is None
+    with pytest.raises(ParameterError):
+        difference_of(a, b, 1.5)
