@@ -5,6 +5,7 @@ circle (type-checking and function-level imports count: they are circles too).""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,3 +143,51 @@ def test_the_topic_check_sees_code_and_skips_docstrings(tmp_path: Path) -> None:
         '"""zeal/v1/a"""\n\ndef f(d):\n    """zeal/v1/b"""\n    return f"zeal/v1/+/{d}/up"\n'
     )
     assert _code_strings(module) == ["zeal/v1/+/", "/up"]
+
+
+EXPORTS = {
+    "zeal": [
+        "REASONS",
+        "SAMPLERS",
+        "AuditReport",
+        "Batch",
+        "CodeError",
+        "CodecParams",
+        "Estimate",
+        "OutputDistribution",
+        "ParameterError",
+        "ReadingError",
+        "WireError",
+        "Zeal",
+        "ZealError",
+        "ZealWarning",
+        "audit",
+        "decode_batch",
+        "encode_batch",
+        "exact_sum",
+        "exact_sum_squares",
+    ],
+    "zeal_edge": ["AgentError", "EdgeError", "SettingsError"],
+    "zeal_server": [
+        "IdentityError",
+        "ProvisioningError",
+        "ServerError",
+        "SettingsError",
+        "StoreError",
+    ],
+}
+
+
+def test_each_package_exports_exactly_its_public_names() -> None:
+    """Each package's __all__ is the list above (a change to a public surface is made on
+    purpose, here too), every name resolves, and every exception of a package derives from
+    its base (ZealError, EdgeError, ServerError)."""
+    bases = {"zeal": "ZealError", "zeal_edge": "EdgeError", "zeal_server": "ServerError"}
+    for package, names in EXPORTS.items():
+        module = importlib.import_module(package)
+        assert list(module.__all__) == names, package
+        base = getattr(module, bases[package])
+        for name in names:
+            value = getattr(module, name)
+            if isinstance(value, type) and issubclass(value, Exception) and name.endswith("Error"):
+                assert issubclass(value, base), (package, name)

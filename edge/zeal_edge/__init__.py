@@ -1,4 +1,10 @@
 """Zeal edge agent: reads a sensor, privatizes each reading with :mod:`zeal`, publishes the
-codes over MQTT from a durable outbox (``zeal-edge``; docs/edge-agent.md)."""
+codes over MQTT from a durable outbox (``zeal-edge``; docs/edge-agent.md).
 
-__all__: list[str] = []
+The agent runs from the command line; its errors (``zeal_edge.errors``) are re-exported
+here.
+"""
+
+from zeal_edge.errors import AgentError, EdgeError, SettingsError
+
+__all__ = ["AgentError", "EdgeError", "SettingsError"]

@@ -18,6 +18,8 @@ import socket
 from pathlib import Path
 from typing import IO
 
+from zeal_server.errors import IdentityError
+
 __all__ = ["MAX_SLOTS", "CollectorIdentity", "claim_collector_id"]
 
 MAX_SLOTS = 64
@@ -54,7 +56,7 @@ def claim_collector_id(data_dir: Path) -> CollectorIdentity:
             handle.flush()
             os.fsync(handle.fileno())
         return CollectorIdentity(client_id, handle)
-    raise RuntimeError(
+    raise IdentityError(
         f"{MAX_SLOTS} servers already run with the data directory {data_dir}; "
         "give each its own ZEAL_DATA_DIR or ZEAL_COLLECTOR_ID"
     )

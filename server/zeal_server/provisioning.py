@@ -38,6 +38,7 @@ from zeal.brokerurl import BrokerSettings
 from zeal.errors import ParameterError
 from zeal.streamconfig import check_name
 from zeal.topics import CONFIG_FILTER, device_filters
+from zeal_server.errors import ServerError
 from zeal_server.settings import ServerSettings
 
 __all__ = ["BrokerAdmin", "ProvisioningError", "admin_for", "device_acls", "role_name"]
@@ -48,7 +49,7 @@ RESPONSE = f"{CONTROL}/response"
 Kind = Literal["invalid", "exists", "unknown", "off", "unavailable"]
 
 
-class ProvisioningError(ValueError):
+class ProvisioningError(ServerError, ValueError):
     """A device login could not be made or removed; ``kind`` says why."""
 
     def __init__(self, kind: Kind, message: str) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zeal.brokerurl import BrokerSettings, parse_broker_url
+from zeal_server.errors import ServerError
 
 __all__ = ["VARIABLES", "ServerSettings", "SettingsError", "variables_help"]
 
@@ -63,7 +64,7 @@ def variables_help(names: tuple[str, ...] | None = None) -> str:
     return "\n".join(lines)
 
 
-class SettingsError(ValueError):
+class SettingsError(ServerError, ValueError):
     """A server setting is missing or invalid."""
 
 

@@ -52,6 +52,7 @@ from zeal import (
 )
 from zeal.streamconfig import check_name, config_document
 from zeal.topics import parse_data_topic
+from zeal_server.errors import ServerError
 from zeal_server.models import (
     LIMB_BITS,
     SQUARE_LIMBS,
@@ -91,7 +92,7 @@ _SUM_COLUMNS = [f"s{i}" for i in range(SUM_LIMBS)]
 _SQUARE_COLUMNS = [f"q{i}" for i in range(SQUARE_LIMBS)]
 
 
-class StoreError(ValueError):
+class StoreError(ServerError, ValueError):
     """A request the store cannot satisfy (unknown or duplicate stream, bad parameters)."""
 
 
@@ -652,7 +653,7 @@ class Ingest:
             row["generation"] = max((g for g, _ in taken), default=-1) + 1
             if session.execute(self._statement(session, "seen"), row).first() is not None:
                 return True
-        raise RuntimeError(f"could not store a generation of sequence {row['sequence']}")
+        raise StoreError(f"could not store a generation of sequence {row['sequence']}")
 
     def _collect(self, entry: _StreamEntry, device_id: int, batch: Batch, writes: _Writes) -> None:
         k = entry.params.payload_bits
