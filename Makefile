@@ -36,7 +36,7 @@ bench: install
 	$(BIN)/python -m zeal bench
 	$(BIN)/python -m zeal_edge.bench
 	$(BIN)/python bench/simulate_throughput.py
-	$(BIN)/python -m zeal_server.compression
+	$(BIN)/python bench/store_compression.py
 	$(BIN)/python bench/report.py   # baselines side by side: writes bench/REPORT.md (+ server speed)
 
 reliability: install   # the timed parts of docs/reliability.md (not in make test)

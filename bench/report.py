@@ -303,7 +303,8 @@ def transmission(epsilon: float = 1.0) -> list[dict[str, Any]]:
 
 
 def storage(quick: bool) -> list[dict[str, Any]]:
-    from zeal_server.compression import measure
+    sys.path.insert(0, str(HERE))
+    from store_compression import measure  # type: ignore[import-not-found]
 
     rows = []
     readings = 20_000 if quick else 105_120

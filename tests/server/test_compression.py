@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zeal_server.compression import measure
+from bench.store_compression import measure
 
 
 @pytest.mark.slow

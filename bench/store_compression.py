@@ -1,4 +1,4 @@
-"""Store compression against the paper's baselines (python -m zeal_server.compression).
+"""Store compression against the paper's baselines (python bench/store_compression.py).
 
 Readings are privatized, sent through the real ingest path into a real (SQLite) store and
 compacted; the stored column sizes are compared with:
@@ -29,7 +29,7 @@ from zeal_server.db import make_engine, migrate, session_factory
 
 __all__ = ["empirical_entropy", "measure"]
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
+DATA = Path(__file__).resolve().parents[1] / "data" / "seattle-temps.csv"
 
 
 def empirical_entropy(codes: npt.NDArray[np.uint64]) -> float:
