@@ -1,0 +1,184 @@
+"""What routes share: the database session, the stream lookup, query parameters and
+the conversions between the API's values and the store's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Query, Request
+from sqlalchemy.orm import Session
+
+from zeal import Estimate
+from zeal.wire import MAX_TIMESTAMP
+from zeal_server import store
+from zeal_server.models import Device, Stream
+from zeal_server.schemas import EstimateOut, StreamOut
+
+__all__ = [
+    "MAX_EXPORTS",
+    "MAX_POINTS",
+    "MAX_QUERY_MS",
+    "Confidence",
+    "Confirm",
+    "Db",
+    "End",
+    "Group",
+    "Start",
+    "as_datetime",
+    "bounds_out",
+    "confirmed",
+    "device_order",
+    "devices_in",
+    "estimate_out",
+    "invalid",
+    "query_ms",
+    "session",
+    "stream_or_404",
+    "stream_out",
+    "window",
+]
+
+MAX_POINTS = 10_000
+#: Exports running at once; one more is answered 429 with Retry-After.
+MAX_EXPORTS = 4
+#: Query windows are cut to [epoch, 2**47 ms] (year 6429): no reading lies outside, and
+#: every bound stays a valid date.
+MAX_QUERY_MS = 1 << 47
+assert MAX_QUERY_MS < MAX_TIMESTAMP
+
+
+def query_ms(value: datetime | None) -> int | None:
+    """Milliseconds since the epoch, cut to [0, MAX_QUERY_MS] (dates at the ends of the
+    calendar, with any zone, included)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        ms = int(value.timestamp() * 1000)
+    except (OverflowError, ValueError, OSError):  # beyond what a timestamp can say
+        ms = 0 if value.year < 1970 else MAX_QUERY_MS
+    return min(max(ms, 0), MAX_QUERY_MS)
+
+
+def as_datetime(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def estimate_out(estimate: Estimate | None) -> EstimateOut | None:
+    if estimate is None:
+        return None
+    return EstimateOut(
+        mean=estimate.mean,
+        std_error=estimate.std_error,
+        ci=estimate.ci,
+        guaranteed=estimate.guaranteed,
+        in_range=estimate.in_range,
+    )
+
+
+def stream_out(stream: Stream) -> StreamOut:
+    params = store.params_of(stream)
+    return StreamOut(
+        name=stream.name,
+        lower=stream.lower,
+        upper=stream.upper,
+        epsilon=stream.epsilon,
+        realized_epsilon=params.realized_epsilon,
+        exponent=stream.exponent,
+        payload_bits=stream.payload_bits,
+        shared_bits=params.shared_bits,
+        sampler=stream.sampler,
+        fingerprint=stream.fingerprint,
+        bucket_seconds=stream.bucket_seconds,
+        C=params.C,
+        abar=params.abar,
+        grid_step=params.grid_step,
+        description=stream.description,
+        unit=stream.unit,
+        enrolled_only=stream.enrolled_only,
+        retention_days=stream.retention_days,
+        created=as_datetime(stream.created_ms),
+    )
+
+
+def window(stream: Stream, start: datetime | None, end: datetime | None) -> tuple[int, int]:
+    start_ms, end_ms = query_ms(start), query_ms(end)
+    if start_ms is not None and end_ms is not None and start_ms >= end_ms:
+        raise invalid("query", "start", f"start ({start}) must be before end ({end})")
+    return store.bucket_bounds(stream, start_ms, end_ms)
+
+
+def confirmed(confirm: str | None, name: str) -> None:
+    if confirm != name:
+        raise invalid(
+            "query",
+            "confirm",
+            f"deleting cannot be undone: repeat the name as confirm={name}",
+        )
+
+
+def invalid(where: str, field: str | None, message: str) -> HTTPException:
+    """A 422 in FastAPI's validation format, so every 422 has one documented shape."""
+    loc = [where] if field is None else [where, field]
+    return HTTPException(422, [{"loc": loc, "msg": message, "type": "value_error"}])
+
+
+def bounds_out(stream: Stream, first: int, stop: int) -> tuple[datetime | None, datetime | None]:
+    size = stream.bucket_seconds * 1000
+    return (
+        None if first <= -(1 << 61) else as_datetime(first * size),
+        None if stop >= 1 << 61 else as_datetime(stop * size),
+    )
+
+
+def devices_in(session: Session, stream: Stream, group: str | None) -> store.Devices:
+    if group is None:
+        return None
+    try:
+        return store.group_devices(session, stream, group)
+    except store.StoreError as exc:
+        raise invalid("query", "group", str(exc)) from exc
+
+
+def device_order(sort: str, descending: bool) -> list[Any]:
+    column = {
+        "name": Device.name,
+        "first_seen": Device.first_seen_ms,
+        "last_seen": Device.last_seen_ms,
+        "readings": Device.readings,
+        "epsilon_spent": Device.readings,
+    }[sort]
+    primary = column.desc() if descending else column.asc()
+    return [primary, Device.name]
+
+
+def session(request: Request) -> Iterator[Session]:
+    with request.app.state.sessions() as session:
+        yield session
+
+
+Db = Annotated[Session, Depends(session)]
+
+
+Confidence = Annotated[
+    float, Query(gt=0, le=0.999999, description="confidence level, e.g. 0.95 (at most 0.999999)")
+]
+Start = Annotated[datetime | None, Query(description="window start (ISO 8601; UTC if no zone)")]
+End = Annotated[datetime | None, Query(description="window end, exclusive (ISO 8601)")]
+Confirm = Annotated[
+    str | None,
+    Query(description="the name of what is deleted, again: deleting cannot be undone"),
+]
+Group = Annotated[
+    str | None, Query(description="devices whose tag matches key:value", max_length=200)
+]
+
+
+def stream_or_404(db: Session, name: str) -> Stream:
+    stream = store.stream_by_name(db, name)
+    if stream is None:
+        raise HTTPException(404, f"no stream named {name!r}")
+    return stream

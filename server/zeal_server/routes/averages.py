@@ -1,0 +1,209 @@
+"""Averages: the debiased average of a window, its series, two groups compared, and a
+preview of a stream's parameters."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from sqlalchemy import func, select
+
+from zeal.estimate import bernstein_half_width, difference_of
+from zeal_server import store
+from zeal_server.auth import reader
+from zeal_server.deps import (
+    MAX_POINTS,
+    Confidence,
+    Db,
+    End,
+    Group,
+    Start,
+    as_datetime,
+    bounds_out,
+    devices_in,
+    estimate_out,
+    invalid,
+    stream_or_404,
+    window,
+)
+from zeal_server.models import BucketTotal
+from zeal_server.schemas import AverageOut, CompareOut, PointOut, PreviewOut, SeriesOut
+
+__all__ = ["router"]
+
+log = logging.getLogger("zeal_server.api")
+router = APIRouter()
+api = "/api/v1"
+read = [Depends(reader)]
+
+
+@router.get(f"{api}/preview", dependencies=read, response_model=PreviewOut)
+def preview(
+    lower: Annotated[float, Query(description="lower end of the feasible range")],
+    upper: Annotated[float, Query(description="upper end of the feasible range")],
+    epsilon: Annotated[float, Query(gt=0, le=20, description="privacy budget per reading")],
+    payload_bits: Annotated[
+        int | None, Query(ge=2, le=store.MAX_SERVER_BITS, description="code width")
+    ] = None,
+    exponent: Annotated[int | None, Query(ge=-1000, le=1022)] = None,
+    n: Annotated[int, Query(ge=1, le=10**15, description="readings averaged")] = 10_000,
+    confidence: Confidence = 0.95,
+) -> PreviewOut:
+    """The derived parameters of a stream and the error of an average of n readings."""
+    try:
+        params = store.derive_params(lower, upper, epsilon, payload_bits, exponent)
+    except store.StoreError as exc:
+        raise invalid("query", None, str(exc)) from exc
+    variance = params.variance_bound()
+    std_error = math.sqrt(variance / n)
+    half = bernstein_half_width(confidence, n=n, variance=variance, bound=params.error_bound())
+    return PreviewOut(
+        payload_bits=params.payload_bits,
+        shared_bits=params.shared_bits,
+        exponent=params.exponent,
+        sampler=params.sampler,
+        abar=params.abar,
+        C=params.C,
+        grid_step=params.grid_step,
+        realized_epsilon=params.realized_epsilon,
+        transmission_ratio=params.transmission_ratio,
+        n=n,
+        confidence=confidence,
+        std_error=std_error if math.isfinite(std_error) else None,
+        guaranteed_half_width=half if math.isfinite(half) else None,
+    )
+
+
+@router.get(f"{api}/streams/{{name}}/average", dependencies=read, response_model=AverageOut)
+def average(
+    name: str,
+    db: Db,
+    start: Start = None,
+    end: End = None,
+    group: Group = None,
+    confidence: Confidence = 0.95,
+) -> AverageOut:
+    """The debiased average AVG* over whole buckets in [start, end), with its intervals."""
+    stream = stream_or_404(db, name)
+    first, stop = window(stream, start, end)
+    sums = store.window_sums(db, stream, first, stop, devices_in(db, stream, group))
+    lo, hi = bounds_out(stream, first, stop)
+    return AverageOut(
+        stream=name,
+        start=lo,
+        end=hi,
+        group=group,
+        n=sums.n,
+        confidence=confidence,
+        epsilon=stream.epsilon,
+        payload_bits=stream.payload_bits,
+        estimate=estimate_out(store.estimate(store.params_of(stream), sums, confidence)),
+    )
+
+
+@router.get(f"{api}/streams/{{name}}/series", dependencies=read, response_model=SeriesOut)
+def series(
+    name: str,
+    db: Db,
+    start: Start = None,
+    end: End = None,
+    interval: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=100 * 365 * 86400,
+            description="seconds per point, a multiple of the bucket (at most 100 years)",
+        ),
+    ] = None,
+    group: Group = None,
+    confidence: Confidence = 0.95,
+) -> SeriesOut:
+    """The average per interval (for charts); intervals without readings are omitted."""
+    stream = stream_or_404(db, name)
+    step = interval or stream.bucket_seconds
+    if step % stream.bucket_seconds:
+        raise invalid(
+            "query",
+            "interval",
+            f"interval must be a multiple of the stream's bucket "
+            f"({stream.bucket_seconds} s), got {step}",
+        )
+    per = step // stream.bucket_seconds
+    devices = devices_in(db, stream, group)
+    first, stop = window(stream, start, end)
+    if first <= -(1 << 61) or stop >= 1 << 61:
+        bounds = db.execute(
+            select(func.min(BucketTotal.bucket), func.max(BucketTotal.bucket)).where(
+                BucketTotal.stream_id == stream.id
+            )
+        ).one()
+        lowest: int | None = bounds[0]
+        if lowest is None:
+            return SeriesOut(
+                stream=name,
+                interval_seconds=step,
+                group=group,
+                confidence=confidence,
+                points=[],
+            )
+        first = max(first, int(bounds[0])) if first > -(1 << 61) else int(bounds[0])
+        stop = min(stop, int(bounds[1]) + 1) if stop < 1 << 61 else int(bounds[1]) + 1
+    if (stop - first) / per > MAX_POINTS:
+        raise invalid(
+            "query",
+            "interval",
+            f"more than {MAX_POINTS} points; choose a longer interval or a shorter window",
+        )
+    params = store.params_of(stream)
+    size = stream.bucket_seconds * 1000
+    points = [
+        PointOut(
+            start=as_datetime(b * size),
+            end=as_datetime((b + per) * size),
+            n=s.n,
+            estimate=estimate_out(store.estimate(params, s, confidence)),
+        )
+        for b, s in store.series_sums(db, stream, first, stop, per, devices).items()
+    ]
+    return SeriesOut(
+        stream=name, interval_seconds=step, group=group, confidence=confidence, points=points
+    )
+
+
+@router.get(f"{api}/streams/{{name}}/compare", dependencies=read, response_model=CompareOut)
+def compare(
+    name: str,
+    db: Db,
+    a: Annotated[str, Query(description="first group, key:value", max_length=200)],
+    b: Annotated[str, Query(description="second group, key:value", max_length=200)],
+    start: Start = None,
+    end: End = None,
+    confidence: Confidence = 0.95,
+) -> CompareOut:
+    """Difference of two device groups' averages with its CI and a two-sided p-value."""
+    stream = stream_or_404(db, name)
+    first, stop = window(stream, start, end)
+    params = store.params_of(stream)
+    sums = [store.window_sums(db, stream, first, stop, devices_in(db, stream, g)) for g in (a, b)]
+    est = [store.estimate(params, s, confidence) if s.n > 1 else None for s in sums]
+    out = CompareOut(
+        stream=name,
+        a=a,
+        b=b,
+        n_a=sums[0].n,
+        n_b=sums[1].n,
+        mean_a=est[0].mean if est[0] else None,
+        mean_b=est[1].mean if est[1] else None,
+        difference=None,
+        std_error=None,
+        ci=None,
+        p_value=None,
+        confidence=confidence,
+    )
+    if est[0] and est[1]:
+        found = difference_of(est[0], est[1], confidence)
+        out.difference, out.std_error = found.difference, found.std_error
+        out.ci, out.p_value = found.ci, found.p_value
+    return out

@@ -1,0 +1,135 @@
+"""What a stream holds: its figures (stats) and its readings as CSV (export)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import StreamingResponse
+from sqlalchemy import func, select
+
+from zeal_server import store
+from zeal_server.auth import reader
+from zeal_server.deps import MAX_EXPORTS, Db, End, Start, as_datetime, stream_or_404, window
+from zeal_server.efficiency import efficiency
+from zeal_server.models import BatchSeen, Device
+from zeal_server.schemas import EfficiencyOut, Problem, StatsOut
+
+__all__ = ["router"]
+
+log = logging.getLogger("zeal_server.api")
+router = APIRouter()
+api = "/api/v1"
+read = [Depends(reader)]
+
+
+@router.get(f"{api}/streams/{{name}}/stats", dependencies=read, response_model=StatsOut)
+def stats(
+    name: str,
+    db: Db,
+    efficiency_figures: Annotated[
+        bool,
+        Query(
+            alias="efficiency",
+            description="measure the efficiency figures (decodes a sample; false skips it)",
+        ),
+    ] = True,
+) -> StatsOut:
+    """Readings, messages, bytes on the wire and in the store, rejects by reason."""
+    stream = stream_or_404(db, name)
+    readings, messages, received = db.execute(
+        select(
+            func.coalesce(func.sum(BatchSeen.readings), 0),
+            func.count(),
+            func.coalesce(func.sum(BatchSeen.bytes), 0),
+        )
+        .join(Device, Device.id == BatchSeen.device_id)
+        .where(Device.stream_id == stream.id)
+    ).one()
+    device_count = (
+        db.scalar(select(func.count()).select_from(Device).where(Device.stream_id == stream.id))
+        or 0
+    )
+    last_ms, active, duplicates, resets = db.execute(
+        select(
+            func.max(Device.last_seen_ms),
+            func.count().filter(Device.last_seen_ms >= store.now_ms() - 3_600_000),
+            func.coalesce(func.sum(Device.duplicates), 0),
+            func.coalesce(func.sum(Device.sequence_resets), 0),
+        ).where(Device.stream_id == stream.id)
+    ).one()
+    sizes = store.storage_bytes(db, stream)
+    measured = (
+        efficiency(db, stream, readings=int(readings), received_bytes=int(received))
+        if efficiency_figures
+        else None
+    )
+    per = None
+    if readings:
+        segment = sizes["codes"] + sizes["timestamps"] + sizes["devices"]
+        per = {
+            "codes": 8 * sizes["codes"] / readings,
+            "segment": 8 * segment / readings,
+            "aggregates": 8 * sizes["aggregates"] / readings,
+        }
+    return StatsOut(
+        stream=name,
+        readings=int(readings),
+        messages=int(messages),
+        devices=device_count,
+        active_devices=int(active or 0),
+        last_seen=None if last_ms is None else as_datetime(int(last_ms)),
+        bytes_received=int(received),
+        duplicates=int(duplicates),
+        sequence_resets=int(resets),
+        wire_bytes_per_reading=received / readings if readings else None,
+        store_bytes=sizes,
+        store_bits_per_reading=per,
+        rejects=store.rejects(db, name),
+        efficiency=None if measured is None else EfficiencyOut(**measured),
+    )
+
+
+@router.get(
+    f"{api}/streams/{{name}}/export",
+    dependencies=read,
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/csv": {}}, "description": "CSV rows"},
+        429: {"model": Problem, "description": f"{MAX_EXPORTS} exports already running"},
+    },
+)
+def export(name: str, request: Request, start: Start = None, end: End = None) -> StreamingResponse:
+    """Decoded per-reading estimates (timestamp, device, estimate) read from the segments,
+    streamed in chunks (each read in a short database session of its own). At most
+    MAX_EXPORTS run at once."""
+    with request.app.state.sessions() as db:
+        stream = stream_or_404(db, name)
+        first, stop = window(stream, start, end)
+    slots: threading.BoundedSemaphore = request.app.state.exports
+    if not slots.acquire(blocking=False):
+        raise HTTPException(
+            429,
+            f"{MAX_EXPORTS} exports are running; try again shortly",
+            headers={"Retry-After": "5"},
+        )
+    released = threading.Event()
+
+    def release() -> None:
+        if not released.is_set():
+            released.set()
+            slots.release()
+
+    def rows() -> Iterator[str]:
+        try:
+            yield from store.export_chunks(request.app.state.sessions, stream, first, stop)
+        finally:
+            release()
+
+    body = rows()
+    weakref.finalize(body, release)  # also when the client left before the first chunk
+    return StreamingResponse(body, media_type="text/csv")

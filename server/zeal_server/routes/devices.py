@@ -1,0 +1,153 @@
+"""A stream's devices: the list, groups, enrolment, tags, and deleting one device's data."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from sqlalchemy import func, select
+
+from zeal_server import retention, store
+from zeal_server.auth import operator, reader
+from zeal_server.deps import (
+    Confirm,
+    Db,
+    as_datetime,
+    confirmed,
+    device_order,
+    invalid,
+    stream_or_404,
+)
+from zeal_server.models import Device
+from zeal_server.schemas import DeletedOut, DeviceOut, DevicesOut, GroupOut, TagsIn
+
+__all__ = ["router"]
+
+log = logging.getLogger("zeal_server.api")
+router = APIRouter()
+api = "/api/v1"
+read = [Depends(reader)]
+
+
+def device_out(device: Device, epsilon: float) -> DeviceOut:
+    return DeviceOut(
+        name=device.name,
+        tags=json.loads(device.tags),
+        first_seen=as_datetime(device.first_seen_ms),
+        last_seen=as_datetime(device.last_seen_ms),
+        readings=device.readings,
+        batches=device.batches,
+        epsilon_spent=device.readings * epsilon,
+        duplicates=device.duplicates,
+        sequence_resets=device.sequence_resets,
+    )
+
+
+@router.delete(
+    f"{api}/streams/{{name}}/devices/{{device}}",
+    dependencies=[Depends(operator)],
+    response_model=DeletedOut,
+    responses={422: {"description": "confirm missing or not the device's name"}},
+)
+def delete_device(
+    name: str, device: str, request: Request, db: Db, confirm: Confirm = None
+) -> DeletedOut:
+    """Delete everything stored of one device of the stream (operator token;
+    confirm=DEVICE): its readings leave every average, and the other devices' data is
+    untouched. Revoke its broker login first, or what it sends next is stored anew."""
+    stream = stream_or_404(db, name)
+    row = db.scalar(select(Device).where(Device.stream_id == stream.id, Device.name == device))
+    if row is None:
+        raise HTTPException(404, f"no device {device[:64]!r} in stream {name!r}")
+    confirmed(confirm, device)
+    readings = retention.delete_device_data(db, stream, row)
+    db.commit()
+    if request.app.state.collector is not None:
+        request.app.state.collector.devices_changed()
+    log.warning("device %s of stream %s deleted (%d readings)", device, name, readings)
+    return DeletedOut(stream=name, device=device, readings=readings)
+
+
+@router.get(f"{api}/streams/{{name}}/devices", dependencies=read, response_model=DevicesOut)
+def devices(
+    name: str,
+    db: Db,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    sort: Annotated[
+        Literal["name", "first_seen", "last_seen", "readings", "epsilon_spent"],
+        Query(description="column to order by (epsilon_spent orders as readings)"),
+    ] = "name",
+    descending: bool = False,
+) -> DevicesOut:
+    """Devices of the stream with what each sent and its epsilon spent, one page."""
+    stream = stream_or_404(db, name)
+    total = (
+        db.scalar(select(func.count()).select_from(Device).where(Device.stream_id == stream.id))
+        or 0
+    )
+    rows = db.scalars(
+        select(Device)
+        .where(Device.stream_id == stream.id)
+        .order_by(*device_order(sort, descending))
+        .limit(limit)
+        .offset(offset)
+    )
+    return DevicesOut(
+        total=total,
+        limit=limit,
+        offset=offset,
+        devices=[device_out(d, stream.epsilon) for d in rows],
+    )
+
+
+@router.get(f"{api}/streams/{{name}}/groups", dependencies=read, response_model=list[GroupOut])
+def groups(name: str, db: Db) -> list[GroupOut]:
+    """The device groups (tag key:value pairs) of the stream, for the group filter."""
+    stream = stream_or_404(db, name)
+    return [GroupOut(group=g, devices=n) for g, n in store.groups(db, stream).items()]
+
+
+@router.put(
+    f"{api}/streams/{{name}}/devices/{{device}}",
+    dependencies=[Depends(operator)],
+    response_model=DeviceOut,
+    responses={201: {"model": DeviceOut, "description": "enrolled"}},
+)
+def enroll(name: str, device: str, response: Response, db: Db) -> DeviceOut:
+    """Enroll a device (operator token): on a stream created with enrolled_only, only
+    enrolled devices may send. 201 when it is new, 200 when it exists already."""
+    stream = stream_or_404(db, name)
+    try:
+        row, created = store.enroll(db, stream, device)
+    except store.StoreError as exc:
+        raise invalid("path", "device", str(exc)) from exc
+    db.commit()
+    response.status_code = 201 if created else 200
+    return device_out(row, stream.epsilon)
+
+
+@router.put(
+    f"{api}/streams/{{name}}/devices/{{device}}/tags",
+    dependencies=[Depends(operator)],
+    response_model=DeviceOut,
+)
+def set_tags(name: str, device: str, body: TagsIn, db: Db) -> DeviceOut:
+    """Replace a device's tags (operator token); tags group devices in queries."""
+    stream = stream_or_404(db, name)
+    try:
+        store.check_tags(body.tags)
+    except store.StoreError as exc:
+        raise invalid("body", "tags", str(exc)) from exc
+    row = db.scalar(select(Device).where(Device.stream_id == stream.id, Device.name == device))
+    if row is None:
+        raise HTTPException(
+            404,
+            f"no device {device[:64]!r} in stream {name!r} (devices "
+            "appear with their first valid data)",
+        )
+    store.set_tags(db, row, body.tags)
+    db.commit()
+    return device_out(row, stream.epsilon)

@@ -1,0 +1,262 @@
+"""Request and response models of the HTTP API (pydantic, the HTTP edge only)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from zeal_server import store
+
+__all__ = [
+    "AverageOut",
+    "CompareOut",
+    "DeletedOut",
+    "DeviceOut",
+    "DevicesOut",
+    "EfficiencyOut",
+    "EstimateOut",
+    "GroupOut",
+    "PointOut",
+    "PreviewOut",
+    "Problem",
+    "SeriesOut",
+    "StatsOut",
+    "StreamIn",
+    "StreamOut",
+    "StreamPatch",
+    "TagsIn",
+]
+
+
+class StreamIn(BaseModel):
+    name: str = Field(description="stream name: 1-64 letters, digits, '_', '.' or '-'")
+    lower: float = Field(description="lower end of the feasible range")
+    upper: float = Field(description="upper end of the feasible range")
+    epsilon: float = Field(description="privacy budget per reading", gt=0, le=20)
+    payload_bits: int | None = Field(
+        None,
+        ge=2,
+        le=store.MAX_SERVER_BITS,
+        description="code width (default: chosen by the library)",
+    )
+    exponent: int | None = Field(None, ge=-1000, le=1022, description="binade exponent E_U*")
+    bucket_seconds: int = Field(60, ge=1, le=86400, description="time aggregation bucket")
+    description: str = Field("", max_length=500)
+    unit: str = Field(
+        "", max_length=32, description="what the readings measure in, e.g. degF, kWh, mg/dL"
+    )
+    enrolled_only: bool = Field(
+        False,
+        description="accept data only from devices enrolled beforehand with "
+        "PUT /streams/{name}/devices/{device} (the broker lets any device publish to any "
+        "stream under its own name)",
+    )
+    retention_days: int | None = Field(
+        None,
+        ge=1,
+        le=36_500,
+        description="delete whole buckets older than this many days (default: keep all)",
+    )
+
+
+class StreamPatch(BaseModel):
+    """What may change on an existing stream (its privacy parameters never do)."""
+
+    retention_days: int | None = Field(
+        description="delete whole buckets older than this many days; null keeps everything",
+        ge=1,
+        le=36_500,
+    )
+
+
+class StreamOut(BaseModel):
+    name: str
+    lower: float
+    upper: float
+    epsilon: float
+    realized_epsilon: float | None
+    exponent: int
+    payload_bits: int
+    shared_bits: int
+    sampler: str
+    fingerprint: str
+    bucket_seconds: int
+    C: float
+    abar: float
+    grid_step: float
+    description: str
+    unit: str
+    enrolled_only: bool
+    retention_days: int | None
+    created: datetime
+
+
+class DeletedOut(BaseModel):
+    stream: str
+    device: str | None = Field(None, description="the device whose data was deleted")
+    readings: int = Field(description="readings that were stored and are now gone")
+
+
+class EstimateOut(BaseModel):
+    mean: float
+    std_error: float
+    ci: tuple[float, float]
+    guaranteed: tuple[float, float]
+    in_range: bool
+
+
+class AverageOut(BaseModel):
+    stream: str
+    start: datetime | None = Field(description="start of the first bucket used")
+    end: datetime | None = Field(description="end of the last bucket used")
+    group: str | None
+    n: int
+    confidence: float
+    estimate: EstimateOut | None = Field(description="null when the window holds no readings")
+    epsilon: float
+    payload_bits: int
+
+
+class PointOut(BaseModel):
+    start: datetime
+    end: datetime
+    n: int
+    estimate: EstimateOut | None
+
+
+class SeriesOut(BaseModel):
+    stream: str
+    interval_seconds: int
+    group: str | None
+    confidence: float
+    points: list[PointOut]
+
+
+class CompareOut(BaseModel):
+    stream: str
+    a: str
+    b: str
+    n_a: int
+    n_b: int
+    mean_a: float | None
+    mean_b: float | None
+    difference: float | None
+    std_error: float | None
+    ci: tuple[float, float] | None
+    p_value: float | None = Field(
+        description="two-sided test of equal means (normal approximation)"
+    )
+    confidence: float
+
+
+class DeviceOut(BaseModel):
+    name: str
+    tags: dict[str, str]
+    first_seen: datetime
+    last_seen: datetime
+    readings: int
+    batches: int
+    epsilon_spent: float
+    duplicates: int = Field(description="batches received again and dropped (a lost PUBACK)")
+    sequence_resets: int = Field(
+        description="batches stored although their sequence number had been used before "
+        "for other content: the device's outbox was reset, or two agents share its id"
+    )
+
+
+class DevicesOut(BaseModel):
+    total: int
+    limit: int
+    offset: int
+    devices: list[DeviceOut]
+
+
+class GroupOut(BaseModel):
+    group: str = Field(description="key:value, usable as the group parameter")
+    devices: int
+
+
+class TagsIn(BaseModel):
+    tags: dict[str, str] = Field(description='replaces the device\'s tags, e.g. {"site": "aarhus"}')
+
+
+class EfficiencyOut(BaseModel):
+    """Bits per reading, measured on the stream's data (see zeal_server.efficiency)."""
+
+    sample: int = Field(description="recent stored readings the alternatives were measured on")
+    wire_bits: float = Field(description="Zeal payload bits per reading received")
+    json_bits: float = Field(description='a JSON message {"ts", "value"} per reading')
+    float64_bits: float = Field(description="a raw float64 value (timestamp not counted)")
+    wire_vs_json: float
+    wire_vs_float64: float
+    store_bits: float = Field(description="segment bits per reading (codes, times, devices)")
+    store_code_bits: float = Field(description="bits per reading of the codes column alone")
+    paper_store_bits: float = Field(
+        description="the paper's format: privatized float64 values, zstandard level 3"
+    )
+    paper_wire_bits: float = Field(description="the paper's transmission: 64 - gamma_min bits")
+    store_vs_paper: float = Field(description="paper_store_bits / store_code_bits")
+    compacted: float = Field(
+        description="share of the stored readings in compacted (compressed) segments; the "
+        "store figures are those of the compacted segments, or of the raw parts while it is 0"
+    )
+    compression_ratio_cr: float = Field(description="paper Eq. (34) on the sample")
+    transmission_ratio_tr: float = Field(description="paper Eq. (27)")
+
+
+class StatsOut(BaseModel):
+    stream: str
+    readings: int
+    messages: int
+    devices: int
+    active_devices: int = Field(description="devices heard from in the last hour")
+    last_seen: datetime | None = Field(description="when the newest data arrived")
+    bytes_received: int
+    duplicates: int = Field(description="batches received again and dropped, all devices")
+    sequence_resets: int = Field(description="batches stored after a sequence reset")
+    wire_bytes_per_reading: float | None
+    store_bytes: dict[str, int]
+    store_bits_per_reading: dict[str, float] | None
+    rejects: dict[str, int]
+    efficiency: EfficiencyOut | None = Field(description="null until data is stored")
+
+
+class PreviewOut(BaseModel):
+    """What a stream with these parameters would be, before it is created."""
+
+    payload_bits: int
+    shared_bits: int
+    exponent: int
+    sampler: str
+    abar: float = Field(description="the addition constant Abar (paper Eq. (22))")
+    C: float = Field(description="the output bound C (paper Eq. (6))")
+    grid_step: float
+    realized_epsilon: float | None = Field(description="privacy loss the sampler realizes")
+    transmission_ratio: float = Field(description="TR, paper Eq. (27)")
+    n: int
+    confidence: float
+    std_error: float | None = Field(
+        description="worst-case standard error of the average of n readings "
+        "(null when it exceeds the float64 range, for astronomically wide ranges)"
+    )
+    guaranteed_half_width: float | None = Field(
+        description="half width of the guaranteed (Bernstein, Theorem 3) interval for n "
+        "readings (null when it exceeds the float64 range)"
+    )
+
+
+class Problem(BaseModel):
+    """An error: ``detail`` says what was wrong and what was expected."""
+
+    detail: str
+
+
+#: Answers every route may give besides its own (documented so clients and fuzzers know).
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "token required"},
+    403: {"model": Problem, "description": "wrong token"},
+    404: {"model": Problem, "description": "no such stream or device"},
+    503: {"model": Problem, "description": "database unavailable"},
+}
