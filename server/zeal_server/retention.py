@@ -24,8 +24,6 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from zeal_server.models import (
-    SQUARE_LIMBS,
-    SUM_LIMBS,
     Aggregate,
     BatchSeen,
     BucketTotal,
@@ -35,13 +33,13 @@ from zeal_server.models import (
     Stream,
 )
 from zeal_server.segments import Columns, decode_columns, encode_columns
+from zeal_server.sums import VALUE_COLUMNS
 
 __all__ = ["MAX_RETENTION_DAYS", "cutoff_ms", "delete_device_data", "expire"]
 
 #: Retention is 1 day to 100 years.
 MAX_RETENTION_DAYS = 36_500
 DAY_MS = 86_400_000
-_VALUES = ["n", *(f"s{i}" for i in range(SUM_LIMBS)), *(f"q{i}" for i in range(SQUARE_LIMBS))]
 
 
 def cutoff_ms(stream: Stream, now_ms: int) -> int | None:
@@ -96,7 +94,7 @@ def delete_device_data(session: Session, stream: Stream, device: Device) -> int:
         session.execute(
             update(BucketTotal)
             .where(BucketTotal.stream_id == stream.id, BucketTotal.bucket == row.bucket)
-            .values({c: getattr(BucketTotal, c) - getattr(row, c) for c in _VALUES})
+            .values({c: getattr(BucketTotal, c) - getattr(row, c) for c in VALUE_COLUMNS})
         )
     session.execute(
         delete(BucketTotal).where(

@@ -1,0 +1,144 @@
+"""Exact sums over time buckets: the 24-bit limbs the aggregates are kept in, the window
+and series sums averages read, and bucket alignment (the only home of the open-window
+sentinels, +-2**62 buckets).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    func,
+    select,
+)
+from sqlalchemy.orm import Session
+
+from zeal import (
+    Estimate,
+    Zeal,
+)
+from zeal_server.models import (
+    LIMB_BITS,
+    SQUARE_LIMBS,
+    SUM_LIMBS,
+    Aggregate,
+    BucketTotal,
+    Stream,
+)
+
+_LIMB_MASK = (1 << LIMB_BITS) - 1
+SUM_COLUMNS = [f"s{i}" for i in range(SUM_LIMBS)]
+SQUARE_COLUMNS = [f"q{i}" for i in range(SQUARE_LIMBS)]
+VALUE_COLUMNS = ["n", *SUM_COLUMNS, *SQUARE_COLUMNS]
+
+
+def to_limbs(value: int, count: int) -> list[int]:
+    limbs = [(value >> (LIMB_BITS * i)) & _LIMB_MASK for i in range(count)]
+    if value >> (LIMB_BITS * count):
+        raise OverflowError(f"{value} needs more than {count} limbs")
+    return limbs
+
+
+def from_limbs(limbs: list[int]) -> int:
+    return sum(int(v or 0) << (LIMB_BITS * i) for i, v in enumerate(limbs))
+
+
+#: Which devices a sum covers: all (None), a subquery of ids (group_devices), or ids.
+Devices = Select[Any] | list[int] | None
+
+
+@dataclass(frozen=True)
+class Sums:
+    n: int
+    sum_codes: int
+    sum_squares: int
+
+
+def _table(device_ids: Devices) -> type[Aggregate] | type[BucketTotal]:
+    """Ungrouped sums read the per-bucket rollup; grouped ones the per-device rows."""
+    return BucketTotal if device_ids is None else Aggregate
+
+
+def _sum_columns(table: type[Aggregate] | type[BucketTotal]) -> list[ColumnElement[Any]]:
+    return [
+        func.coalesce(func.sum(getattr(table, c)), 0) for c in ["n", *SUM_COLUMNS, *SQUARE_COLUMNS]
+    ]
+
+
+def _to_sums(row: Any, offset: int = 0) -> Sums:
+    values = [int(v or 0) for v in row[offset:]]
+    return Sums(
+        values[0], from_limbs(values[1 : 1 + SUM_LIMBS]), from_limbs(values[1 + SUM_LIMBS :])
+    )
+
+
+def _window(
+    query: Select[Any],
+    stream: Stream,
+    first_bucket: int,
+    stop_bucket: int,
+    device_ids: Devices,
+) -> Select[Any]:
+    table = _table(device_ids)
+    query = query.where(
+        table.stream_id == stream.id,
+        table.bucket >= first_bucket,
+        table.bucket < stop_bucket,
+    )
+    if device_ids is not None:
+        query = query.where(Aggregate.device_id.in_(device_ids))
+    return query
+
+
+def window_sums(
+    session: Session,
+    stream: Stream,
+    first_bucket: int,
+    stop_bucket: int,
+    device_ids: Devices = None,
+) -> Sums:
+    """Exact sums over buckets [first, stop) and (optionally) some devices."""
+    row = session.execute(
+        _window(
+            select(*_sum_columns(_table(device_ids))), stream, first_bucket, stop_bucket, device_ids
+        )
+    ).one()
+    return _to_sums(row)
+
+
+def series_sums(
+    session: Session,
+    stream: Stream,
+    first_bucket: int,
+    stop_bucket: int,
+    buckets_per_point: int,
+    device_ids: Devices = None,
+) -> dict[int, Sums]:
+    """Exact sums per point of `buckets_per_point` buckets, keyed by the point's first bucket."""
+    table = _table(device_ids)
+    key = ((table.bucket - first_bucket) // buckets_per_point).label("point")
+    query = _window(
+        select(key, *_sum_columns(table)), stream, first_bucket, stop_bucket, device_ids
+    )
+    rows = session.execute(query.group_by(key).order_by(key)).all()
+    return {first_bucket + int(r[0]) * buckets_per_point: _to_sums(r, 1) for r in rows}
+
+
+def estimate(params: Zeal, sums: Sums, confidence: float) -> Estimate | None:
+    if sums.n == 0:
+        return None
+    return params.estimate_from_sums(
+        sums.n, sums.sum_codes, sums.sum_squares, confidence=confidence
+    )
+
+
+def bucket_bounds(stream: Stream, start_ms: int | None, end_ms: int | None) -> tuple[int, int]:
+    """Buckets [first, stop) covering [start, end): whole buckets, start rounded down."""
+    size = stream.bucket_seconds * 1000
+    first = -(1 << 62) if start_ms is None else math.floor(start_ms / size)
+    stop = 1 << 62 if end_ms is None else -(-end_ms // size)
+    return first, stop
