@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import logging
 import queue
-import ssl
 import threading
 import time
 from typing import Any, NamedTuple
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
 from zeal.brokerurl import BrokerSettings, Flapping, parse_broker_url, why_unreachable
+from zeal.mqttclient import make_client
 
 __all__ = ["BrokerSettings", "Connection", "Message", "parse_broker_url"]
 
@@ -62,22 +61,10 @@ class Connection:
         self._stopping = False
         self._last_failure_log = -1e18
         self._suback_mid: int | None = None
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
-        )
+        client = make_client(settings, client_id)
         if will is not None:  # published (retained) by the broker if we vanish
             client.will_set(will[0], will[1], qos=1, retain=True)
-        client.reconnect_delay_set(min_delay=1, max_delay=30)
         client.max_inflight_messages_set(100)
-        if settings.username is not None:
-            client.username_pw_set(settings.username, settings.password)
-        if settings.tls:
-            client.tls_set(
-                ca_certs=settings.ca_file,
-                certfile=settings.cert_file,
-                keyfile=settings.key_file,
-                tls_version=ssl.PROTOCOL_TLS_CLIENT,
-            )
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -35,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from zeal import ParameterError
 from zeal.brokerurl import Flapping, why_unreachable
+from zeal.mqttclient import make_client
 from zeal.streamconfig import check_name
 from zeal.topics import (
     CONFIG_FILTER,
@@ -288,19 +288,7 @@ class Collector:
         else:
             self.client_id = settings.collector_id
         broker = settings.broker
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=self.client_id,
-            protocol=MQTTProtocolVersion.MQTTv5,
-            manual_ack=True,
-        )
-        client.reconnect_delay_set(min_delay=1, max_delay=30)
-        if broker.username is not None:
-            client.username_pw_set(broker.username, broker.password)
-        if broker.tls:
-            client.tls_set(
-                ca_certs=broker.ca_file, certfile=broker.cert_file, keyfile=broker.key_file
-            )
+        client = make_client(broker, self.client_id, manual_ack=True)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect

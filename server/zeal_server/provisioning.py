@@ -32,10 +32,10 @@ import threading
 from typing import Any, Literal
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from zeal.brokerurl import BrokerSettings
 from zeal.errors import ParameterError
+from zeal.mqttclient import make_client
 from zeal.streamconfig import check_name
 from zeal.topics import CONFIG_FILTER, device_filters
 from zeal_server.errors import ServerError
@@ -202,18 +202,9 @@ class BrokerAdmin:
             if len(answers) == len(commands):
                 done.set()
 
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=f"zeal-admin-{tag}",
-            protocol=MQTTProtocolVersion.MQTTv5,
+        client = make_client(
+            self.broker, f"zeal-admin-{tag}", username=self.username, password=self.password
         )
-        client.username_pw_set(self.username, self.password)
-        if self.broker.tls:
-            client.tls_set(
-                ca_certs=self.broker.ca_file,
-                certfile=self.broker.cert_file,
-                keyfile=self.broker.key_file,
-            )
         client.on_connect = on_connect
         client.on_subscribe = on_subscribe
         client.on_message = on_message
