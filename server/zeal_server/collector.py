@@ -447,7 +447,7 @@ class Collector:
                 time.sleep(0.002)
         return messages
 
-    def _write_loop(self) -> None:
+    def _write_loop(self) -> None:  # noqa: C901 (one loop: sync, take, store, back off, ack)
         # Notices name the installation; read it before the first message is stored, not
         # only with the first configuration sync (notices of the first batches were lost).
         try:

@@ -170,44 +170,16 @@ class BrokerAdmin:
                 "device provisioning needs the broker's admin login "
                 "(ZEAL_MQTT_ADMIN_USERNAME and ZEAL_MQTT_ADMIN_PASSWORD)",
             )
-        tag = secrets.token_hex(8)
-        for number, command in enumerate(commands):
-            command["correlationData"] = f"{tag}-{number}"
-        answers: dict[str, dict[str, Any]] = {}
-        done = threading.Event()
-        failure: list[str] = []
-
-        def on_connect(client: mqtt.Client, u: Any, f: Any, reason: Any, p: Any) -> None:
-            if reason.is_failure:
-                failure.append(f"the broker refused the admin login: {reason}")
-                done.set()
-            else:
-                client.subscribe(RESPONSE, qos=1)
-
-        def on_subscribe(client: mqtt.Client, u: Any, mid: int, codes: Any, p: Any) -> None:
-            if any(code.is_failure for code in codes):
-                failure.append(f"the admin login may not read {RESPONSE}")
-                done.set()
-                return
-            client.publish(CONTROL, json.dumps({"commands": commands}), qos=1)
-
-        def on_message(client: mqtt.Client, u: Any, message: mqtt.MQTTMessage) -> None:
-            try:
-                responses = json.loads(message.payload)["responses"]
-            except (ValueError, KeyError, TypeError):
-                return
-            for response in responses:
-                if str(response.get("correlationData", "")).startswith(tag):
-                    answers[response["correlationData"]] = response
-            if len(answers) == len(commands):
-                done.set()
-
+        exchange = _Exchange(commands)
         client = make_client(
-            self.broker, f"zeal-admin-{tag}", username=self.username, password=self.password
+            self.broker,
+            f"zeal-admin-{exchange.tag}",
+            username=self.username,
+            password=self.password,
         )
-        client.on_connect = on_connect
-        client.on_subscribe = on_subscribe
-        client.on_message = on_message
+        client.on_connect = exchange.on_connect
+        client.on_subscribe = exchange.on_subscribe
+        client.on_message = exchange.on_message
         try:
             client.connect(self.broker.host, self.broker.port, keepalive=30)
         except OSError as exc:
@@ -216,7 +188,7 @@ class BrokerAdmin:
             ) from None
         client.loop_start()
         try:
-            if not done.wait(self.timeout):
+            if not exchange.done.wait(self.timeout):
                 raise ProvisioningError(
                     "unavailable",
                     f"no answer from the broker's dynamic security plugin at {self.broker.url} "
@@ -225,6 +197,50 @@ class BrokerAdmin:
         finally:
             client.disconnect()
             client.loop_stop()
-        if failure:
-            raise ProvisioningError("unavailable", failure[0])
-        return [answers[f"{tag}-{n}"] for n in range(len(commands))]
+        if exchange.failure:
+            raise ProvisioningError("unavailable", exchange.failure)
+        return exchange.answers()
+
+
+class _Exchange:
+    """One request to the plugin and its answers, matched by correlation data (paho
+    callbacks, run in paho's network thread)."""
+
+    def __init__(self, commands: list[dict[str, Any]]) -> None:
+        self.tag = secrets.token_hex(8)
+        for number, command in enumerate(commands):
+            command["correlationData"] = f"{self.tag}-{number}"
+        self.commands = commands
+        self.received: dict[str, dict[str, Any]] = {}
+        self.done = threading.Event()
+        self.failure = ""
+
+    def _fail(self, why: str) -> None:
+        self.failure = why
+        self.done.set()
+
+    def on_connect(self, client: mqtt.Client, u: Any, f: Any, reason: Any, p: Any) -> None:
+        if reason.is_failure:
+            self._fail(f"the broker refused the admin login: {reason}")
+        else:
+            client.subscribe(RESPONSE, qos=1)
+
+    def on_subscribe(self, client: mqtt.Client, u: Any, mid: int, codes: Any, p: Any) -> None:
+        if any(code.is_failure for code in codes):
+            self._fail(f"the admin login may not read {RESPONSE}")
+        else:
+            client.publish(CONTROL, json.dumps({"commands": self.commands}), qos=1)
+
+    def on_message(self, client: mqtt.Client, u: Any, message: mqtt.MQTTMessage) -> None:
+        try:
+            responses = json.loads(message.payload)["responses"]
+        except (ValueError, KeyError, TypeError):
+            return
+        for response in responses:
+            if str(response.get("correlationData", "")).startswith(self.tag):
+                self.received[response["correlationData"]] = response
+        if len(self.received) == len(self.commands):
+            self.done.set()
+
+    def answers(self) -> list[dict[str, Any]]:
+        return [self.received[f"{self.tag}-{n}"] for n in range(len(self.commands))]
