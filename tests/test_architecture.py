@@ -167,7 +167,7 @@ EXPORTS = {
         "exact_sum",
         "exact_sum_squares",
     ],
-    "zeal_edge": ["AgentError", "EdgeError", "SettingsError"],
+    "zeal_edge": ["AgentError", "EdgeError", "OutboxError", "PublishError", "SettingsError"],
     "zeal_server": [
         "IdentityError",
         "ProvisioningError",

@@ -5,6 +5,6 @@ The agent runs from the command line; its errors (``zeal_edge.errors``) are re-e
 here.
 """
 
-from zeal_edge.errors import AgentError, EdgeError, SettingsError
+from zeal_edge.errors import AgentError, EdgeError, OutboxError, PublishError, SettingsError
 
-__all__ = ["AgentError", "EdgeError", "SettingsError"]
+__all__ = ["AgentError", "EdgeError", "OutboxError", "PublishError", "SettingsError"]

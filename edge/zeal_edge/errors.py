@@ -2,14 +2,17 @@
 
 EdgeError
 ├── SettingsError (ValueError)   a setting is missing or invalid: exit status 2
-└── AgentError (RuntimeError)    the agent must not go on: exit status 3
-                                 (data directory or device id in use elsewhere,
-                                 the server no longer accepts the stream)
+├── AgentError (RuntimeError)    the agent must not go on: exit status 3
+│                                (data directory or device id in use elsewhere,
+│                                the server no longer accepts the stream)
+├── OutboxError (RuntimeError)   the outbox does not hold what was asked (an unknown
+│                                stream namespace, a sequence that is not the next one)
+└── PublishError (RuntimeError)  paho refused to queue a message
 """
 
 from __future__ import annotations
 
-__all__ = ["AgentError", "EdgeError", "SettingsError"]
+__all__ = ["AgentError", "EdgeError", "OutboxError", "PublishError", "SettingsError"]
 
 
 class EdgeError(Exception):
@@ -27,3 +30,11 @@ class AgentError(EdgeError, RuntimeError):
     """
 
     exit_code = 3
+
+
+class OutboxError(EdgeError, RuntimeError):
+    """The outbox does not hold what was asked, or a write would break its sequence."""
+
+
+class PublishError(EdgeError, RuntimeError):
+    """paho refused to queue a message (not a missing connection: those wait)."""

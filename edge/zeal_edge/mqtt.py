@@ -22,6 +22,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from zeal.brokerurl import BrokerSettings, Flapping, parse_broker_url, why_unreachable
 from zeal.mqttclient import make_client
+from zeal_edge.errors import PublishError
 
 __all__ = ["BrokerSettings", "Connection", "Message", "parse_broker_url"]
 
@@ -86,7 +87,7 @@ class Connection:
         """Queue a QoS 1 message (sent now or after the next connect); returns its mid."""
         info = self.client.publish(topic, payload, qos=1, retain=retain)
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
-            raise RuntimeError(f"paho refused to queue a message: {mqtt.error_string(info.rc)}")
+            raise PublishError(f"paho refused to queue a message: {mqtt.error_string(info.rc)}")
         return int(info.mid)
 
     # -- callbacks (network thread) -----------------------------------------------------

@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import IO, Any
 
-from zeal_edge.errors import AgentError
+from zeal_edge.errors import AgentError, OutboxError
 
 __all__ = ["DataDirLock", "Halt", "NamespaceStatus", "Outbox", "PendingBatch"]
 
@@ -205,7 +205,7 @@ class Outbox:
         with self._lock:
             row = self._db.execute(query, (namespace,)).fetchone()
         if row is None:
-            raise KeyError(namespace)
+            raise OutboxError(f"the outbox has no stream namespace {namespace!r}")
         return row[0]
 
     def instance(self, namespace: str) -> str:
@@ -269,7 +269,7 @@ class Outbox:
                 "SELECT next_sequence FROM namespaces WHERE namespace = ?", (namespace,)
             ).fetchone()
         if row is None:
-            raise KeyError(namespace)
+            raise OutboxError(f"the outbox has no stream namespace {namespace!r}")
         return int(row[0])
 
     def source_offset(self, namespace: str) -> int:
@@ -304,7 +304,7 @@ class Outbox:
                         (seq + 1, fingerprint, offset, ns, seq),
                     ).rowcount
                     if updated != 1:
-                        raise RuntimeError(f"sequence {seq} is not the next one of {ns}")
+                        raise OutboxError(f"sequence {seq} is not the next one of {ns}")
                     self._db.execute(
                         "INSERT INTO batches (namespace, sequence, payload, readings, created_ms) "
                         "VALUES (?, ?, ?, ?, ?)",

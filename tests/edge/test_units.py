@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from zeal_edge.budget import BudgetPolicy, micro_epsilon
+from zeal_edge.errors import OutboxError
 from zeal_edge.mqtt import parse_broker_url
 from zeal_edge.outbox import Outbox
 from zeal_edge.settings import SettingsError, add_arguments, resolve
@@ -158,7 +159,7 @@ def test_outbox_commits_atomically_and_in_sequence(tmp_path: Path) -> None:
     box = Outbox(tmp_path / "o.sqlite")
     ns = box.ensure("s", "d")
     box.commit_batches([(ns, 0, b"a", 3, 30, 5)], now_ms=1_000_000, fingerprint="f")
-    with pytest.raises(RuntimeError, match="not the next one"):
+    with pytest.raises(OutboxError, match="not the next one"):
         box.commit_batches(
             [(ns, 1, b"b", 1, 10, 6), (ns, 5, b"c", 1, 10, 7)], now_ms=1_000_000, fingerprint="f"
         )
