@@ -13,13 +13,17 @@ from sqlalchemy.orm import Session
 from zeal import Estimate
 from zeal.wire import MAX_TIMESTAMP
 from zeal_server import store
+from zeal_server.auth import operator, reader
 from zeal_server.models import Device, Stream
 from zeal_server.schemas import EstimateOut, StreamOut
 
 __all__ = [
+    "API",
     "MAX_EXPORTS",
     "MAX_POINTS",
     "MAX_QUERY_MS",
+    "READ",
+    "WRITE",
     "Confidence",
     "Confirm",
     "Db",
@@ -40,6 +44,10 @@ __all__ = [
     "window",
 ]
 
+#: Where the API's routes live, and the dependencies of its reads and its writes.
+API = "/api/v1"
+READ = [Depends(reader)]
+WRITE = [Depends(operator)]
 MAX_POINTS = 10_000
 #: Exports running at once; one more is answered 429 with Retry-After.
 MAX_EXPORTS = 4

@@ -3,18 +3,18 @@ preview of a stream's parameters."""
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from sqlalchemy import func, select
 
 from zeal.estimate import bernstein_half_width, difference_of
 from zeal_server import store
-from zeal_server.auth import reader
 from zeal_server.deps import (
+    API,
     MAX_POINTS,
+    READ,
     Confidence,
     Db,
     End,
@@ -33,13 +33,10 @@ from zeal_server.schemas import AverageOut, CompareOut, PointOut, PreviewOut, Se
 
 __all__ = ["router"]
 
-log = logging.getLogger("zeal_server.api")
 router = APIRouter()
-api = "/api/v1"
-read = [Depends(reader)]
 
 
-@router.get(f"{api}/preview", dependencies=read, response_model=PreviewOut)
+@router.get(f"{API}/preview", dependencies=READ, response_model=PreviewOut)
 def preview(
     lower: Annotated[float, Query(description="lower end of the feasible range")],
     upper: Annotated[float, Query(description="upper end of the feasible range")],
@@ -76,7 +73,7 @@ def preview(
     )
 
 
-@router.get(f"{api}/streams/{{name}}/average", dependencies=read, response_model=AverageOut)
+@router.get(f"{API}/streams/{{name}}/average", dependencies=READ, response_model=AverageOut)
 def average(
     name: str,
     db: Db,
@@ -103,7 +100,7 @@ def average(
     )
 
 
-@router.get(f"{api}/streams/{{name}}/series", dependencies=read, response_model=SeriesOut)
+@router.get(f"{API}/streams/{{name}}/series", dependencies=READ, response_model=SeriesOut)
 def series(
     name: str,
     db: Db,
@@ -172,7 +169,7 @@ def series(
     )
 
 
-@router.get(f"{api}/streams/{{name}}/compare", dependencies=read, response_model=CompareOut)
+@router.get(f"{API}/streams/{{name}}/compare", dependencies=READ, response_model=CompareOut)
 def compare(
     name: str,
     db: Db,

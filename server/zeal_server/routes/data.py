@@ -2,32 +2,37 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy import func, select
 
 from zeal_server import store
-from zeal_server.auth import reader
-from zeal_server.deps import MAX_EXPORTS, Db, End, Start, as_datetime, stream_or_404, window
+from zeal_server.deps import (
+    API,
+    MAX_EXPORTS,
+    READ,
+    Db,
+    End,
+    Start,
+    as_datetime,
+    stream_or_404,
+    window,
+)
 from zeal_server.efficiency import efficiency
 from zeal_server.models import BatchSeen, Device
 from zeal_server.schemas import EfficiencyOut, Problem, StatsOut
 
 __all__ = ["router"]
 
-log = logging.getLogger("zeal_server.api")
 router = APIRouter()
-api = "/api/v1"
-read = [Depends(reader)]
 
 
-@router.get(f"{api}/streams/{{name}}/stats", dependencies=read, response_model=StatsOut)
+@router.get(f"{API}/streams/{{name}}/stats", dependencies=READ, response_model=StatsOut)
 def stats(
     name: str,
     db: Db,
@@ -95,8 +100,8 @@ def stats(
 
 
 @router.get(
-    f"{api}/streams/{{name}}/export",
-    dependencies=read,
+    f"{API}/streams/{{name}}/export",
+    dependencies=READ,
     response_class=StreamingResponse,
     responses={
         200: {"content": {"text/csv": {}}, "description": "CSV rows"},

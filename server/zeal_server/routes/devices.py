@@ -6,12 +6,14 @@ import json
 import logging
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from sqlalchemy import func, select
 
 from zeal_server import retention, store
-from zeal_server.auth import operator, reader
 from zeal_server.deps import (
+    API,
+    READ,
+    WRITE,
     Confirm,
     Db,
     as_datetime,
@@ -27,8 +29,6 @@ __all__ = ["router"]
 
 log = logging.getLogger("zeal_server.api")
 router = APIRouter()
-api = "/api/v1"
-read = [Depends(reader)]
 
 
 def device_out(device: Device, epsilon: float) -> DeviceOut:
@@ -46,8 +46,8 @@ def device_out(device: Device, epsilon: float) -> DeviceOut:
 
 
 @router.delete(
-    f"{api}/streams/{{name}}/devices/{{device}}",
-    dependencies=[Depends(operator)],
+    f"{API}/streams/{{name}}/devices/{{device}}",
+    dependencies=WRITE,
     response_model=DeletedOut,
     responses={422: {"description": "confirm missing or not the device's name"}},
 )
@@ -70,7 +70,7 @@ def delete_device(
     return DeletedOut(stream=name, device=device, readings=readings)
 
 
-@router.get(f"{api}/streams/{{name}}/devices", dependencies=read, response_model=DevicesOut)
+@router.get(f"{API}/streams/{{name}}/devices", dependencies=READ, response_model=DevicesOut)
 def devices(
     name: str,
     db: Db,
@@ -103,7 +103,7 @@ def devices(
     )
 
 
-@router.get(f"{api}/streams/{{name}}/groups", dependencies=read, response_model=list[GroupOut])
+@router.get(f"{API}/streams/{{name}}/groups", dependencies=READ, response_model=list[GroupOut])
 def groups(name: str, db: Db) -> list[GroupOut]:
     """The device groups (tag key:value pairs) of the stream, for the group filter."""
     stream = stream_or_404(db, name)
@@ -111,8 +111,8 @@ def groups(name: str, db: Db) -> list[GroupOut]:
 
 
 @router.put(
-    f"{api}/streams/{{name}}/devices/{{device}}",
-    dependencies=[Depends(operator)],
+    f"{API}/streams/{{name}}/devices/{{device}}",
+    dependencies=WRITE,
     response_model=DeviceOut,
     responses={201: {"model": DeviceOut, "description": "enrolled"}},
 )
@@ -130,8 +130,8 @@ def enroll(name: str, device: str, response: Response, db: Db) -> DeviceOut:
 
 
 @router.put(
-    f"{api}/streams/{{name}}/devices/{{device}}/tags",
-    dependencies=[Depends(operator)],
+    f"{API}/streams/{{name}}/devices/{{device}}/tags",
+    dependencies=WRITE,
     response_model=DeviceOut,
 )
 def set_tags(name: str, device: str, body: TagsIn, db: Db) -> DeviceOut:

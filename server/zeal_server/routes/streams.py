@@ -5,30 +5,37 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request
 
 from zeal_server import store
-from zeal_server.auth import operator, reader
-from zeal_server.deps import Confirm, Db, confirmed, invalid, stream_or_404, stream_out
+from zeal_server.deps import (
+    API,
+    READ,
+    WRITE,
+    Confirm,
+    Db,
+    confirmed,
+    invalid,
+    stream_or_404,
+    stream_out,
+)
 from zeal_server.schemas import DeletedOut, StreamIn, StreamOut, StreamPatch
 
 __all__ = ["router"]
 
 log = logging.getLogger("zeal_server.api")
 router = APIRouter()
-api = "/api/v1"
-read = [Depends(reader)]
 
 
-@router.get(f"{api}/streams", dependencies=read, response_model=list[StreamOut])
+@router.get(f"{API}/streams", dependencies=READ, response_model=list[StreamOut])
 def list_streams(db: Db) -> list[StreamOut]:
     """All streams with their parameters."""
     return [stream_out(s) for s in store.list_streams(db)]
 
 
 @router.post(
-    f"{api}/streams",
-    dependencies=[Depends(operator)],
+    f"{API}/streams",
+    dependencies=WRITE,
     status_code=201,
     response_model=StreamOut,
     responses={409: {"description": "stream exists"}},
@@ -53,13 +60,13 @@ def create_stream(body: StreamIn, request: Request, db: Db) -> StreamOut:
     return stream_out(stream)
 
 
-@router.get(f"{api}/streams/{{name}}", dependencies=read, response_model=StreamOut)
+@router.get(f"{API}/streams/{{name}}", dependencies=READ, response_model=StreamOut)
 def get_stream(name: str, db: Db) -> StreamOut:
     """One stream's parameters and derived values."""
     return stream_out(stream_or_404(db, name))
 
 
-@router.patch(f"{api}/streams/{{name}}", dependencies=[Depends(operator)], response_model=StreamOut)
+@router.patch(f"{API}/streams/{{name}}", dependencies=WRITE, response_model=StreamOut)
 def patch_stream(name: str, body: StreamPatch, db: Db) -> StreamOut:
     """Change a stream's retention (operator token). A shorter one deletes what is
     older at the collector's next housekeeping, within a minute, for good."""
@@ -71,8 +78,8 @@ def patch_stream(name: str, body: StreamPatch, db: Db) -> StreamOut:
 
 
 @router.delete(
-    f"{api}/streams/{{name}}",
-    dependencies=[Depends(operator)],
+    f"{API}/streams/{{name}}",
+    dependencies=WRITE,
     response_model=DeletedOut,
     responses={422: {"description": "confirm missing or not the stream's name"}},
 )
@@ -91,7 +98,7 @@ def delete_stream(name: str, request: Request, db: Db, confirm: Confirm = None) 
     return DeletedOut(stream=name, device=None, readings=readings)
 
 
-@router.get(f"{api}/streams/{{name}}/config", dependencies=read)
+@router.get(f"{API}/streams/{{name}}/config", dependencies=READ)
 def get_config(name: str, db: Db) -> dict[str, Any]:
     """The configuration document agents use (also retained at zeal/v1/{name}/config);
     save it as the agent's --params file."""
