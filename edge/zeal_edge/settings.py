@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zeal.streamconfig import check_name
+from zeal.protocol import check_name
 from zeal.topics import PREFIX
 from zeal_edge.errors import SettingsError
 

@@ -23,7 +23,8 @@ import numpy as np
 import numpy.typing as npt
 
 from zeal import Zeal, encode_batch
-from zeal.streamconfig import check_name, params_from_config
+from zeal.protocol import check_name
+from zeal.streamconfig import params_from_config
 from zeal.topics import config_topic
 from zeal_edge.budget import micro_epsilon
 from zeal_edge.mqtt import Connection, parse_broker_url

@@ -20,36 +20,33 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Literal
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from zeal import ParameterError
 from zeal.brokerurl import Flapping, why_unreachable
 from zeal.mqttclient import make_client
-from zeal.streamconfig import check_name
 from zeal.topics import (
     CONFIG_FILTER,
     DATA_FILTER,
     MAX_TOPIC_LENGTH,
-    Notice,
-    notice_topic,
     parse_config_topic,
     parse_data_topic,
 )
-from zeal.wire import MAX_PAYLOAD_BYTES
 from zeal_server import retention, store
 from zeal_server.configsync import ConfigSync
+from zeal_server.door import LogThrottle, RejectBudget, refusal
 from zeal_server.identity import CollectorIdentity, claim_collector_id
 from zeal_server.metrics import commit_lag_histogram
+from zeal_server.notices import Notifier
 from zeal_server.settings import ServerSettings
 
 __all__ = ["Collector", "data_subscription"]
@@ -58,8 +55,6 @@ log = logging.getLogger("zeal_server.collector")
 
 #: MQTT v5 reason code of a DISCONNECT sent because another client took the session.
 SESSION_TAKEN_OVER = 142
-#: A device hears about the same reason at most this often (seconds).
-NOTICE_EVERY = 5.0
 
 
 def data_subscription(share_group: str) -> str:
@@ -76,157 +71,11 @@ def data_subscription(share_group: str) -> str:
     return f"$share/{share_group}/{DATA_FILTER}" if share_group else DATA_FILTER
 
 
-_NOTICES = {
-    "unknown_stream": "this server has no stream {stream} (it was deleted, or never created "
-    "here): nothing of this batch was stored",
-    "fingerprint_mismatch": "the batch was encoded with other parameters than stream "
-    "{stream}'s, or for another device: fetch the stream's configuration again",
-    "future_timestamp": "the batch holds readings stamped in the future (beyond the server's "
-    "ZEAL_MAX_FUTURE_SECONDS): check the device's clock",
-    "too_old": "the batch holds readings older than the server accepts (ZEAL_MAX_AGE_SECONDS "
-    "before their arrival): check the device's clock, or ask the operator to raise the "
-    "import window",
-    "too_many_buckets": "the batch spans more time buckets of stream {stream} than the "
-    "server accepts in one batch (ZEAL_MAX_BUCKETS_PER_BATCH): send smaller batches",
-    "not_enrolled": "stream {stream} accepts data only from enrolled devices, and device "
-    "{device} is not one: ask the operator to enroll it",
-    "bad_version": "the batch uses an older wire format than this server accepts: upgrade "
-    "the agent",
-    "before_stream": "the batch holds readings stamped before stream {stream} was created: "
-    "check the device's clock",
-    "sequence_reset": "stored; but this server had already stored sequence {sequence} of "
-    "device {device} with other content (its highest stored sequence is {last}): the "
-    "device's outbox is new (reinstalled?), or another agent uses this device id",
-}
-
-
-#: A device may cause this many rejects in a burst, then REJECT_RATE per second; beyond that
-#: its messages are dropped at the door (acknowledged, counted as ``rate_limited``) without
-#: being decoded or written, so a device flooding garbage cannot crowd out the others.
-REJECT_BURST = 100
-REJECT_RATE = 10.0
-#: The longest data topic with valid names: zeal/v1/ + 64 + / + 64 + /up. Anything longer
-#: is refused at the door before any other work (no decoding, no database, no log of it).
-#: Bookkeeping keyed by what clients choose (budgets, log and notice throttles) holds at
-#: most this many keys, forgetting the least recently used: memory stays flat whatever
-#: topics arrive.
-MAX_KEYS = 50_000
-#: At most this many reject lines are logged per minute in all (each (reason, device) at
-#: most once a minute besides); the rest are counted in one summary line.
-LOG_LINES_PER_MINUTE = 30
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class Bounded(Generic[K, V]):
-    """A dict that keeps at most `limit` keys, dropping the least recently used."""
-
-    def __init__(self, limit: int = MAX_KEYS) -> None:
-        self.limit = limit
-        self._items: OrderedDict[K, V] = OrderedDict()
-
-    def get(self, key: K, default: V) -> V:
-        value = self._items.get(key)
-        if value is None:
-            return default
-        self._items.move_to_end(key)
-        return value
-
-    def __setitem__(self, key: K, value: V) -> None:
-        self._items[key] = value
-        self._items.move_to_end(key)
-        while len(self._items) > self.limit:
-            self._items.popitem(last=False)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-def budget_key(topic: str) -> str:
-    """Whom a reject is charged to: the device level of the topic (with the deployment's
-    ACL, a device can publish only under its own user name there, so this is the broker
-    user), or "" for topics without one."""
-    parts = topic.split("/", 4)
-    return parts[3][:64] if len(parts) == 5 else ""
-
-
-class RejectBudget:
-    """A token bucket per device (``budget_key``), spent by rejected messages only."""
-
-    def __init__(self, burst: int = REJECT_BURST, rate: float = REJECT_RATE) -> None:
-        self.burst, self.rate = float(burst), rate
-        self._buckets: Bounded[str, tuple[float, float]] = Bounded()
-        self._lock = threading.Lock()
-
-    def _level(self, key: str, now: float) -> float:
-        tokens, since = self._buckets.get(key, (self.burst, now))
-        return min(self.burst, tokens + (now - since) * self.rate)
-
-    def allows(self, topic: str) -> bool:
-        key = budget_key(topic)
-        with self._lock:
-            return key not in self._buckets or self._level(key, time.monotonic()) >= 1
-
-    def spend(self, topic: str) -> None:
-        key = budget_key(topic)
-        with self._lock:
-            now = time.monotonic()
-            # Never below -burst: a device that stops misbehaving is heard again within
-            # (burst + 1) / rate seconds (about 10 s), however long it flooded.
-            self._buckets[key] = (max(-self.burst, self._level(key, now) - 1), now)
-
-
-def door_check(topic: str) -> str | None:
-    """Why a data message is refused before any work (``bad_topic``), or None."""
-    if len(topic) > MAX_TOPIC_LENGTH:
-        return "bad_topic"
-    names = parse_data_topic(topic)
-    if names is None:
-        return "bad_topic"
-    try:
-        check_name("stream", names[0])
-        check_name("device", names[1])
-    except ParameterError:
-        return "bad_topic"
-    return None
-
-
 def db_error_text(exc: BaseException) -> str:
     """A database error in one line, without the SQL statement or its parameters."""
     orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
     first = (str(orig).strip().splitlines() or [""])[0]
     return f"{type(orig).__name__}: {first}"[:300]
-
-
-class LogThrottle:
-    """Reject log lines: each key at most once a minute, at most LOG_LINES_PER_MINUTE lines a
-    minute in all; what was held back is summed up in one line."""
-
-    def __init__(self) -> None:
-        self._last: Bounded[tuple[str, str], float] = Bounded()
-        self._minute, self._lines, self._held = -1e18, 0, 0
-
-    def ready(self, key: tuple[str, str], now: float) -> bool:
-        if now - self._minute >= 60:
-            if self._held:
-                log.warning(
-                    "%d more rejects were not logged in the last minute (see /metrics and "
-                    "the stream's stats)",
-                    self._held,
-                )
-            self._minute, self._lines, self._held = now, 0, 0
-        if now - self._last.get(key, -1e18) < 60:
-            return False
-        if self._lines >= LOG_LINES_PER_MINUTE:
-            self._held += 1
-            return False
-        self._last[key] = now
-        self._lines += 1
-        return True
 
 
 @dataclass(frozen=True)
@@ -279,7 +128,6 @@ class Collector:
         self._stop = threading.Event()
         self._logged: dict[tuple[str, str], float] = {}  # connection errors
         self._log_rejects = LogThrottle()
-        self._noticed: Bounded[tuple[str, str, str], float] = Bounded()
         self._flapping = Flapping()
         self._identity: CollectorIdentity | None = None
         if settings.collector_id is None:
@@ -298,6 +146,12 @@ class Collector:
         self.configs = ConfigSync(
             lambda topic, payload: client.publish(topic, payload, qos=1, retain=True), sessions
         )
+        self.notices = Notifier(lambda topic, payload: client.publish(topic, payload, qos=1))
+        # The writer thread's own state.
+        self.writer_error: str | None = None
+        self._synced_connects = 0
+        self._last_sync = self._last_compact = time.monotonic()
+        self._backoff, self._retried = 0.5, False
         self._writer = threading.Thread(target=self._write_loop, name="zeal-writer", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -406,14 +260,9 @@ class Collector:
             self.configs.seen(stream, bytes(message.payload))
             client.ack(message.mid, message.qos)
             return
-        reason = door_check(topic)
-        if reason is None:
-            if message.retain:
-                reason = "retained"
-            elif len(message.payload) > MAX_PAYLOAD_BYTES:
-                reason = "too_large"
-            elif not self.budget.allows(topic):
-                reason = "rate_limited"
+        reason = refusal(
+            topic, retained=message.retain, size=len(message.payload), budget=self.budget
+        )
         if reason is not None:
             # Shed without decoding or queueing; acknowledged so the broker does not resend.
             # Names are kept only when valid: the rejects table and logs never hold
@@ -447,93 +296,125 @@ class Collector:
                 time.sleep(0.002)
         return messages
 
-    def _write_loop(self) -> None:  # noqa: C901 (one loop: sync, take, store, back off, ack)
+    def _write_loop(self) -> None:
+        """The writer thread. Database errors are retried (``_commit``); anything else is a
+        bug: it ends the writer loudly (logged with its traceback, ``writer_error`` set,
+        /livez 503 so an orchestrator restarts the server) instead of being retried as if
+        the database were down. Nothing unacknowledged is lost: the broker keeps it."""
+        try:
+            self._write_until_stopped()
+        except Exception as exc:
+            self.writer_error = f"{type(exc).__name__}: {exc}"[:300]
+            log.exception(
+                "the collector's writer stopped on an unexpected error; nothing more is "
+                "stored or acknowledged until the server restarts"
+            )
+
+    def _write_until_stopped(self) -> None:
         # Notices name the installation; read it before the first message is stored, not
         # only with the first configuration sync (notices of the first batches were lost).
         try:
             with self.sessions() as session:
                 self.configs.server_id = self.configs.server_id or store.installation_id(session)
-        except Exception as exc:  # the sync loop reads it again once the database answers
+        except SQLAlchemyError as exc:  # the sync loop reads it again once the database answers
             log.error("could not read the installation id: %s", db_error_text(exc))
-        synced_connects = 0
-        last_sync = last_compact = time.monotonic()
-        backoff, retried = 0.5, False
         pending: list[_Message] = []
         while not (self._stop.is_set() and not pending and self.queue.empty()):
-            connects = self.counts["connects"]
-            if (
-                connects > synced_connects
-                or self.configs.changed.is_set()
-                or time.monotonic() - last_sync >= self.sync_every
-            ) and self.broker_connected:
-                last_sync = time.monotonic()
-                ids = self.configs.sync(force=connects > synced_connects)
-                if ids is not None:
-                    self.ingest.forget_streams(ids)
-                    synced_connects = connects
-            if self._forget_devices.is_set():
-                self._forget_devices.clear()
-                self.ingest.forget()
+            self._keep_in_sync()
             if not pending:
                 pending = self._take()
                 if not pending:
-                    self._record_dropped()  # what was shed at the door while idle
-                    if time.monotonic() - last_compact > self.compact_every:
-                        last_compact = time.monotonic()
-                        self._compact()
+                    self._idle()
                     continue
-            try:
-                outcomes = self._store(pending)
-            except IntegrityError as exc:
-                self.ingest.forget()
-                if not retried:
-                    # Most likely ids cached from a stream deleted meanwhile (by another
-                    # process): once more at once, with ids read afresh.
-                    retried = True
-                    log.info("a stream changed under the collector (%s); retrying", exc.orig)
-                    continue
-                if self._failed(pending, exc, backoff):
-                    return
-                backoff = min(backoff * 2, 10.0)
-                continue
-            except Exception as exc:  # the database is unreachable or failing: retry later
-                if self._failed(pending, exc, backoff):
-                    return
-                backoff = min(backoff * 2, 10.0)
-                continue
-            backoff, retried = 0.5, False
-            self.database_ok = True
-            committed = time.time() * 1000
-            for message, outcome in zip(pending, outcomes, strict=True):
-                self.client.ack(message.mid, message.qos)
-                self.counts[outcome.status] += 1
-                if outcome.status == "stored":
-                    self.counts["readings"] += outcome.readings
-                    self._lags.append((committed, int(committed - message.received_ms)))
-                    self.lag_histogram.observe(max(0.0, committed - message.received_ms) / 1000)
-                    if outcome.reset:
-                        self.counts["sequence_reset"] += 1
-                        self._notify(outcome, "sequence_reset")
-                elif outcome.status == "rejected":
-                    self.rejected_by[outcome.reason or "unknown"] += 1
-                    self.budget.spend(message.topic)
-                    self._log_reject(outcome)
-                    self._notify(outcome, outcome.reason or "")
-            pending = []
-            self._record_dropped()
+            outcome = self._commit(pending)
+            if outcome == "stopped":
+                return
+            if outcome == "stored":
+                pending = []
+                self._record_dropped()
 
-    def _failed(self, pending: list[_Message], exc: Exception, backoff: float) -> bool:
-        """Note a failed transaction and wait `backoff` (True: stop was asked meanwhile)."""
+    def _keep_in_sync(self) -> None:
+        """Sync the retained configurations when due (a new connection, a change, or every
+        sync_every seconds), and drop cached device ids when asked."""
+        connects = self.counts["connects"]
+        due = (
+            connects > self._synced_connects
+            or self.configs.changed.is_set()
+            or time.monotonic() - self._last_sync >= self.sync_every
+        )
+        if due and self.broker_connected:
+            self._last_sync = time.monotonic()
+            ids = self.configs.sync(force=connects > self._synced_connects)
+            if ids is not None:
+                self.ingest.forget_streams(ids)
+                self._synced_connects = connects
+        if self._forget_devices.is_set():
+            self._forget_devices.clear()
+            self.ingest.forget()
+
+    def _idle(self) -> None:
+        """Nothing to store: record what was shed at the door, and compact when due."""
+        self._record_dropped()
+        if time.monotonic() - self._last_compact > self.compact_every:
+            self._last_compact = time.monotonic()
+            self._compact()
+
+    def _commit(self, pending: list[_Message]) -> Literal["stored", "retry", "stopped"]:
+        """Store `pending` in one transaction and acknowledge each message ("stored"), or
+        roll back, acknowledge nothing and back off ("retry"; "stopped" when the server
+        stops meanwhile)."""
+        try:
+            outcomes = self._store(pending)
+        except IntegrityError as exc:
+            self.ingest.forget()
+            if not self._retried:
+                # Most likely ids cached from a stream deleted meanwhile (by another
+                # process): once more at once, with ids read afresh.
+                self._retried = True
+                log.info("a stream changed under the collector (%s); retrying", exc.orig)
+                return "retry"
+            return self._failed(pending, exc)
+        except SQLAlchemyError as exc:  # the database is unreachable or failing
+            return self._failed(pending, exc)
+        self._backoff, self._retried = 0.5, False
+        self.database_ok = True
+        self._acknowledge(pending, outcomes)
+        return "stored"
+
+    def _acknowledge(self, pending: list[_Message], outcomes: list[store.Outcome]) -> None:
+        """After the commit: acknowledge every message, count it, and tell devices what
+        needs their attention."""
+        committed = time.time() * 1000
+        for message, outcome in zip(pending, outcomes, strict=True):
+            self.client.ack(message.mid, message.qos)
+            self.counts[outcome.status] += 1
+            if outcome.status == "stored":
+                self.counts["readings"] += outcome.readings
+                self._lags.append((committed, int(committed - message.received_ms)))
+                self.lag_histogram.observe(max(0.0, committed - message.received_ms) / 1000)
+                if outcome.reset:
+                    self.counts["sequence_reset"] += 1
+                    self.notices.notify(self.configs.server_id, outcome, "sequence_reset")
+            elif outcome.status == "rejected":
+                self.rejected_by[outcome.reason or "unknown"] += 1
+                self.budget.spend(message.topic)
+                self._log_reject(outcome)
+                self.notices.notify(self.configs.server_id, outcome, outcome.reason or "")
+
+    def _failed(self, pending: list[_Message], exc: SQLAlchemyError) -> Literal["retry", "stopped"]:
+        """Note a failed transaction and wait the backoff (0.5 s doubling to 10 s)."""
         self.database_ok = False
         self.last_error = f"database: {db_error_text(exc)}"
         log.error(
             "storing %d messages failed (%s); not acknowledged, retrying in %.1f s",
             len(pending),
             self.last_error,
-            backoff,
+            self._backoff,
         )
         self.ingest.forget()
-        return self._stop.wait(backoff)
+        stopped = self._stop.wait(self._backoff)
+        self._backoff = min(self._backoff * 2, 10.0)
+        return "stopped" if stopped else "retry"
 
     def _record_dropped(self) -> None:
         """Write the counts of messages shed at the door into the rejects table."""
@@ -547,7 +428,7 @@ class Collector:
                         session, stream, device, reason, int(time.time() * 1000), count=count
                     )
                     self._log_reject(store.Outcome("rejected", reason, stream, device))
-        except Exception as exc:  # counts only; they are retried with the next batch
+        except SQLAlchemyError as exc:  # counts only; they are retried with the next batch
             self.dropped.update(shed)
             log.error(
                 "could not record %d shed messages: %s", sum(shed.values()), db_error_text(exc)
@@ -582,37 +463,6 @@ class Collector:
                 key[0],
             )
 
-    def _notify(self, outcome: store.Outcome, reason: str) -> None:
-        """Tell the device on its notice topic (at most once per NOTICE_EVERY per reason)."""
-        if reason not in _NOTICES or self.configs.server_id is None:
-            return
-        try:
-            check_name("stream", outcome.stream)
-            check_name("device", outcome.device)
-        except ParameterError:
-            return
-        key = (outcome.stream, outcome.device, reason)
-        now = time.monotonic()
-        if now - self._noticed.get(key, -1e18) < NOTICE_EVERY:
-            return
-        self._noticed[key] = now
-        notice = Notice(
-            server=self.configs.server_id,
-            stream=outcome.stream,
-            device=outcome.device,
-            reason=reason,
-            message=_NOTICES[reason].format(
-                stream=outcome.stream,
-                device=outcome.device,
-                sequence=outcome.sequence,
-                last=outcome.last_sequence,
-            ),
-            time_ms=int(time.time() * 1000),
-            sequence=outcome.sequence,
-            last_sequence=outcome.last_sequence,
-        )
-        self.client.publish(notice_topic(outcome.stream, outcome.device), notice.to_json(), qos=1)
-
     def _compact(self) -> None:
         """Housekeeping: compact closed buckets, and delete what is past each stream's
         retention (whole buckets; zeal_server.retention)."""
@@ -633,5 +483,9 @@ class Collector:
                             stream.name,
                             stream.retention_days,
                         )
-        except Exception as exc:
+        except SQLAlchemyError as exc:
             log.error("housekeeping failed (will retry): %s", db_error_text(exc))
+        except Exception:
+            # Compaction decodes stored segments: a bug or a damaged segment there must not
+            # stop ingestion, so it is logged with its traceback and tried again later.
+            log.exception("housekeeping failed on an unexpected error (will retry)")

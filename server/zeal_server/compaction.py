@@ -23,6 +23,7 @@ from zeal import (
     exact_sum,
     exact_sum_squares,
 )
+from zeal_server.fleet import devices_of
 from zeal_server.models import (
     SQUARE_LIMBS,
     SUM_LIMBS,
@@ -33,7 +34,7 @@ from zeal_server.models import (
     Stream,
 )
 from zeal_server.segments import Columns, decode_columns, encode_columns
-from zeal_server.streams import devices_of, params_of
+from zeal_server.streams import params_of
 from zeal_server.sums import SQUARE_COLUMNS, SUM_COLUMNS, from_limbs
 
 

@@ -9,9 +9,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["make_engine", "migrate", "session_factory"]
+__all__ = ["database_state", "make_engine", "migrate", "session_factory"]
 
 log = logging.getLogger("zeal_server.db")
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -82,3 +83,16 @@ def migrate(engine: Engine) -> tuple[str | None, str | None]:
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def database_state(engine: Engine) -> str:
+    """ "ok" when the database answers a trivial query, "busy" when every connection of the
+    pool is taken (it answers, slowly), else "down: <error type>"."""
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        return f"down: {type(exc).__name__}"
+    except TimeoutError:
+        return "busy"
+    return "ok"

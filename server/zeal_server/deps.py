@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, HTTPException, Query, Request
 from sqlalchemy.orm import Session
@@ -14,7 +14,7 @@ from zeal import Estimate
 from zeal.wire import MAX_TIMESTAMP
 from zeal_server import store
 from zeal_server.auth import operator, reader
-from zeal_server.models import Device, Stream
+from zeal_server.models import Stream
 from zeal_server.schemas import EstimateOut, StreamOut
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "as_datetime",
     "bounds_out",
     "confirmed",
-    "device_order",
     "devices_in",
     "estimate_out",
     "invalid",
@@ -135,10 +134,10 @@ def invalid(where: str, field: str | None, message: str) -> HTTPException:
 
 
 def bounds_out(stream: Stream, first: int, stop: int) -> tuple[datetime | None, datetime | None]:
-    size = stream.bucket_seconds * 1000
+    start_ms, end_ms = store.window_ms(stream, first, stop)
     return (
-        None if first <= -(1 << 61) else as_datetime(first * size),
-        None if stop >= 1 << 61 else as_datetime(stop * size),
+        None if start_ms is None else as_datetime(start_ms),
+        None if end_ms is None else as_datetime(end_ms),
     )
 
 
@@ -149,18 +148,6 @@ def devices_in(session: Session, stream: Stream, group: str | None) -> store.Dev
         return store.group_devices(session, stream, group)
     except store.StoreError as exc:
         raise invalid("query", "group", str(exc)) from exc
-
-
-def device_order(sort: str, descending: bool) -> list[Any]:
-    column = {
-        "name": Device.name,
-        "first_seen": Device.first_seen_ms,
-        "last_seen": Device.last_seen_ms,
-        "readings": Device.readings,
-        "epsilon_spent": Device.readings,
-    }[sort]
-    primary = column.desc() if descending else column.asc()
-    return [primary, Device.name]
 
 
 def session(request: Request) -> Iterator[Session]:

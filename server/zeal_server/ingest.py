@@ -29,15 +29,16 @@ from zeal import (
     WireError,
     decode_batch,
 )
-from zeal.streamconfig import check_name
+from zeal.protocol import REJECT_REASONS, check_name
 from zeal.topics import parse_data_topic
+from zeal_server.fleet import new_device_row
 from zeal_server.models import (
     BatchSeen,
     Device,
     Reject,
     Stream,
 )
-from zeal_server.streams import StoreError, insert_for, new_device_row, params_of, stream_by_name
+from zeal_server.streams import StoreError, insert_for, params_of, stream_by_name
 from zeal_server.writes import StreamEntry, Writes, build_statement, collect, write
 
 #: The rejects table keeps at most about this many (stream, device, reason) rows.
@@ -165,7 +166,10 @@ class Ingest:
     ) -> Outcome:
         """Count a reject under (stream, device, reason). Once the table holds
         MAX_REJECT_ROWS rows, rejects of names it does not know yet are counted under
-        ("*", "*", reason): clients cannot grow it without bound."""
+        ("*", "*", reason): clients cannot grow it without bound. `reason` is one of
+        zeal.protocol.REJECT_REASONS (anything else is a bug, refused loudly)."""
+        if reason not in REJECT_REASONS:
+            raise AssertionError(f"{reason!r} is not in the reject catalogue")
         key = (stream[:64], device[:64])
         if key not in self._reject_keys:
             now = time.monotonic()

@@ -36,7 +36,7 @@ import paho.mqtt.client as mqtt
 from zeal.brokerurl import BrokerSettings
 from zeal.errors import ParameterError
 from zeal.mqttclient import make_client
-from zeal.streamconfig import check_name
+from zeal.protocol import check_name
 from zeal.topics import CONFIG_FILTER, device_filters
 from zeal_server.errors import ServerError
 from zeal_server.settings import ServerSettings

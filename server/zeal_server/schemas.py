@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from zeal.protocol import BUCKET_SECONDS, EPSILON_MAX, EXPONENT, PAYLOAD_BITS
 from zeal_server import store
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Problem",
     "SeriesOut",
     "StatsOut",
+    "StatusOut",
     "StreamIn",
     "StreamOut",
     "StreamPatch",
@@ -34,15 +36,19 @@ class StreamIn(BaseModel):
     name: str = Field(description="stream name: 1-64 letters, digits, '_', '.' or '-'")
     lower: float = Field(description="lower end of the feasible range")
     upper: float = Field(description="upper end of the feasible range")
-    epsilon: float = Field(description="privacy budget per reading", gt=0, le=20)
+    epsilon: float = Field(description="privacy budget per reading", gt=0, le=EPSILON_MAX)
     payload_bits: int | None = Field(
         None,
-        ge=2,
+        ge=PAYLOAD_BITS[0],
         le=store.MAX_SERVER_BITS,
         description="code width (default: chosen by the library)",
     )
-    exponent: int | None = Field(None, ge=-1000, le=1022, description="binade exponent E_U*")
-    bucket_seconds: int = Field(60, ge=1, le=86400, description="time aggregation bucket")
+    exponent: int | None = Field(
+        None, ge=EXPONENT[0], le=EXPONENT[1], description="binade exponent E_U*"
+    )
+    bucket_seconds: int = Field(
+        60, ge=BUCKET_SECONDS[0], le=BUCKET_SECONDS[1], description="time aggregation bucket"
+    )
     description: str = Field("", max_length=500)
     unit: str = Field(
         "", max_length=32, description="what the readings measure in, e.g. degF, kWh, mg/dL"
@@ -245,6 +251,12 @@ class PreviewOut(BaseModel):
         description="half width of the guaranteed (Bernstein, Theorem 3) interval for n "
         "readings (null when it exceeds the float64 range)"
     )
+
+
+class StatusOut(BaseModel):
+    """A probe's answer (``live``, ``writer stopped``, ``ready``, ...)."""
+
+    status: str
 
 
 class Problem(BaseModel):

@@ -1,7 +1,8 @@
 """The store's repository functions in one namespace (``from zeal_server import store``):
-streams and devices (zeal_server.streams), ingest (zeal_server.ingest), sums over time
-buckets (zeal_server.sums), compaction, export and verify (zeal_server.compaction). The
-caller owns the session and the transaction; no function here commits.
+streams (zeal_server.streams), devices (zeal_server.fleet), ingest (zeal_server.ingest),
+sums over time buckets (zeal_server.sums), compaction, export and verify
+(zeal_server.compaction). The caller owns the session and the transaction; no function here
+commits.
 """
 
 from __future__ import annotations
@@ -15,41 +16,50 @@ from zeal_server.compaction import (
     storage_bytes,
     verify,
 )
-from zeal_server.ingest import MAX_REJECT_ROWS, Ingest, Outcome, payload_digest
-from zeal_server.streams import (
-    MAX_SERVER_BITS,
+from zeal_server.fleet import (
     MAX_TAG_KEY,
     MAX_TAG_VALUE,
     MAX_TAGS,
+    StreamTotals,
+    check_tags,
+    count_devices,
+    device_by_name,
+    device_page,
+    devices_of,
+    enroll,
+    group_devices,
+    groups,
+    set_tags,
+    stream_totals,
+)
+from zeal_server.ingest import MAX_REJECT_ROWS, Ingest, Outcome, payload_digest
+from zeal_server.streams import (
+    MAX_SERVER_BITS,
     StoreError,
     check_retention,
-    check_tags,
     check_unit,
     config_of,
     create_stream,
     delete_stream,
     derive_params,
-    devices_of,
-    enroll,
-    group_devices,
-    groups,
     installation_id,
     list_streams,
     now_ms,
     params_of,
     rejects,
     set_retention,
-    set_tags,
     stream_by_name,
 )
 from zeal_server.sums import (
     Devices,
     Sums,
     bucket_bounds,
+    closed_window,
     estimate,
     from_limbs,
     series_sums,
     to_limbs,
+    window_ms,
     window_sums,
 )
 
@@ -63,17 +73,22 @@ __all__ = [
     "Ingest",
     "Outcome",
     "StoreError",
+    "StreamTotals",
     "Sums",
     "bucket_bounds",
     "check_retention",
     "check_tags",
     "check_unit",
+    "closed_window",
     "columns_of",
     "compact",
     "config_of",
+    "count_devices",
     "create_stream",
     "delete_stream",
     "derive_params",
+    "device_by_name",
+    "device_page",
     "devices_of",
     "enroll",
     "estimate",
@@ -94,7 +109,9 @@ __all__ = [
     "set_tags",
     "storage_bytes",
     "stream_by_name",
+    "stream_totals",
     "to_limbs",
     "verify",
+    "window_ms",
     "window_sums",
 ]

@@ -1,19 +1,17 @@
-"""Streams, devices and tags in the database: create, find, configure, delete, group;
-the rejects table. Repository functions: the caller owns the session and the transaction.
+"""Streams in the database: create, find, configure, delete; the installation id and the
+rejects table (devices: zeal_server.fleet). Repository functions: the caller owns the
+session and the transaction.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from typing import Any
 
 from sqlalchemy import (
-    Select,
     delete,
     func,
-    insert,
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -24,7 +22,8 @@ from zeal import (
     Zeal,
     ZealWarning,
 )
-from zeal.streamconfig import check_name, config_document
+from zeal.protocol import BUCKET_SECONDS, check_name
+from zeal.streamconfig import config_document
 from zeal_server.errors import ServerError
 from zeal_server.models import (
     Aggregate,
@@ -109,8 +108,9 @@ def create_stream(
     except ParameterError as exc:
         raise StoreError(str(exc)) from exc
     params = derive_params(lower, upper, epsilon, payload_bits, exponent)
-    if isinstance(bucket_seconds, bool) or not 1 <= bucket_seconds <= 86400:
-        raise StoreError(f"bucket_seconds must be in [1, 86400], got {bucket_seconds!r}")
+    least, most = BUCKET_SECONDS
+    if isinstance(bucket_seconds, bool) or not least <= bucket_seconds <= most:
+        raise StoreError(f"bucket_seconds must be in [{least}, {most}], got {bucket_seconds!r}")
     check_unit(unit)
     check_retention(retention_days)
     if session.scalar(select(Stream.id).where(Stream.name == name)) is not None:
@@ -210,103 +210,6 @@ def stream_by_name(session: Session, name: str) -> Stream | None:
 
 def list_streams(session: Session) -> list[Stream]:
     return list(session.scalars(select(Stream).order_by(Stream.name)))
-
-
-def new_device_row(stream_id: int, name: str, when: int) -> dict[str, Any]:
-    """The columns of a device row that has sent nothing yet."""
-    counters = dict.fromkeys(("readings", "batches", "bytes", "duplicates", "sequence_resets"), 0)
-    return {
-        "stream_id": stream_id,
-        "name": name,
-        "tags": "{}",
-        "first_seen_ms": when,
-        "last_seen_ms": when,
-        **counters,
-    }
-
-
-def devices_of(session: Session, stream: Stream) -> list[Device]:
-    return list(
-        session.scalars(select(Device).where(Device.stream_id == stream.id).order_by(Device.name))
-    )
-
-
-#: Tags one device may carry, and their sizes.
-MAX_TAGS = 32
-MAX_TAG_KEY = 64
-MAX_TAG_VALUE = 200
-
-
-def check_tags(tags: dict[str, str]) -> None:
-    """StoreError unless `tags` fits: at most MAX_TAGS, keys 1-64 characters without ':',
-    values at most 200 characters."""
-    if len(tags) > MAX_TAGS:
-        raise StoreError(f"a device carries at most {MAX_TAGS} tags, got {len(tags)}")
-    for key, value in tags.items():
-        if not (0 < len(key) <= MAX_TAG_KEY and len(value) <= MAX_TAG_VALUE and ":" not in key):
-            raise StoreError(
-                f"tag {key[:MAX_TAG_KEY]!r}: keys are 1-{MAX_TAG_KEY} characters without ':', "
-                f"values at most {MAX_TAG_VALUE}"
-            )
-
-
-def enroll(session: Session, stream: Stream, name: str) -> tuple[Device, bool]:
-    """The device `name` of `stream`, created (enrolled) if it is new: (device, created).
-    StoreError for an invalid name."""
-    try:
-        check_name("device", name)
-    except ParameterError as exc:
-        raise StoreError(str(exc)) from exc
-    device = session.scalar(
-        select(Device).where(Device.stream_id == stream.id, Device.name == name)
-    )
-    if device is not None:
-        return device, False
-    device = Device(**new_device_row(stream.id, name, now_ms()))
-    session.add(device)
-    session.flush()
-    return device, True
-
-
-def set_tags(session: Session, device: Device, tags: dict[str, str]) -> None:
-    """Replace a device's tags (both the JSON column and the rows groups are queried by)."""
-    check_tags(tags)
-    device.tags = json.dumps(tags, sort_keys=True)
-    session.execute(delete(DeviceTag).where(DeviceTag.device_id == device.id))
-    if tags:
-        session.execute(
-            insert(DeviceTag),
-            [{"device_id": device.id, "key": k, "value": v} for k, v in tags.items()],
-        )
-
-
-def group_devices(session: Session, stream: Stream, group: str) -> Select[Any]:
-    """The ids of the devices whose tags match ``key:value``, as a subquery to filter by
-    (no list of ids travels to the database, however large the group). StoreError if the
-    group is malformed or matches no device."""
-    key, sep, value = group.partition(":")
-    if not sep or not key:
-        raise StoreError(f"group {group!r} must look like key:value (e.g. site:aarhus)")
-    tagged = select(DeviceTag.device_id).where(DeviceTag.key == key, DeviceTag.value == value)
-    ours = tagged.join(Device, Device.id == DeviceTag.device_id).where(
-        Device.stream_id == stream.id
-    )
-    if session.scalar(ours.limit(1)) is None:
-        raise StoreError(f"group {group!r} matches no device of stream {stream.name!r}")
-    # A device id belongs to one stream, and every sum also filters on the stream: the
-    # members of other streams in `tagged` match nothing, and the join is saved.
-    return tagged
-
-
-def groups(session: Session, stream: Stream) -> dict[str, int]:
-    """Every ``key:value`` tag pair of the stream's devices, with how many devices carry it."""
-    rows = session.execute(
-        select(DeviceTag.key, DeviceTag.value, func.count())
-        .join(Device, Device.id == DeviceTag.device_id)
-        .where(Device.stream_id == stream.id)
-        .group_by(DeviceTag.key, DeviceTag.value)
-    )
-    return dict(sorted((f"{k}:{v}", int(n)) for k, v, n in rows))
 
 
 def rejects(session: Session, stream: str | None = None) -> dict[str, int]:

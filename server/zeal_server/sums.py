@@ -136,9 +136,46 @@ def estimate(params: Zeal, sums: Sums, confidence: float) -> Estimate | None:
     )
 
 
+#: An open window end: bucket numbers at or beyond these are "no bound" (sentinels).
+_OPEN = 1 << 62
+_FINITE = 1 << 61
+
+
 def bucket_bounds(stream: Stream, start_ms: int | None, end_ms: int | None) -> tuple[int, int]:
-    """Buckets [first, stop) covering [start, end): whole buckets, start rounded down."""
+    """Buckets [first, stop) covering [start, end): whole buckets, start rounded down; an
+    end not given is open (a sentinel no bucket reaches)."""
     size = stream.bucket_seconds * 1000
-    first = -(1 << 62) if start_ms is None else math.floor(start_ms / size)
-    stop = 1 << 62 if end_ms is None else -(-end_ms // size)
+    first = -_OPEN if start_ms is None else math.floor(start_ms / size)
+    stop = _OPEN if end_ms is None else -(-end_ms // size)
+    return first, stop
+
+
+def window_ms(stream: Stream, first: int, stop: int) -> tuple[int | None, int | None]:
+    """The buckets [first, stop) as milliseconds, None for an open end."""
+    size = stream.bucket_seconds * 1000
+    return (
+        None if first <= -_FINITE else first * size,
+        None if stop >= _FINITE else stop * size,
+    )
+
+
+def closed_window(
+    session: Session, stream: Stream, first: int, stop: int
+) -> tuple[int, int] | None:
+    """The buckets [first, stop) with open (or unreachably far) ends replaced by the
+    stream's first and last bucket with data, so a series knows how many points it spans;
+    None when an end is open and the stream holds no data."""
+    if first > -_FINITE and stop < _FINITE:
+        return first, stop
+    row = session.execute(
+        select(func.min(BucketTotal.bucket), func.max(BucketTotal.bucket)).where(
+            BucketTotal.stream_id == stream.id
+        )
+    ).one()
+    lowest: int | None = row[0]
+    highest: int | None = row[1]
+    if lowest is None or highest is None:
+        return None
+    first = max(first, int(lowest)) if first > -_FINITE else int(lowest)
+    stop = min(stop, int(highest) + 1) if stop < _FINITE else int(highest) + 1
     return first, stop

@@ -30,6 +30,7 @@ from zeal.estimate import (
 )
 from zeal.grid import GridSampler, OutputDistribution, build_grid_sampler
 from zeal.paper import PaperSampler
+from zeal.protocol import EPSILON_MAX, EXPONENT, PAYLOAD_BITS
 from zeal.randomness import Randomness
 
 if TYPE_CHECKING:
@@ -39,9 +40,9 @@ __all__ = ["MAX_EPSILON", "SAMPLERS", "Zeal"]
 
 SAMPLERS: Final = ("grid", "paper")
 _SAMPLER_VERSIONS: Final = {"grid": 1, "paper": 1}
-MAX_EPSILON: Final = 20.0
-_MIN_BITS, _MAX_BITS = 2, 52
-_MIN_EXPONENT, _MAX_EXPONENT = -1000, 1022
+MAX_EPSILON: Final = EPSILON_MAX
+_MIN_BITS, _MAX_BITS = PAYLOAD_BITS
+_MIN_EXPONENT, _MAX_EXPONENT = EXPONENT
 #: The default width keeps the grid's extra variance (at most D**2/4) within this share of
 #: the mechanism's smallest variance (Theorem 2 at z = 0).
 DEFAULT_GRID_VARIANCE_SHARE: Final = 0.01

@@ -19,37 +19,23 @@ part of the fingerprint, and documents without them (older servers) are still re
 from __future__ import annotations
 
 import json
-import re
 import warnings
 from dataclasses import dataclass
 from typing import Any, Final
 
 from zeal.errors import ParameterError, ZealWarning
 from zeal.mechanism import Zeal
+from zeal.protocol import check_name
 
 __all__ = [
     "FORMAT",
-    "NAME_PATTERN",
     "StreamConfig",
-    "check_name",
     "config_document",
     "params_from_config",
     "read_config",
 ]
 
 FORMAT: Final = "zeal-stream/1"
-#: Stream and device names are single MQTT topic levels: no wildcards, no separators.
-NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-
-
-def check_name(kind: str, name: object) -> str:
-    """Validate a stream or device name (1-64 of A-Z a-z 0-9 _ . -, not starting with . _ -)."""
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise ParameterError(
-            f"{kind} name {name!r} is invalid: use 1 to 64 letters, digits, '_', '.' or '-', "
-            "starting with a letter or digit"
-        )
-    return name
 
 
 def config_document(

@@ -310,7 +310,7 @@ def test_a_flooding_device_is_shed_counted_and_stores_nothing(
 
     How much the flood slows the others is a timing, measured by bench/flood.py in
     `make reliability` (limit 20 %); here it is only printed."""
-    from zeal_server.collector import REJECT_BURST, REJECT_RATE
+    from zeal_server.door import REJECT_BURST, REJECT_RATE
 
     limit_packet_size(broker)
     server = Server(f"sqlite:///{tmp_path}/z.sqlite", broker, tmp_path / "server.log").start()
@@ -332,11 +332,11 @@ def test_reject_budget_sheds_a_flooding_topic_and_forgives_it(
 ) -> None:
     """100 rejects in a burst, then 10 a second; other topics are never touched; a topic that
     stops misbehaving is heard again within about 10 s, however long it flooded."""
-    from zeal_server import collector
+    from zeal_server import door
 
     now = [1000.0]
-    monkeypatch.setattr(collector.time, "monotonic", lambda: now[0])
-    budget = collector.RejectBudget()
+    monkeypatch.setattr(door.time, "monotonic", lambda: now[0])
+    budget = door.RejectBudget()
     evil, good = "zeal/v1/t/evil/up", "zeal/v1/t/good/up"
     for _ in range(100):
         assert budget.allows(evil)
@@ -357,20 +357,20 @@ def test_reject_budget_is_per_device_and_its_memory_is_bounded(
     """A device that varies the stream level (all the ACL lets it choose) spends one budget;
     a million distinct devices leave at most MAX_KEYS buckets; the log throttle lets at most
     LOG_LINES_PER_MINUTE reject lines through a minute, whatever the keys."""
-    from zeal_server import collector
+    from zeal_server import door
 
     now = [1000.0]
-    monkeypatch.setattr(collector.time, "monotonic", lambda: now[0])
-    budget = collector.RejectBudget()
+    monkeypatch.setattr(door.time, "monotonic", lambda: now[0])
+    budget = door.RejectBudget()
     for i in range(100):
         budget.spend(f"zeal/v1/s{i}/evil/up")
     assert not budget.allows("zeal/v1/another/evil/up")
     assert budget.allows("zeal/v1/s0/good/up")
     for i in range(200_000):
         budget.spend(f"zeal/v1/s/dev{i}/up")
-    assert len(budget._buckets) == collector.MAX_KEYS
-    throttle = collector.LogThrottle()
+    assert len(budget) == door.MAX_KEYS
+    throttle = door.LogThrottle()
     passed = sum(throttle.ready(("bad_topic", f"s{i}/d"), now[0]) for i in range(10_000))
-    assert passed == collector.LOG_LINES_PER_MINUTE
+    assert passed == door.LOG_LINES_PER_MINUTE
     now[0] += 61
     assert throttle.ready(("bad_topic", "s0/d"), now[0])

@@ -7,9 +7,9 @@ import math
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from sqlalchemy import func, select
 
 from zeal.estimate import bernstein_half_width, difference_of
+from zeal.protocol import EPSILON_MAX, EXPONENT, PAYLOAD_BITS
 from zeal_server import store
 from zeal_server.deps import (
     API,
@@ -28,7 +28,6 @@ from zeal_server.deps import (
     stream_or_404,
     window,
 )
-from zeal_server.models import BucketTotal
 from zeal_server.schemas import AverageOut, CompareOut, PointOut, PreviewOut, SeriesOut
 
 __all__ = ["router"]
@@ -40,11 +39,13 @@ router = APIRouter()
 def preview(
     lower: Annotated[float, Query(description="lower end of the feasible range")],
     upper: Annotated[float, Query(description="upper end of the feasible range")],
-    epsilon: Annotated[float, Query(gt=0, le=20, description="privacy budget per reading")],
+    epsilon: Annotated[
+        float, Query(gt=0, le=EPSILON_MAX, description="privacy budget per reading")
+    ],
     payload_bits: Annotated[
-        int | None, Query(ge=2, le=store.MAX_SERVER_BITS, description="code width")
+        int | None, Query(ge=PAYLOAD_BITS[0], le=store.MAX_SERVER_BITS, description="code width")
     ] = None,
-    exponent: Annotated[int | None, Query(ge=-1000, le=1022)] = None,
+    exponent: Annotated[int | None, Query(ge=EXPONENT[0], le=EXPONENT[1])] = None,
     n: Annotated[int, Query(ge=1, le=10**15, description="readings averaged")] = 10_000,
     confidence: Confidence = 0.95,
 ) -> PreviewOut:
@@ -130,23 +131,12 @@ def series(
     per = step // stream.bucket_seconds
     devices = devices_in(db, stream, group)
     first, stop = window(stream, start, end)
-    if first <= -(1 << 61) or stop >= 1 << 61:
-        bounds = db.execute(
-            select(func.min(BucketTotal.bucket), func.max(BucketTotal.bucket)).where(
-                BucketTotal.stream_id == stream.id
-            )
-        ).one()
-        lowest: int | None = bounds[0]
-        if lowest is None:
-            return SeriesOut(
-                stream=name,
-                interval_seconds=step,
-                group=group,
-                confidence=confidence,
-                points=[],
-            )
-        first = max(first, int(bounds[0])) if first > -(1 << 61) else int(bounds[0])
-        stop = min(stop, int(bounds[1]) + 1) if stop < 1 << 61 else int(bounds[1]) + 1
+    span = store.closed_window(db, stream, first, stop)
+    if span is None:
+        return SeriesOut(
+            stream=name, interval_seconds=step, group=group, confidence=confidence, points=[]
+        )
+    first, stop = span
     if (stop - first) / per > MAX_POINTS:
         raise invalid(
             "query",

@@ -9,7 +9,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
-from sqlalchemy import func, select
 
 from zeal_server import store
 from zeal_server.deps import (
@@ -24,7 +23,6 @@ from zeal_server.deps import (
     window,
 )
 from zeal_server.efficiency import efficiency
-from zeal_server.models import BatchSeen, Device
 from zeal_server.schemas import EfficiencyOut, Problem, StatsOut
 
 __all__ = ["router"]
@@ -46,30 +44,11 @@ def stats(
 ) -> StatsOut:
     """Readings, messages, bytes on the wire and in the store, rejects by reason."""
     stream = stream_or_404(db, name)
-    readings, messages, received = db.execute(
-        select(
-            func.coalesce(func.sum(BatchSeen.readings), 0),
-            func.count(),
-            func.coalesce(func.sum(BatchSeen.bytes), 0),
-        )
-        .join(Device, Device.id == BatchSeen.device_id)
-        .where(Device.stream_id == stream.id)
-    ).one()
-    device_count = (
-        db.scalar(select(func.count()).select_from(Device).where(Device.stream_id == stream.id))
-        or 0
-    )
-    last_ms, active, duplicates, resets = db.execute(
-        select(
-            func.max(Device.last_seen_ms),
-            func.count().filter(Device.last_seen_ms >= store.now_ms() - 3_600_000),
-            func.coalesce(func.sum(Device.duplicates), 0),
-            func.coalesce(func.sum(Device.sequence_resets), 0),
-        ).where(Device.stream_id == stream.id)
-    ).one()
+    totals = store.stream_totals(db, stream)
+    readings, received = totals.readings, totals.received_bytes
     sizes = store.storage_bytes(db, stream)
     measured = (
-        efficiency(db, stream, readings=int(readings), received_bytes=int(received))
+        efficiency(db, stream, readings=readings, received_bytes=received)
         if efficiency_figures
         else None
     )
@@ -83,14 +62,14 @@ def stats(
         }
     return StatsOut(
         stream=name,
-        readings=int(readings),
-        messages=int(messages),
-        devices=device_count,
-        active_devices=int(active or 0),
-        last_seen=None if last_ms is None else as_datetime(int(last_ms)),
-        bytes_received=int(received),
-        duplicates=int(duplicates),
-        sequence_resets=int(resets),
+        readings=readings,
+        messages=totals.messages,
+        devices=totals.devices,
+        active_devices=totals.active_devices,
+        last_seen=None if totals.last_seen_ms is None else as_datetime(totals.last_seen_ms),
+        bytes_received=received,
+        duplicates=totals.duplicates,
+        sequence_resets=totals.sequence_resets,
         wire_bytes_per_reading=received / readings if readings else None,
         store_bytes=sizes,
         store_bits_per_reading=per,

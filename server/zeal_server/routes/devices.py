@@ -7,7 +7,6 @@ import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
-from sqlalchemy import func, select
 
 from zeal_server import retention, store
 from zeal_server.deps import (
@@ -18,7 +17,6 @@ from zeal_server.deps import (
     Db,
     as_datetime,
     confirmed,
-    device_order,
     invalid,
     stream_or_404,
 )
@@ -58,7 +56,7 @@ def delete_device(
     confirm=DEVICE): its readings leave every average, and the other devices' data is
     untouched. Revoke its broker login first, or what it sends next is stored anew."""
     stream = stream_or_404(db, name)
-    row = db.scalar(select(Device).where(Device.stream_id == stream.id, Device.name == device))
+    row = store.device_by_name(db, stream, device)
     if row is None:
         raise HTTPException(404, f"no device {device[:64]!r} in stream {name!r}")
     confirmed(confirm, device)
@@ -84,16 +82,9 @@ def devices(
 ) -> DevicesOut:
     """Devices of the stream with what each sent and its epsilon spent, one page."""
     stream = stream_or_404(db, name)
-    total = (
-        db.scalar(select(func.count()).select_from(Device).where(Device.stream_id == stream.id))
-        or 0
-    )
-    rows = db.scalars(
-        select(Device)
-        .where(Device.stream_id == stream.id)
-        .order_by(*device_order(sort, descending))
-        .limit(limit)
-        .offset(offset)
+    total = store.count_devices(db, stream)
+    rows = store.device_page(
+        db, stream, sort=sort, descending=descending, limit=limit, offset=offset
     )
     return DevicesOut(
         total=total,
@@ -141,7 +132,7 @@ def set_tags(name: str, device: str, body: TagsIn, db: Db) -> DeviceOut:
         store.check_tags(body.tags)
     except store.StoreError as exc:
         raise invalid("body", "tags", str(exc)) from exc
-    row = db.scalar(select(Device).where(Device.stream_id == stream.id, Device.name == device))
+    row = store.device_by_name(db, stream, device)
     if row is None:
         raise HTTPException(
             404,

@@ -15,12 +15,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
 
 from zeal_server.auth import reader, sees_details
 from zeal_server.collector import Collector
+from zeal_server.db import database_state
 from zeal_server.metrics import exposition
+from zeal_server.schemas import StatusOut
 
 __all__ = ["router"]
 
@@ -31,14 +31,7 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
     """(ready, what was checked) for readiness: the database and the broker connection."""
     state = request.app.state
     body: dict[str, Any] = {}
-    try:
-        with state.engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-        body["database"] = "ok"
-    except SQLAlchemyError as exc:
-        body["database"] = f"down: {type(exc).__name__}"
-    except TimeoutError:  # every connection of the API's pool is busy: it answers, slowly
-        body["database"] = "busy"
+    body["database"] = database_state(state.engine)
     coll: Collector | None = state.collector
     if coll is None:
         body["broker"] = "off"
@@ -50,6 +43,7 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
             "commit_lag_ms": coll.lag_ms(),
             "database_ok": coll.database_ok,
             "last_error": coll.last_error,
+            "writer_error": coll.writer_error,
             **dict(coll.counts),
         }
         if not coll.database_ok:
@@ -65,11 +59,25 @@ def _answer(
     return JSONResponse({**status, **details}, status_code=200 if ok else 503)
 
 
-@router.get("/livez", tags=["health"], responses={200: {"description": "the process serves"}})
-def livez() -> dict[str, str]:
-    """Liveness: the process answers HTTP. Checks nothing else, so a database or broker
-    outage never gets the server restarted."""
-    return {"status": "live"}
+@router.get(
+    "/livez",
+    tags=["health"],
+    responses={
+        200: {"model": StatusOut, "description": "the process serves"},
+        503: {
+            "model": StatusOut,
+            "description": "the collector's writer stopped on a bug: restart the server",
+        },
+    },
+)
+def livez(request: Request) -> JSONResponse:
+    """Liveness: the process answers HTTP and, with a collector, its writer thread runs.
+    A database or broker outage never fails it (the writer retries those), so such an
+    outage never gets the server restarted; a writer stopped by a bug does."""
+    coll: Collector | None = request.app.state.collector
+    if coll is not None and coll.writer_error is not None:
+        return JSONResponse({"status": "writer stopped"}, status_code=503)
+    return JSONResponse({"status": "live"})
 
 
 @router.get(

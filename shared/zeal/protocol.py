@@ -1,0 +1,95 @@
+"""What devices, collectors and the API agree on besides the bytes: names, limits, reasons.
+
+The topic layout lives in :mod:`zeal.topics` and the payload layout in :mod:`zeal.wire`;
+this module holds the rest of the contract, each rule written once:
+
+- **names**: stream and device names are single MQTT topic levels (:func:`check_name`);
+- **parameter limits**: what a stream's parameters may be (the mechanism checks them, the
+  server's API schemas and settings import the same numbers);
+- **reject reasons**: the closed catalogue of why a message is refused, the wire decoder's
+  reasons (:data:`zeal.wire.REASONS`) and the collector's. A reason outside it is a bug:
+  the collector refuses to record one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+from zeal.errors import ParameterError
+from zeal.wire import REASONS as WIRE_REASONS
+
+__all__ = [
+    "BUCKET_SECONDS",
+    "COLLECTOR_REASONS",
+    "EPSILON_MAX",
+    "EXPONENT",
+    "NAME_MAX_LENGTH",
+    "NAME_PATTERN",
+    "PAYLOAD_BITS",
+    "REJECT_REASONS",
+    "check_name",
+]
+
+NAME_MAX_LENGTH: Final = 64
+#: Stream and device names are single MQTT topic levels: no wildcards, no separators.
+NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+#: Largest privacy budget per reading a stream may declare (epsilon is in (0, EPSILON_MAX]).
+EPSILON_MAX: Final = 20.0
+#: Inclusive bounds of a stream's payload width in bits (the library's; a server may allow
+#: fewer, see ``zeal_server.streams.MAX_SERVER_BITS``).
+PAYLOAD_BITS: Final = (2, 52)
+#: Inclusive bounds of the binade exponent E_U* a stream may name (float64's own range).
+EXPONENT: Final = (-1000, 1022)
+#: Inclusive bounds of a stream's time aggregation bucket, in seconds (one second to a day).
+BUCKET_SECONDS: Final = (1, 86_400)
+
+_WIRE_MEANINGS: Final = {
+    "empty": "the payload is empty",
+    "too_large": "the payload is over 1 MiB",
+    "bad_version": "the payload's wire format version is not one this server reads",
+    "bad_flags": "the payload sets flags this version does not define",
+    "truncated": "the payload ends before its header or body does",
+    "fingerprint_mismatch": "the batch was encoded for other stream parameters, another "
+    "stream or another device",
+    "bad_varint": "a variable-length integer in the payload is malformed",
+    "bad_count": "the batch's reading count is zero or over 65,535",
+    "bad_timestamp": "a timestamp is negative, beyond 2**48 ms, or decreasing",
+    "bad_padding": "the last code byte has nonzero padding bits",
+    "bad_code": "a code is outside the stream's code range",
+    "trailing_bytes": "bytes follow the last code",
+}
+
+#: Reasons the collector adds to the wire's: at the door (before decoding) and at the writer.
+COLLECTOR_REASONS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "bad_topic": "the topic is not a data topic (zeal.topics) with valid names",
+        "retained": "the message was retained on a data topic",
+        "rate_limited": "the device used up its reject budget; shed without decoding",
+        "unknown_stream": "the topic names a stream this server does not have",
+        "not_enrolled": "the stream accepts enrolled devices only, and this one is not",
+        "too_many_buckets": "the batch spans more buckets than ZEAL_MAX_BUCKETS_PER_BATCH",
+        "future_timestamp": "a reading is stamped beyond arrival + ZEAL_MAX_FUTURE_SECONDS",
+        "too_old": "a reading is stamped before arrival - ZEAL_MAX_AGE_SECONDS",
+        "before_stream": "a reading is stamped before the stream was created "
+        "(less ZEAL_BACKFILL_SECONDS)",
+    }
+)
+
+#: Every reason a message can be rejected for, with what it means (wire reasons first).
+REJECT_REASONS: Final[Mapping[str, str]] = MappingProxyType(
+    {**{reason: _WIRE_MEANINGS[reason] for reason in WIRE_REASONS}, **COLLECTOR_REASONS}
+)
+
+
+def check_name(kind: str, name: object) -> str:
+    """Validate a stream or device name (1-64 of A-Z a-z 0-9 _ . -, not starting with . _ -)."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise ParameterError(
+            f"{kind} name {name!r} is invalid: use 1 to {NAME_MAX_LENGTH} letters, digits, "
+            "'_', '.' or '-', starting with a letter or digit"
+        )
+    return name

@@ -1,0 +1,90 @@
+"""The collector's writer thread tells a database outage from a bug: the first is retried
+with backoff and nothing is acknowledged meanwhile, the second stops the writer loudly and
+fails the liveness probe (the broker keeps what was not acknowledged).
+
+Unit tests of the writer: the ingest layer below it is replaced by a function that fails
+as told; the database, the app and /livez are real."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.exc import OperationalError
+
+from tests.server.test_api import settings
+from zeal_server.api import create_app
+from zeal_server.collector import Collector, _Message
+from zeal_server.settings import ServerSettings
+
+
+@pytest.fixture
+def client(tmp_path: Any) -> Iterator[TestClient]:
+    with TestClient(create_app(settings(f"sqlite:///{tmp_path / 'z.sqlite'}"))) as c:
+        yield c
+
+
+def writer(client: TestClient, tmp_path: Any) -> tuple[Collector, list[int]]:
+    """A collector that is never started (no broker), one message queued, acks recorded."""
+    server = ServerSettings.from_env(
+        {
+            "ZEAL_DATABASE_URL": "sqlite://",
+            "ZEAL_DATA_DIR": str(tmp_path),
+            "ZEAL_MQTT_URL": "mqtt://127.0.0.1:1",
+        }
+    )
+    collector = Collector(server, client.app.state.sessions)  # type: ignore[attr-defined]
+    acked: list[int] = []
+    collector.client.ack = lambda mid, qos: acked.append(mid)  # type: ignore[method-assign]
+    collector.queue.put(_Message("zeal/v1/temps/a/up", b"\x02", 7, 1, 0))
+    return collector, acked
+
+
+def test_a_bug_in_the_writer_stops_it_loudly_and_fails_liveness(
+    client: TestClient, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    collector, acked = writer(client, tmp_path)
+
+    def bug(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("a bug in ingest")
+
+    collector.ingest.add_many = bug  # type: ignore[method-assign]
+    assert client.get("/livez").status_code == 200
+    client.app.state.collector = collector  # type: ignore[attr-defined]
+    assert client.get("/livez").status_code == 200  # the writer has not met the bug yet
+    with caplog.at_level(logging.ERROR, logger="zeal_server.collector"):
+        collector._write_loop()  # returns: the writer thread would end here
+    assert collector.writer_error == "ZeroDivisionError: a bug in ingest"
+    assert acked == []  # the broker redelivers it to the restarted server
+    assert collector.database_ok  # not mistaken for a database outage
+    record = next(r for r in caplog.records if "writer stopped" in r.getMessage())
+    assert record.exc_info is not None  # with its traceback
+    answer = client.get("/livez")
+    assert (answer.status_code, answer.json()) == (503, {"status": "writer stopped"})
+    client.app.state.collector = None  # type: ignore[attr-defined]
+
+
+def test_a_database_error_is_retried_and_nothing_is_acknowledged_meanwhile(
+    client: TestClient, tmp_path: Any
+) -> None:
+    collector, acked = writer(client, tmp_path)
+    real = collector.ingest.add_many
+    failures = [OperationalError("INSERT …", {}, Exception("database is locked"))]
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return real(*args, **kwargs)
+
+    collector.ingest.add_many = flaky  # type: ignore[method-assign]
+    collector._backoff = 0.01
+    pending = collector._take()
+    assert collector._commit(pending) == "retry"
+    assert (acked, collector.database_ok) == ([], False)
+    assert collector.last_error == "database: Exception: database is locked"
+    assert collector._commit(pending) == "stored"
+    assert (acked, collector.database_ok, collector.writer_error) == ([7], True, None)
+    assert collector.rejected_by == {"unknown_stream": 1}  # stored as a reject, acknowledged
