@@ -52,6 +52,19 @@ def test_benchmarks_and_tools_never_import_the_test_suite() -> None:
     assert offenders == []
 
 
+def test_no_package_module_is_over_400_lines() -> None:
+    """Every module of zeal, zeal_edge and zeal_server (migrations aside) fits in 400 lines:
+    a module that grows past it has taken on a second job."""
+    offenders = {
+        str(path.relative_to(ROOT)): lines
+        for folder in PACKAGES.values()
+        for path in python_files(folder)
+        if "migrations" not in path.parts
+        if (lines := len(path.read_text().splitlines())) > 400
+    }
+    assert offenders == {}
+
+
 def _graph(package: str, folder: Path) -> dict[str, set[str]]:
     modules: dict[str, Path] = {}
     for path in python_files(folder):

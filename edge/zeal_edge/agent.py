@@ -9,111 +9,44 @@ the broker"). A crash before the commit loses the in-memory readings (never rele
 after it, the same bytes are sent again on restart.
 
 The agent stops (:class:`AgentError`, exit status 3) rather than spend budget in vain:
-
-- another agent already runs this device id (``presence``: each announces itself on the
-  device's presence topic, and a newcomer that finds another instance online refuses);
-- the server that configured the stream withdraws its configuration (the stream was
-  deleted) or reports ``unknown_stream`` on the device's notice topic. The halt is kept in
-  the outbox, so a restart refuses too, until the stream is created anew (a new
-  configuration) or ``zeal-edge resume`` clears it.
-
-Other notices are logged and counted (``zeal-edge status``); a ``sequence_reset`` notice
-(the outbox is new but the server knows the device) moves the sequence numbers past the
-server's.
+when another agent already runs this device id (``zeal_edge.presence``), or when the
+server that configured the stream withdraws its configuration or reports that it no
+longer has it (``zeal_edge.notices``). The halt is kept in the outbox, so a restart
+refuses too, until the stream is created anew or ``zeal-edge resume`` clears it.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
-import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from zeal import ParameterError, Zeal, encode_batch
-from zeal.streamconfig import StreamConfig, read_config
-from zeal.topics import Notice, Presence, TopicError, config_topic, notice_topic, presence_topic
-from zeal_edge.budget import BudgetPolicy, micro_epsilon
+from zeal import ParameterError, Zeal
+from zeal.streamconfig import StreamConfig
+from zeal.topics import Presence, config_topic, notice_topic, presence_topic
+from zeal_edge.budget import micro_epsilon
+from zeal_edge.datadir import DataDirLock
 from zeal_edge.errors import AgentError
+from zeal_edge.holding import Holding
 from zeal_edge.mqtt import BrokerSettings, Connection, Message
-from zeal_edge.outbox import DataDirLock, Halt, Outbox
-from zeal_edge.pipeline import Pipeline
+from zeal_edge.notices import NoticeDesk
+from zeal_edge.options import AgentOptions, Throttle, config_from_file, halted_text, screened
+from zeal_edge.outbox import Outbox
+from zeal_edge.pipeline import Batcher, Pipeline, which_batches
 from zeal_edge.presence import DeviceClaim
-from zeal_edge.sources import Reading, Source
+from zeal_edge.records import Halt
+from zeal_edge.sources import END, Reading, Source, read_into
 
-__all__ = ["Agent", "AgentError", "AgentOptions", "Throttle", "config_topic"]
+__all__ = ["Agent"]
 
 log = logging.getLogger("zeal_edge.agent")
-_END = object()
-#: Notices after which the agent stops: the server no longer has the stream.
-FATAL = frozenset({"unknown_stream"})
 #: How long a starting agent waits for the broker before it goes on offline (seconds).
 PRESENCE_WAIT = 5.0
 #: On a stop, how long to wait for the broker to confirm what is in flight (seconds).
 DRAIN_WAIT = 5.0
-
-
-class Throttle:
-    """Lets a repeated log message through at most once per `seconds`."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self._last: dict[str, float] = {}
-
-    def ready(self, key: str) -> bool:
-        now = time.monotonic()
-        if now - self._last.get(key, -1e18) >= self.seconds:
-            self._last[key] = now
-            return True
-        return False
-
-
-@dataclass
-class AgentOptions:
-    """What the agent needs besides its connection (see settings.py for the meaning)."""
-
-    stream: str
-    device: str
-    data_dir: Path
-    batch: int = 60
-    interval: float = 60.0
-    params_file: Path | None = None
-    budget: BudgetPolicy = field(default_factory=lambda: BudgetPolicy(None, 86400))
-    wait_for_params: float = float("inf")
-    #: Refuse a configuration whose privacy loss per reading (the realized epsilon where the
-    #: sampler's is known, else the nominal one) exceeds this.
-    max_epsilon: float = 5.0
-    #: Adopt only the configuration with this parameter fingerprint (16 hex digits).
-    pin: str | None = None
-
-
-def refusal(config: StreamConfig, options: AgentOptions) -> str | None:
-    """Why this agent must not adopt `config` (its pin, its epsilon ceiling), or None.
-
-    Whoever can retain a configuration on the broker (a broker without ACLs, a leaked
-    collector login) could otherwise hand agents epsilon 20 and read their readings off the
-    wire. A refused configuration is never used: nothing is privatized with it.
-    """
-    fingerprint = config.params.fingerprint.hex()
-    if options.pin is not None and fingerprint != options.pin:
-        return (
-            f"its fingerprint {fingerprint} is not the pinned {options.pin} (--pin): the "
-            "stream's parameters changed, or someone else published them"
-        )
-    loss = max(config.params.epsilon, config.params.realized_epsilon or 0.0)
-    if loss > options.max_epsilon:
-        return (
-            f"its privacy loss per reading, epsilon {loss:.6g}, exceeds this agent's ceiling "
-            f"{options.max_epsilon:g} (--max-epsilon): raise the ceiling only if the "
-            "operator really chose it"
-        )
-    return None
 
 
 class Agent:
@@ -148,6 +81,7 @@ class Agent:
             will=(self.topics["presence"], offline),
         )
         self.pipeline = Pipeline(self.outbox, self.connection)
+        self.batcher = Batcher(self.outbox, self.pipeline)
         self.claim = DeviceClaim(
             self.connection,
             self.topics["presence"],
@@ -156,10 +90,10 @@ class Agent:
             name=f"device {device} of stream {stream}",
         )
         self.config: StreamConfig | None = None
-        self._pending: list[Reading] = []
-        self._pending_since = 0.0
         self._stop = threading.Event()
         self._throttle = Throttle(60)
+        self.holding = Holding(self.outbox, self.namespace, options, self._throttle)
+        self.notices = NoticeDesk(self.outbox, self.namespace, options, self._throttle)
         self._failure: AgentError | None = None
         self._refused: str | None = None
         self._invalid_booked = 0
@@ -215,18 +149,14 @@ class Agent:
                 )
             return
         try:
-            config = read_config(message.payload, stream=self.options.stream)
+            config = screened(message, self.options)
         except ParameterError as exc:
             log.error("ignoring stream configuration on %s: %s", message.topic, exc)
             return
-        why = refusal(config, self.options)
-        if why is not None:
-            self._refused = f"refused the configuration on {message.topic}: {why}"
-            log.error(
-                "%s. %s",
-                self._refused,
-                "Still using the adopted one." if self.config else "Not reading or sending.",
-            )
+        if isinstance(config, str):  # refused: never used, nothing privatized with it
+            self._refused = config
+            still = "Still using the adopted one." if self.config else "Not reading or sending."
+            log.error("%s. %s", config, still)
             return
         if self.config is not None and config.params != self.config.params:
             log.warning(
@@ -243,7 +173,7 @@ class Agent:
         halt = self.outbox.halt(self.namespace)
         if halt is not None:
             if halt.identity == config.identity:
-                self._fail(AgentError(_halted_text(self.options, halt)))
+                self._fail(AgentError(halted_text(self.options, halt)))
                 return
             log.info(
                 "stream %s was created anew since this agent stopped (%s): sending again",
@@ -268,74 +198,22 @@ class Agent:
                 self.claim.announce()
 
     def _on_notice(self, message: Message) -> None:
-        try:
-            notice = Notice.from_json(message.payload)
-        except TopicError as exc:
-            log.warning("ignoring a notice on %s: %s", message.topic, exc)
-            return
-        ours = self.config.server if self.config else None
-        if ours is not None and notice.server != ours:
-            if self._throttle.ready(f"foreign-{notice.server}-{notice.reason}"):
-                log.warning(
-                    "server %s, which did not configure stream %s (server %s did), reports "
-                    "%s: %s. Two servers share the broker; this agent follows %s.",
-                    notice.server,
-                    self.options.stream,
-                    ours,
-                    notice.reason,
-                    notice.message,
-                    ours,
-                )
-            return
-        now = self.now_ms()
-        if notice.reason == "sequence_reset":
-            log.warning(
-                "the server already knew device %s: %s. No reading is lost.",
-                self.options.device,
-                notice.message,
-            )
-            if notice.last_sequence is not None and self.outbox.advance_sequence(
-                self.namespace, notice.last_sequence + 1
-            ):
-                log.info("sequence numbers continue at %d", notice.last_sequence + 1)
-            return
-        self.outbox.record_server_reject(self.namespace, notice.reason, now_ms=now)
-        created = self.config.created_ms if self.config else None
-        if created is not None and notice.time_ms < created:
-            return  # about the stream of that name before it was created anew
-        if notice.reason in FATAL and ours is not None:
-            self._halt(notice.reason, f"the server rejected a batch: {notice.message}")
-            return
-        if self._throttle.ready(f"notice-{notice.reason}"):
-            log.error(
-                "the server rejected batch #%s (%s): %s (logged once a minute; counted in "
-                "zeal-edge status)",
-                notice.sequence,
-                notice.reason,
-                notice.message,
-            )
+        halt = self.notices.handle(message, self.config, self.now_ms())
+        if halt is not None:
+            self._halt(*halt)
 
     def _halt(self, reason: str, message: str) -> None:
         identity = self.config.identity if self.config else None
         halt = Halt(reason, message, self.now_ms(), identity)
         self.outbox.set_halt(self.namespace, halt)
-        self._pending = []  # never perturbed: nothing spent on them
-        self._fail(AgentError(_halted_text(self.options, halt)))
+        self.holding.drop()  # never perturbed: nothing spent on them
+        self._fail(AgentError(halted_text(self.options, halt)))
 
     # -- parameters and presence before reading ---------------------------------------
 
     def _load_params(self) -> None:
         if self.options.params_file is not None:
-            try:
-                text = self.options.params_file.read_text()
-            except OSError as exc:
-                raise ParameterError(
-                    f"cannot read --params {self.options.params_file}: {exc}"
-                ) from exc
-            config = read_config(text, stream=self.options.stream)
-            why = refusal(config, self.options)
-            if why is not None:
-                raise ParameterError(f"refusing --params {self.options.params_file}: {why}")
+            config = config_from_file(self.options)
             self._use(config)
             log.info("stream parameters from %s: %r", self.options.params_file, self.params)
             return
@@ -377,83 +255,27 @@ class Agent:
 
     def _pump(self) -> None:
         """Publish what waits, and say which batches the broker confirmed."""
-        confirmed = sorted(seq for _, seq in self.pipeline.pump())
+        confirmed = self.pipeline.pump()
         if confirmed:
-            which = (
-                f"batch #{confirmed[0]}"
-                if len(confirmed) == 1
-                else f"{len(confirmed)} batches, #{confirmed[0]} to #{confirmed[-1]}"
-            )
-            log.info("confirmed by the broker: %s", which)
+            log.info("confirmed by the broker: %s", which_batches(confirmed))
 
     # -- batches ----------------------------------------------------------------------------
 
-    def _admit(self, reading: Reading) -> None:
-        """Charge a reading against the budget, or skip it at the cap (never perturbed)."""
-        assert self.params is not None
-        cost = micro_epsilon(self.params.epsilon)
-        policy = self.options.budget
-        if policy.cap_micro is not None:
-            now = self.now_ms()
-            spent = self.outbox.spent(self.namespace, now_ms=now, window_s=policy.window_s)
-            pending = cost * len(self._pending)
-            if not policy.allows(spent + pending, cost):
-                self.outbox.record_skips(self.namespace, 1, now_ms=now)
-                if self._throttle.ready("budget"):
-                    log.warning(
-                        "privacy budget cap reached: %.6f of %.6f epsilon spent in the last %d s; "
-                        "readings are neither perturbed nor sent until the window allows",
-                        (spent + pending) / 1e6,
-                        policy.cap_micro / 1e6,
-                        policy.window_s,
-                    )
-                return
-        if not self._pending:
-            self._pending_since = time.monotonic()
-        self._pending.append(reading)
-
     def _flush(self) -> None:
         """Perturb, encode and commit the readings held in memory as one batch."""
-        if not self._pending or self.params is None or self._failure is not None:
+        if self.params is None or self._failure is not None:
             return
-        readings, self._pending = self._pending, []
         now = self.now_ms()
-        stamps, last = [], 0
-        for r in readings:
-            last = max(last, r.timestamp_ms if r.timestamp_ms is not None else now)
-            stamps.append(last)  # a clock that steps back is held level within a batch
-        codes = self.params.perturb(np.array([r.value for r in readings]))
-        sequence = self.outbox.next_sequence(self.namespace)
-        payload = encode_batch(
-            self.params,
-            stream=self.options.stream,
-            device=self.options.device,
-            sequence=sequence,
-            timestamps=stamps,
-            codes=codes,
-        )
-        offsets = [r.offset for r in readings if r.offset is not None]
-        self.outbox.commit_batches(
-            [
-                (
-                    self.namespace,
-                    sequence,
-                    payload,
-                    len(readings),
-                    micro_epsilon(self.params.epsilon) * len(readings),
-                    offsets[-1] if offsets else None,
-                )
-            ],
-            now_ms=now,
-            fingerprint=self.params.fingerprint.hex(),
-        )
-        self.pipeline.committed([(self.namespace, sequence)])
+        draft = self.holding.release(self.params, now_ms=now)
+        if draft is None:
+            return
+        (sealed,) = self.batcher.commit(self.params, [draft], now_ms=now)
         waiting = self.pipeline.unacknowledged
         log.info(
             "batch #%d: %d readings, %d bytes, queued (%d batch%s awaiting the broker%s)",
-            sequence,
-            len(readings),
-            len(payload),
+            sealed.sequence,
+            sealed.readings,
+            len(sealed.payload),
             waiting,
             "" if waiting == 1 else "es",
             "" if self.connection.connected else f"; not connected to {self.broker.url}",
@@ -496,7 +318,7 @@ class Agent:
             )
             inbox: queue.Queue[Any] = queue.Queue(maxsize=10_000)
             reader = threading.Thread(
-                target=_read_into,
+                target=read_into,
                 args=(source, inbox, self._stop),
                 name="zeal-edge-source",
                 daemon=True,
@@ -504,31 +326,9 @@ class Agent:
             reader.start()
             ended = False
             while not self._stop.is_set():
-                try:
-                    item = inbox.get(timeout=0.05)
-                except queue.Empty:
-                    item = None
-                self._take_messages()
-                self._check_presence()
-                if item is _END:
-                    ended = True
-                elif isinstance(item, Reading) and self._failure is None:
-                    self._admit(item)
-                full = len(self._pending) >= self.options.batch
-                stale = (
-                    self._pending
-                    and time.monotonic() - self._pending_since >= self.options.interval
-                )
-                if full or stale or (ended and self._pending):
-                    self._flush()
-                self._book_invalid(source)
-                self._pump()
-                self._warn_if_waiting()
-                if (
-                    ended
-                    and not self._pending
-                    and (not linger or self.pipeline.unacknowledged == 0)
-                ):
+                ended = self._tick(inbox, source, ended=ended)
+                drained = not linger or self.pipeline.unacknowledged == 0
+                if ended and not self.holding and drained:
                     return self._finish()
             self._flush()
             return self._finish()
@@ -536,6 +336,25 @@ class Agent:
             if source is not None:
                 self._book_invalid(source)
             self._close()
+
+    def _tick(self, inbox: queue.Queue[Any], source: Source, *, ended: bool) -> bool:
+        """One turn of the loop: take a reading (or the source's end) and the broker's
+        messages, batch what is due, publish; True once the source has ended."""
+        try:
+            item = inbox.get(timeout=0.05)
+        except queue.Empty:
+            item = None
+        self._take_messages()
+        self._check_presence()
+        ended = ended or item is END
+        if isinstance(item, Reading) and self._failure is None and self.params is not None:
+            self.holding.admit(item, self.params, now_ms=self.now_ms())
+        if self.holding.due(ended=ended):
+            self._flush()
+        self._book_invalid(source)
+        self._pump()
+        self._warn_if_waiting()
+        return ended
 
     def _warn_if_waiting(self) -> None:
         if self.connection.connected or not self.pipeline.unacknowledged:
@@ -579,45 +398,3 @@ class Agent:
         self.connection.stop()
         self.outbox.close()
         self.lock.release()
-
-
-def _when(ms: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
-
-
-def _halted_text(options: AgentOptions, halt: Halt) -> str:
-    fetch = (
-        f" (with --params: save the new stream's configuration to {options.params_file})"
-        if options.params_file is not None
-        else ""
-    )
-    return (
-        f"stream {options.stream} is no longer accepted by its server ({halt.reason}, since "
-        f"{_when(halt.since_ms)}): {halt.message}. Stopped: no further reading of device "
-        f"{options.device} is privatized or sent. Started again, the agent sends once the "
-        f"stream has been created anew{fetch}; `zeal-edge resume --data-dir "
-        f"{options.data_dir}` clears the halt at once."
-    )
-
-
-def _read_into(source: Source, inbox: queue.Queue[Any], stop: threading.Event) -> None:
-    try:
-        for reading in source:
-            while not stop.is_set():
-                try:
-                    inbox.put(reading, timeout=0.5)
-                    break
-                except queue.Full:
-                    continue
-            if stop.is_set():
-                return
-    except Exception:
-        log.exception("source failed")
-    finally:
-        inbox.put(_END)
-
-
-def install_signal_handlers(agent: Agent) -> None:
-    """SIGTERM, SIGINT and SIGHUP flush the readings in memory and stop the agent cleanly."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: agent.stop())

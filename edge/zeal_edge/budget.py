@@ -40,6 +40,15 @@ class BudgetPolicy:
         """Whether spending cost on top of spent stays within the cap."""
         return self.cap_micro is None or spent_micro + cost_micro <= self.cap_micro
 
+    def reached(self, spent_micro: int) -> str:
+        """What the agent logs when a reading is skipped at the cap."""
+        cap = 0 if self.cap_micro is None else self.cap_micro
+        return (
+            f"privacy budget cap reached: {spent_micro / MICRO:.6f} of {cap / MICRO:.6f} "
+            f"epsilon spent in the last {self.window_s} s; readings are neither perturbed "
+            "nor sent until the window allows"
+        )
+
     def resume_ms(
         self, history: list[tuple[int, int]], pending_micro: int, cost_micro: int
     ) -> int | None:

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -25,7 +26,8 @@ from zeal import ParameterError
 from zeal_edge.budget import BudgetPolicy
 from zeal_edge.errors import AgentError
 from zeal_edge.mqtt import parse_broker_url
-from zeal_edge.outbox import NamespaceStatus, Outbox
+from zeal_edge.outbox import Outbox
+from zeal_edge.records import NamespaceStatus
 from zeal_edge.settings import SETTINGS, SettingsError, add_arguments, resolve
 from zeal_edge.sources import Source, open_source
 
@@ -80,7 +82,8 @@ def _broker(values: dict[str, Any]) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from zeal_edge.agent import Agent, AgentOptions, install_signal_handlers
+    from zeal_edge.agent import Agent
+    from zeal_edge.options import AgentOptions
 
     values = resolve(args, os.environ, _RUN, {"stream", "device", "source"})
     logging.getLogger().setLevel(values["log_level"])
@@ -106,7 +109,9 @@ def _run(args: argparse.Namespace) -> int:
 
     open_source(values["source"], column=values["column"])  # fail fast on a bad spec
     agent = Agent(options, broker)
-    install_signal_handlers(agent)
+    # SIGTERM, SIGINT and SIGHUP flush the readings in memory and stop the agent cleanly.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: agent.stop())
     return agent.run(source)
 
 

@@ -16,20 +16,18 @@ spend budget on it again), readings skipped as not finite, and rejects the serve
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
 import secrets
 import sqlite3
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from zeal_edge.errors import AgentError, OutboxError
+from zeal_edge.errors import OutboxError
+from zeal_edge.records import Halt, NamespaceStatus, PendingBatch, SealedBatch
 
-__all__ = ["DataDirLock", "Halt", "NamespaceStatus", "Outbox", "PendingBatch"]
+__all__ = ["Outbox"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS namespaces (
@@ -79,90 +77,6 @@ _ADDED_COLUMNS = {
     "skipped_invalid": "INTEGER NOT NULL DEFAULT 0",
     "halt": "TEXT",
 }
-
-
-@dataclass(frozen=True)
-class Halt:
-    """Why an agent stopped sending a stream, and for which configuration."""
-
-    reason: str
-    message: str
-    since_ms: int
-    identity: str | None
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__)
-
-    @classmethod
-    def from_json(cls, text: str) -> Halt:
-        data: dict[str, Any] = json.loads(text)
-        reason, message = str(data["reason"]), str(data["message"])
-        return cls(reason, message, int(data["since_ms"]), data["identity"])
-
-
-@dataclass(frozen=True)
-class PendingBatch:
-    """An encoded batch in the outbox, sent again with the same bytes until acknowledged."""
-
-    namespace: str
-    sequence: int
-    payload: bytes
-    readings: int
-
-
-@dataclass(frozen=True)
-class NamespaceStatus:
-    """What ``zeal-edge status`` shows for one stream and device."""
-
-    namespace: str
-    stream: str
-    device: str
-    next_sequence: int
-    last_acked: int | None
-    outbox_batches: int
-    outbox_readings: int
-    sent_batches: int
-    sent_readings: int
-    skipped_budget: int
-    last_skip_ms: int | None
-    fingerprint: str | None
-    cost_micro: int | None
-    cap_micro: int | None
-    window_s: int | None
-    skipped_invalid: int = 0
-    halt: Halt | None = None
-    server_rejects: dict[str, int] | None = None
-
-
-class DataDirLock:
-    """An exclusive lock on one stream and device of a data directory, for the life of the
-    agent process that sends them (agents of other devices may share the directory)."""
-
-    def __init__(self, directory: Path, stream: str, device: str) -> None:
-        folder = directory / "locks" / stream
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / f"{device}.lock"
-        self._handle: IO[str] | None = self.path.open("a+", encoding="utf-8")
-        try:
-            fcntl.flock(self._handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._handle.seek(0)
-            holder = self._handle.read().strip() or "another process"
-            self._handle.close()
-            self._handle = None
-            raise AgentError(
-                f"device {device} of stream {stream} is already running from the data "
-                f"directory {directory} ({holder}): stop that agent first"
-            ) from None
-        self._handle.seek(0)
-        self._handle.truncate()
-        self._handle.write(f"zeal-edge pid {os.getpid()}\n")
-        self._handle.flush()
-
-    def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
 
 
 def namespace_of(stream: str, device: str) -> str:
@@ -272,6 +186,12 @@ class Outbox:
             raise OutboxError(f"the outbox has no stream namespace {namespace!r}")
         return int(row[0])
 
+    def next_sequences(self) -> dict[str, int]:
+        """The next sequence number of every namespace (one query, for many devices)."""
+        with self._lock:
+            rows = self._db.execute("SELECT namespace, next_sequence FROM namespaces").fetchall()
+        return {str(ns): int(seq) for ns, seq in rows}
+
     def source_offset(self, namespace: str) -> int:
         with self._lock:
             row = self._db.execute(
@@ -281,22 +201,24 @@ class Outbox:
 
     def commit_batches(
         self,
-        batches: Sequence[tuple[str, int, bytes, int, int, int | None]],
+        batches: Sequence[SealedBatch],
         *,
         now_ms: int,
         fingerprint: str,
     ) -> None:
         """Store batches atomically.
 
-        Each item is ``(namespace, sequence, payload, readings, spend_micro, source_offset)``;
-        the sequence must be the namespace's next one. The spend is booked at the current
-        second; a source offset (file replay position) is saved when given.
+        Each batch's sequence must be its namespace's next one (else OutboxError, and
+        nothing is stored). The spend is booked at the current second; a source offset
+        (file replay position) is saved when given.
         """
         second = now_ms // 1000
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
-                for ns, seq, payload, readings, micro, offset in batches:
+                for batch in batches:
+                    ns, seq, payload = batch.namespace, batch.sequence, batch.payload
+                    readings, micro, offset = batch.readings, batch.spend_micro, batch.offset
                     updated = self._db.execute(
                         "UPDATE namespaces SET next_sequence = ?, fingerprint = ?, "
                         "source_offset = COALESCE(?, source_offset) "

@@ -1,4 +1,9 @@
-"""From committed batches to PUBACKs: the outbox feeds paho, acknowledgements empty the outbox.
+"""From perturbed readings to PUBACKs, the one path a batch takes (agent and simulator).
+
+The :class:`Batcher` encodes drafts with their namespace's next sequence numbers and
+commits them to the outbox in one transaction (payloads, sequences, privacy spend, source
+position), then hands them to the :class:`Pipeline`, which feeds paho from the outbox;
+acknowledgements empty the outbox.
 
 At most ``window`` batches are handed to paho at a time, oldest first; the rest wait in the
 outbox (on disk), so an outage costs disk, not memory. A batch leaves the outbox only when
@@ -11,12 +16,21 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
+from zeal import Zeal, encode_batch
 from zeal.topics import data_topic
+from zeal_edge.budget import micro_epsilon
+from zeal_edge.errors import OutboxError
 from zeal_edge.mqtt import Connection
 from zeal_edge.outbox import Outbox
+from zeal_edge.records import SealedBatch
 
-__all__ = ["Pipeline", "topic_of"]
+__all__ = ["Batcher", "Draft", "Pipeline", "topic_of", "which_batches"]
 
 log = logging.getLogger("zeal_edge.pipeline")
 
@@ -25,6 +39,14 @@ def topic_of(namespace: str) -> str:
     """The data topic of a namespace (stream/device): zeal/v1/{stream}/{device}/up."""
     stream, device = namespace.split("/", 1)
     return data_topic(stream, device)
+
+
+def which_batches(keys: list[tuple[str, int]]) -> str:
+    """Batches of one device in a log line: "batch #7" or "3 batches, #7 to #9"."""
+    sequences = sorted(seq for _, seq in keys)
+    if len(sequences) == 1:
+        return f"batch #{sequences[0]}"
+    return f"{len(sequences)} batches, #{sequences[0]} to #{sequences[-1]}"
 
 
 class Pipeline:
@@ -76,3 +98,50 @@ class Pipeline:
                 continue
             self._inflight[self.connection.publish(topic_of(ns), payload)] = (ns, seq)
         return acked
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One namespace's perturbed readings, to become one batch."""
+
+    namespace: str
+    timestamps: Sequence[int] | npt.NDArray[np.int64]
+    codes: npt.NDArray[np.uint64]  # as Zeal.perturb returns them
+    offset: int | None = None  # a file source's replay position after these readings
+
+
+class Batcher:
+    """Encode, commit, then publish: drafts become sealed batches in the outbox (one
+    transaction for all of them) and wait there for their PUBACK."""
+
+    def __init__(self, outbox: Outbox, pipeline: Pipeline) -> None:
+        self.outbox, self.pipeline = outbox, pipeline
+
+    def commit(self, params: Zeal, drafts: Sequence[Draft], *, now_ms: int) -> list[SealedBatch]:
+        """Seal and commit `drafts` (at most one per namespace), and queue them for
+        publishing. Sequence numbers are read from the outbox each time, so they follow
+        any change made there (a sequence reset moves them on); OutboxError if the
+        outbox changed meanwhile, and then nothing is committed."""
+        cost = micro_epsilon(params.epsilon)
+        following = self.outbox.next_sequences()
+        sealed = []
+        for draft in drafts:
+            stream, device = draft.namespace.split("/", 1)
+            sequence = following.get(draft.namespace)
+            if sequence is None:
+                raise OutboxError(f"the outbox has no stream namespace {draft.namespace!r}")
+            payload = encode_batch(
+                params,
+                stream=stream,
+                device=device,
+                sequence=sequence,
+                timestamps=draft.timestamps,
+                codes=draft.codes,
+            )
+            count = len(draft.codes)
+            sealed.append(
+                SealedBatch(draft.namespace, sequence, payload, count, cost * count, draft.offset)
+            )
+        self.outbox.commit_batches(sealed, now_ms=now_ms, fingerprint=params.fingerprint.hex())
+        self.pipeline.committed([(b.namespace, b.sequence) for b in sealed])
+        return sealed

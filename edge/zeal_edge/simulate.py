@@ -22,14 +22,13 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from zeal import Zeal, encode_batch
+from zeal import Zeal
 from zeal.protocol import check_name
 from zeal.streamconfig import params_from_config
 from zeal.topics import config_topic
-from zeal_edge.budget import micro_epsilon
 from zeal_edge.mqtt import Connection, parse_broker_url
 from zeal_edge.outbox import Outbox
-from zeal_edge.pipeline import Pipeline
+from zeal_edge.pipeline import Batcher, Draft, Pipeline
 from zeal_edge.settings import add_arguments, resolve
 
 __all__ = ["add_simulate_arguments", "run_simulation"]
@@ -133,11 +132,9 @@ def run_simulation(args: argparse.Namespace) -> int:
         params = _params(values, connection, stream, args.wait_params)
         log.info("simulating %d devices on stream %s with %r", args.devices, stream, params)
         names = [outbox.ensure(stream, f"{prefix}-{i:05d}") for i in range(args.devices)]
-        sequences = np.array([outbox.next_sequence(ns) for ns in names], dtype=np.int64)
         starts = (np.arange(args.devices) * (data.size // args.devices + 7)) % data.size
         pipeline = Pipeline(outbox, connection, window=max(100, 2 * args.devices))
-        cost = micro_epsilon(params.epsilon)
-        fingerprint = params.fingerprint.hex()
+        batcher = Batcher(outbox, pipeline)
         began, rounds, committed_readings = time.time(), 0, 0
         period_ms = 0 if args.rate == 0 else 1000.0 / args.rate
         last_report = time.monotonic()
@@ -160,20 +157,8 @@ def run_simulation(args: argparse.Namespace) -> int:
                 now_ms = int(time.time() * 1000)
                 base = now_ms if args.rate == 0 else int(began * 1000 + rounds * batch * period_ms)
                 stamps = base + np.round(np.arange(batch) * period_ms).astype(np.int64)
-                items = []
-                for d, ns in enumerate(names):
-                    payload = encode_batch(
-                        params,
-                        stream=ns.split("/", 1)[0],
-                        device=ns.split("/", 1)[1],
-                        sequence=int(sequences[d]),
-                        timestamps=stamps,
-                        codes=codes[d],
-                    )
-                    items.append((ns, int(sequences[d]), payload, batch, cost * batch, None))
-                outbox.commit_batches(items, now_ms=now_ms, fingerprint=fingerprint)
-                pipeline.committed([(ns, seq) for ns, seq, *_ in items])
-                sequences += 1
+                drafts = [Draft(ns, stamps, codes[d]) for d, ns in enumerate(names)]
+                batcher.commit(params, drafts, now_ms=now_ms)
                 rounds += 1
                 committed_readings += batch * args.devices
             pipeline.pump()

@@ -14,17 +14,28 @@ from __future__ import annotations
 import csv
 import logging
 import math
+import queue
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
-__all__ = ["CommandSource", "CsvSource", "LineSource", "Reading", "Source", "open_source"]
+__all__ = [
+    "END",
+    "CommandSource",
+    "CsvSource",
+    "LineSource",
+    "Reading",
+    "Source",
+    "open_source",
+    "read_into",
+]
 
 log = logging.getLogger("zeal_edge.source")
 _TIME_FORMATS = ("%Y/%m/%d %H:%M:%S", "%Y/%m/%d %H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S")
@@ -204,3 +215,27 @@ def open_source(
     if kind == "cmd" and rest:
         return CommandSource(rest)
     raise ValueError(f"unknown source {spec!r}: use csv:PATH, stdin or cmd:COMMAND")
+
+
+#: What ``read_into`` puts on the queue after the last reading.
+END = object()
+
+
+def read_into(source: Source, inbox: queue.Queue[Any], stop: threading.Event) -> None:
+    """Move the source's readings onto `inbox` until it ends or `stop` is set, then END (a
+    thread's target: the agent's loop never waits on a slow source). A failing source is
+    logged with its traceback and ends like an exhausted one."""
+    try:
+        for reading in source:
+            while not stop.is_set():
+                try:
+                    inbox.put(reading, timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
+            if stop.is_set():
+                return
+    except Exception:
+        log.exception("source failed")
+    finally:
+        inbox.put(END)

@@ -9,12 +9,15 @@ import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from zeal import Zeal
 from zeal_edge.budget import BudgetPolicy, micro_epsilon
 from zeal_edge.errors import OutboxError
 from zeal_edge.mqtt import parse_broker_url
 from zeal_edge.outbox import Outbox
+from zeal_edge.records import SealedBatch
 from zeal_edge.settings import SettingsError, add_arguments, resolve
 from zeal_edge.sources import CsvSource, LineSource, open_source
 
@@ -158,10 +161,12 @@ def test_outbox_commits_atomically_and_in_sequence(tmp_path: Path) -> None:
     """A batch with the wrong sequence rolls the whole transaction back."""
     box = Outbox(tmp_path / "o.sqlite")
     ns = box.ensure("s", "d")
-    box.commit_batches([(ns, 0, b"a", 3, 30, 5)], now_ms=1_000_000, fingerprint="f")
+    box.commit_batches([SealedBatch(ns, 0, b"a", 3, 30, 5)], now_ms=1_000_000, fingerprint="f")
     with pytest.raises(OutboxError, match="not the next one"):
         box.commit_batches(
-            [(ns, 1, b"b", 1, 10, 6), (ns, 5, b"c", 1, 10, 7)], now_ms=1_000_000, fingerprint="f"
+            [SealedBatch(ns, 1, b"b", 1, 10, 6), SealedBatch(ns, 5, b"c", 1, 10, 7)],
+            now_ms=1_000_000,
+            fingerprint="f",
         )
     assert box.next_sequence(ns) == 1
     assert box.source_offset(ns) == 5
@@ -171,4 +176,42 @@ def test_outbox_commits_atomically_and_in_sequence(tmp_path: Path) -> None:
     status = box.status()[0]
     assert (status.outbox_batches, status.sent_batches, status.sent_readings) == (0, 1, 3)
     assert box.spent(ns, now_ms=1_000_000 + 61_000, window_s=60) == 0
+    box.close()
+
+
+def test_the_batcher_seals_commits_and_queues_drafts_in_one_transaction(tmp_path: Path) -> None:
+    """Drafts of several devices become decodable batches with each namespace's next
+    sequence, committed together with their spend; sequences follow the outbox (a sequence
+    reset moves them on); a draft of an unknown namespace commits nothing."""
+    from zeal import decode_batch
+    from zeal_edge.pipeline import Batcher, Draft
+
+    params = Zeal(lower=0.0, upper=10.0, epsilon=1.0)
+    box = Outbox(tmp_path / "o.sqlite")
+    a, b = box.ensure("s", "a"), box.ensure("s", "b")
+    queued: list[list[tuple[str, int]]] = []
+
+    class Queue:  # the pipeline's side: what would be published next
+        def committed(self, keys: list[tuple[str, int]]) -> None:
+            queued.append(keys)
+
+    batcher = Batcher(box, Queue())  # type: ignore[arg-type]
+    codes = params.perturb(np.array([1.0, 2.0, 3.0]), rng=np.random.default_rng(1))
+    sealed = batcher.commit(
+        params, [Draft(a, [10, 20, 30], codes), Draft(b, [10, 20], codes[:2], 7)], now_ms=5000
+    )
+    assert [(s.namespace, s.sequence, s.readings) for s in sealed] == [(a, 0, 3), (b, 0, 2)]
+    assert queued == [[(a, 0), (b, 0)]]
+    batch = decode_batch(sealed[1].payload, params, stream="s", device="b")
+    assert (batch.sequence, list(batch.codes)) == (0, list(codes[:2]))
+    assert box.spent(b, now_ms=5000, window_s=60) == 2 * micro_epsilon(1.0)
+    assert box.source_offset(b) == 7
+    assert box.advance_sequence(a, 40)
+    (again,) = batcher.commit(params, [Draft(a, [40], codes[:1])], now_ms=6000)
+    assert again.sequence == 40
+    with pytest.raises(OutboxError, match="no stream namespace"):
+        batcher.commit(
+            params, [Draft(a, [50], codes[:1]), Draft("s/c", [50], codes[:1])], now_ms=7000
+        )
+    assert box.next_sequence(a) == 41  # nothing of the failed call was committed
     box.close()

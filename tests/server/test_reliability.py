@@ -126,7 +126,8 @@ def test_agent_clock_stepping_back_loses_and_duplicates_nothing(
     """An agent whose clock steps back 2 minutes mid-run: sequence numbers do not depend on
     the clock, so all 10 batches arrive and are stored once, the later ones stamped earlier."""
     from zeal.brokerurl import parse_broker_url
-    from zeal_edge.agent import Agent, AgentOptions
+    from zeal_edge.agent import Agent
+    from zeal_edge.options import AgentOptions
 
     settings = ServerSettings.from_env(
         {"ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": broker.url, "ZEAL_COLLECTOR_ID": "c"}

@@ -72,7 +72,7 @@ def test_the_api_schema_states_the_same_limits() -> None:
 def test_the_collector_records_only_catalogue_reasons() -> None:
     """Reasons the server tells devices about and the agent halts on are in the catalogue;
     recording any other reason is refused."""
-    from zeal_edge.agent import FATAL
+    from zeal_edge.notices import FATAL
     from zeal_server.ingest import Ingest
     from zeal_server.notices import NOTICES
 

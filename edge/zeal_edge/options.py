@@ -1,0 +1,124 @@
+"""What an agent accepts and how it says why it stops: its options, the test a stream
+configuration must pass before it is adopted, and the text of a halt."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zeal import ParameterError
+from zeal.streamconfig import StreamConfig, read_config
+from zeal_edge.budget import BudgetPolicy
+from zeal_edge.mqtt import Message
+from zeal_edge.records import Halt
+
+__all__ = [
+    "AgentOptions",
+    "Throttle",
+    "config_from_file",
+    "halted_text",
+    "refusal",
+    "screened",
+]
+
+
+class Throttle:
+    """Lets a repeated log message through at most once per `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._last: dict[str, float] = {}
+
+    def ready(self, key: str) -> bool:
+        now = time.monotonic()
+        if now - self._last.get(key, -1e18) >= self.seconds:
+            self._last[key] = now
+            return True
+        return False
+
+
+@dataclass
+class AgentOptions:
+    """What the agent needs besides its connection (see settings.py for the meaning)."""
+
+    stream: str
+    device: str
+    data_dir: Path
+    batch: int = 60
+    interval: float = 60.0
+    params_file: Path | None = None
+    budget: BudgetPolicy = field(default_factory=lambda: BudgetPolicy(None, 86400))
+    wait_for_params: float = float("inf")
+    #: Refuse a configuration whose privacy loss per reading (the realized epsilon where the
+    #: sampler's is known, else the nominal one) exceeds this.
+    max_epsilon: float = 5.0
+    #: Adopt only the configuration with this parameter fingerprint (16 hex digits).
+    pin: str | None = None
+
+
+def refusal(config: StreamConfig, options: AgentOptions) -> str | None:
+    """Why this agent must not adopt `config` (its pin, its epsilon ceiling), or None.
+
+    Whoever can retain a configuration on the broker (a broker without ACLs, a leaked
+    collector login) could otherwise hand agents epsilon 20 and read their readings off the
+    wire. A refused configuration is never used: nothing is privatized with it.
+    """
+    fingerprint = config.params.fingerprint.hex()
+    if options.pin is not None and fingerprint != options.pin:
+        return (
+            f"its fingerprint {fingerprint} is not the pinned {options.pin} (--pin): the "
+            "stream's parameters changed, or someone else published them"
+        )
+    loss = max(config.params.epsilon, config.params.realized_epsilon or 0.0)
+    if loss > options.max_epsilon:
+        return (
+            f"its privacy loss per reading, epsilon {loss:.6g}, exceeds this agent's ceiling "
+            f"{options.max_epsilon:g} (--max-epsilon): raise the ceiling only if the "
+            "operator really chose it"
+        )
+    return None
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+
+
+def halted_text(options: AgentOptions, halt: Halt) -> str:
+    fetch = (
+        f" (with --params: save the new stream's configuration to {options.params_file})"
+        if options.params_file is not None
+        else ""
+    )
+    return (
+        f"stream {options.stream} is no longer accepted by its server ({halt.reason}, since "
+        f"{_when(halt.since_ms)}): {halt.message}. Stopped: no further reading of device "
+        f"{options.device} is privatized or sent. Started again, the agent sends once the "
+        f"stream has been created anew{fetch}; `zeal-edge resume --data-dir "
+        f"{options.data_dir}` clears the halt at once."
+    )
+
+
+def screened(message: Message, options: AgentOptions) -> StreamConfig | str:
+    """A configuration published on the broker, or why ``refusal`` refuses it
+    (ParameterError when it is not a valid configuration of the stream)."""
+    config = read_config(message.payload, stream=options.stream)
+    why = refusal(config, options)
+    if why is not None:
+        return f"refused the configuration on {message.topic}: {why}"
+    return config
+
+
+def config_from_file(options: AgentOptions) -> StreamConfig:
+    """The configuration given with --params, checked like one from the broker
+    (ParameterError when it cannot be read or is refused)."""
+    assert options.params_file is not None
+    try:
+        text = options.params_file.read_text()
+    except OSError as exc:
+        raise ParameterError(f"cannot read --params {options.params_file}: {exc}") from exc
+    config = read_config(text, stream=options.stream)
+    why = refusal(config, options)
+    if why is not None:
+        raise ParameterError(f"refusing --params {options.params_file}: {why}")
+    return config

@@ -1,0 +1,76 @@
+"""The records the edge keeps and shows: a sealed batch (encoded, ready to commit), a
+batch awaiting its PUBACK, a halt, and what ``zeal-edge status`` shows per namespace."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Halt", "NamespaceStatus", "PendingBatch", "SealedBatch"]
+
+
+@dataclass(frozen=True)
+class SealedBatch:
+    """A batch perturbed and encoded, to be committed to the outbox in one transaction with
+    its sequence number, its privacy spend and the source position it reached."""
+
+    namespace: str
+    sequence: int
+    payload: bytes
+    readings: int
+    spend_micro: int  # integer micro-epsilon: readings times the stream's cost per reading
+    offset: int | None = None  # the file source's replay position after its last reading
+
+
+@dataclass(frozen=True)
+class Halt:
+    """Why an agent stopped sending a stream, and for which configuration."""
+
+    reason: str
+    message: str
+    since_ms: int
+    identity: str | None
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> Halt:
+        data: dict[str, Any] = json.loads(text)
+        reason, message = str(data["reason"]), str(data["message"])
+        return cls(reason, message, int(data["since_ms"]), data["identity"])
+
+
+@dataclass(frozen=True)
+class PendingBatch:
+    """An encoded batch in the outbox, sent again with the same bytes until acknowledged."""
+
+    namespace: str
+    sequence: int
+    payload: bytes
+    readings: int
+
+
+@dataclass(frozen=True)
+class NamespaceStatus:
+    """What ``zeal-edge status`` shows for one stream and device."""
+
+    namespace: str
+    stream: str
+    device: str
+    next_sequence: int
+    last_acked: int | None
+    outbox_batches: int
+    outbox_readings: int
+    sent_batches: int
+    sent_readings: int
+    skipped_budget: int
+    last_skip_ms: int | None
+    fingerprint: str | None
+    cost_micro: int | None
+    cap_micro: int | None
+    window_s: int | None
+    skipped_invalid: int = 0
+    halt: Halt | None = None
+    server_rejects: dict[str, int] | None = None
