@@ -8,10 +8,8 @@ acknowledges each (rejected ones too, so they do not loop). If the database fail
 transaction is rolled back, nothing is acknowledged, and the same messages are retried
 with backoff until it answers again.
 
-The writer thread also keeps the broker's retained stream configurations true to the
-database every ``sync_every`` seconds (``configsync``), and after each commit tells devices
-what needs their attention on their notice topic (``zeal.topics``): a reject, or a
-sequence reset.
+The writer also keeps the broker's retained stream configurations true to the database
+(``configsync``) and tells devices what needs their attention (``notices``).
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, deque
-from dataclasses import dataclass
+from collections import Counter
 from typing import Any, Literal
 
 import paho.mqtt.client as mqtt
@@ -29,62 +26,26 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from zeal.brokerurl import Flapping, why_unreachable
 from zeal.mqttclient import make_client
 from zeal.topics import (
     CONFIG_FILTER,
-    DATA_FILTER,
     MAX_TOPIC_LENGTH,
     parse_config_topic,
-    parse_data_topic,
 )
-from zeal_server import retention, store
+from zeal_server import door, identity, retention, store
 from zeal_server.configsync import ConfigSync
-from zeal_server.door import LogThrottle, RejectBudget, refusal
-from zeal_server.identity import CollectorIdentity, claim_collector_id
-from zeal_server.metrics import commit_lag_histogram
+from zeal_server.db import error_text as db_error_text
+from zeal_server.metrics import CommitLags
 from zeal_server.notices import Notifier
 from zeal_server.settings import ServerSettings
 
-__all__ = ["Collector", "data_subscription"]
+__all__ = ["Collector"]
 
 log = logging.getLogger("zeal_server.collector")
-
-#: MQTT v5 reason code of a DISCONNECT sent because another client took the session.
-SESSION_TAKEN_OVER = 142
-
-
-def data_subscription(share_group: str) -> str:
-    """What the collector subscribes to: every device's data, shared when a group is set.
-
-    One collector (the default) uses a plain subscription. Mosquitto (2.0.11 here) loses
-    messages of a *shared* subscription across a broker restart: those queued for the
-    collector's session while it was away are dropped when it subscribes again, and without
-    subscribing again it receives nothing new (tests/server/test_crash.py,
-    test_broker_restart_while_100_devices_publish, found it; deploy/SCALING.md). Several
-    collectors need a group (ZEAL_SHARE_GROUP), on a broker whose shared subscriptions
-    survive restarts.
-    """
-    return f"$share/{share_group}/{DATA_FILTER}" if share_group else DATA_FILTER
-
-
-def db_error_text(exc: BaseException) -> str:
-    """A database error in one line, without the SQL statement or its parameters."""
-    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-    first = (str(orig).strip().splitlines() or [""])[0]
-    return f"{type(orig).__name__}: {first}"[:300]
-
-
-@dataclass(frozen=True)
-class _Message:
-    topic: str
-    payload: bytes
-    mid: int
-    qos: int
-    received_ms: int
 
 
 class Collector:
@@ -103,7 +64,7 @@ class Collector:
         assert settings.broker is not None
         self.settings, self.sessions = settings, sessions
         self.sync_every = sync_every
-        self.queue: queue.Queue[_Message] = queue.Queue(maxsize=queue_size)
+        self.queue: queue.Queue[door.Received] = queue.Queue(maxsize=queue_size)
         self.batch_max, self.compact_every = batch_max, compact_every
         self.ingest = store.Ingest(
             max_future_ms=settings.max_future_seconds * 1000,
@@ -114,24 +75,21 @@ class Collector:
         self.counts: Counter[str] = Counter()
         #: Rejected messages by reason (door and store); sums to counts["rejected"].
         self.rejected_by: Counter[str] = Counter()
-        self.lag_histogram = commit_lag_histogram()
+        self.lags = CommitLags()
         self._forget_devices = threading.Event()
-        self.budget = RejectBudget()
-        # (stream, device, reason) shed at the door; names are "" unless valid
-        self.dropped: Counter[tuple[str, str, str]] = Counter()
-        # The commit lag of the last 20,000 stored messages (bounded: memory stays flat).
-        self._lags: deque[tuple[float, int]] = deque(maxlen=20_000)
+        self.budget = door.RejectBudget()
+        self.shed = door.Shed()
         self.broker_connected = False
         self.subscribed = threading.Event()
         self.database_ok = True
         self.last_error: str | None = None
         self._stop = threading.Event()
-        self._logged: dict[tuple[str, str], float] = {}  # connection errors
-        self._log_rejects = LogThrottle()
+        self._connect_logged = -1e18  # connection errors are logged once a minute
+        self._log_rejects = door.LogThrottle()
         self._flapping = Flapping()
-        self._identity: CollectorIdentity | None = None
+        self._identity: identity.CollectorIdentity | None = None
         if settings.collector_id is None:
-            self._identity = claim_collector_id(settings.data_dir)
+            self._identity = identity.claim_collector_id(settings.data_dir)
             self.client_id = self._identity.client_id
         else:
             self.client_id = settings.collector_id
@@ -199,7 +157,7 @@ class Collector:
         self._flapping.connected(time.monotonic())
         client.reconnect_delay_set(min_delay=1, max_delay=30)
         self.configs.forget_broker()
-        topic = data_subscription(self.settings.share_group)
+        topic = door.data_subscription(self.settings.share_group)
         log.info(
             "collector %s connected to %s; subscribing to %s",
             self.client_id,
@@ -222,24 +180,17 @@ class Collector:
         assert broker is not None
         self.last_error = f"broker {broker.url}: {why_unreachable(broker)}"
         now = time.monotonic()
-        if now - self._logged.get(("connect", ""), -1e18) >= 60:
-            self._logged[("connect", "")] = now
+        if now - self._connect_logged >= 60:
+            self._connect_logged = now
             log.error("cannot connect to the %s; retrying (logged once a minute)", self.last_error)
 
     def _on_disconnect(
         self, client: mqtt.Client, userdata: Any, flags: Any, reason: ReasonCode, properties: Any
     ) -> None:
         flapping = self._flapping.lost(time.monotonic())
-        if getattr(reason, "value", None) == SESSION_TAKEN_OVER or flapping:
+        if getattr(reason, "value", None) == identity.SESSION_TAKEN_OVER or flapping:
             self.counts["session_taken_over"] += 1
-            self.last_error = (
-                f"another client connected with this collector's client id {self.client_id!r} "
-                "and took its session over"
-                if not flapping
-                else "the broker closed the collector's connection 3 times within a minute, "
-                "each time soon after it was made: another client probably uses its client "
-                f"id {self.client_id!r} and takes its session over"
-            )
+            self.last_error = identity.takeover_text(self.client_id, flapping=flapping)
             log.error(
                 "%s. Two collectors must never share ZEAL_COLLECTOR_ID (unset it and each "
                 "server claims its own). Trying again in 60 s.",
@@ -260,41 +211,25 @@ class Collector:
             self.configs.seen(stream, bytes(message.payload))
             client.ack(message.mid, message.qos)
             return
-        reason = refusal(
+        reason = door.refusal(
             topic, retained=message.retain, size=len(message.payload), budget=self.budget
         )
         if reason is not None:
             # Shed without decoding or queueing; acknowledged so the broker does not resend.
-            # Names are kept only when valid: the rejects table and logs never hold
-            # strings a client chose beyond 64 checked characters.
             self.budget.spend(topic)
-            names = parse_data_topic(topic) if reason != "bad_topic" else None
-            self.dropped[(*(names or ("", "")), reason)] += 1
+            self.shed.add(topic, reason)
             self.counts["rejected"] += 1
             self.counts[reason] += 1
             self.rejected_by[reason] += 1
             client.ack(message.mid, message.qos)
             return
         self.queue.put(
-            _Message(
+            door.Received(
                 topic, bytes(message.payload), message.mid, message.qos, int(time.time() * 1000)
             )
         )
 
     # -- writer thread ----------------------------------------------------------------------
-
-    def _take(self) -> list[_Message]:
-        try:
-            messages = [self.queue.get(timeout=0.2)]
-        except queue.Empty:
-            return []
-        deadline = time.monotonic() + 0.05
-        while len(messages) < self.batch_max and time.monotonic() < deadline:
-            try:
-                messages.append(self.queue.get_nowait())
-            except queue.Empty:
-                time.sleep(0.002)
-        return messages
 
     def _write_loop(self) -> None:
         """The writer thread. Database errors are retried (``_commit``); anything else is a
@@ -318,11 +253,11 @@ class Collector:
                 self.configs.server_id = self.configs.server_id or store.installation_id(session)
         except SQLAlchemyError as exc:  # the sync loop reads it again once the database answers
             log.error("could not read the installation id: %s", db_error_text(exc))
-        pending: list[_Message] = []
+        pending: list[door.Received] = []
         while not (self._stop.is_set() and not pending and self.queue.empty()):
             self._keep_in_sync()
             if not pending:
-                pending = self._take()
+                pending = door.take_batch(self.queue, self.batch_max)
                 if not pending:
                     self._idle()
                     continue
@@ -359,7 +294,7 @@ class Collector:
             self._last_compact = time.monotonic()
             self._compact()
 
-    def _commit(self, pending: list[_Message]) -> Literal["stored", "retry", "stopped"]:
+    def _commit(self, pending: list[door.Received]) -> Literal["stored", "retry", "stopped"]:
         """Store `pending` in one transaction and acknowledge each message ("stored"), or
         roll back, acknowledge nothing and back off ("retry"; "stopped" when the server
         stops meanwhile)."""
@@ -381,7 +316,7 @@ class Collector:
         self._acknowledge(pending, outcomes)
         return "stored"
 
-    def _acknowledge(self, pending: list[_Message], outcomes: list[store.Outcome]) -> None:
+    def _acknowledge(self, pending: list[door.Received], outcomes: list[store.Outcome]) -> None:
         """After the commit: acknowledge every message, count it, and tell devices what
         needs their attention."""
         committed = time.time() * 1000
@@ -390,18 +325,19 @@ class Collector:
             self.counts[outcome.status] += 1
             if outcome.status == "stored":
                 self.counts["readings"] += outcome.readings
-                self._lags.append((committed, int(committed - message.received_ms)))
-                self.lag_histogram.observe(max(0.0, committed - message.received_ms) / 1000)
+                self.lags.observe(committed, message.received_ms)
                 if outcome.reset:
                     self.counts["sequence_reset"] += 1
                     self.notices.notify(self.configs.server_id, outcome, "sequence_reset")
             elif outcome.status == "rejected":
                 self.rejected_by[outcome.reason or "unknown"] += 1
                 self.budget.spend(message.topic)
-                self._log_reject(outcome)
+                self._log_rejects.reject(outcome.reason or "", outcome.stream, outcome.device)
                 self.notices.notify(self.configs.server_id, outcome, outcome.reason or "")
 
-    def _failed(self, pending: list[_Message], exc: SQLAlchemyError) -> Literal["retry", "stopped"]:
+    def _failed(
+        self, pending: list[door.Received], exc: SQLAlchemyError
+    ) -> Literal["retry", "stopped"]:
         """Note a failed transaction and wait the backoff (0.5 s doubling to 10 s)."""
         self.database_ok = False
         self.last_error = f"database: {db_error_text(exc)}"
@@ -418,71 +354,37 @@ class Collector:
 
     def _record_dropped(self) -> None:
         """Write the counts of messages shed at the door into the rejects table."""
-        if not self.dropped:
+        shed = self.shed.take()
+        if not shed:
             return
-        shed, self.dropped = self.dropped, Counter()
         try:
             with self.sessions() as session, session.begin():
                 for (stream, device, reason), count in shed.items():
                     self.ingest.reject(
                         session, stream, device, reason, int(time.time() * 1000), count=count
                     )
-                    self._log_reject(store.Outcome("rejected", reason, stream, device))
+                    self._log_rejects.reject(reason, stream, device)
         except SQLAlchemyError as exc:  # counts only; they are retried with the next batch
-            self.dropped.update(shed)
+            self.shed.give_back(shed)
             log.error(
                 "could not record %d shed messages: %s", sum(shed.values()), db_error_text(exc)
             )
 
-    def lag_ms(self, window_s: float = 60.0) -> dict[str, float] | None:
-        """Receive-to-commit lag of the messages stored in the last `window_s` (at most the
-        last 20,000): p50, p99, max and how many."""
-        since = time.time() * 1000 - window_s * 1000
-        lags = sorted(lag for when, lag in list(self._lags) if when >= since)
-        if not lags:
-            return None
-
-        def pick(q: float) -> float:
-            return float(lags[min(len(lags) - 1, int(q * len(lags)))])
-
-        return {"p50": pick(0.5), "p99": pick(0.99), "max": float(lags[-1]), "n": len(lags)}
-
-    def _store(self, messages: list[_Message]) -> list[store.Outcome]:
+    def _store(self, messages: list[door.Received]) -> list[store.Outcome]:
         with self.sessions() as session, session.begin():
             return self.ingest.add_many(
                 session, [(m.topic, m.payload, m.received_ms) for m in messages]
             )
 
-    def _log_reject(self, outcome: store.Outcome) -> None:
-        # Names reach here checked (<= 64 characters) or empty; cut anyway, never trust.
-        key = (outcome.reason or "", f"{outcome.stream[:64]}/{outcome.device[:64]}")
-        if self._log_rejects.ready(key, time.monotonic()):
-            log.warning(
-                "rejected a message from %s: %s (logged once a minute per reason and device)",
-                key[1],
-                key[0],
-            )
-
     def _compact(self) -> None:
         """Housekeeping: compact closed buckets, and delete what is past each stream's
         retention (whole buckets; zeal_server.retention)."""
-        now = int(time.time() * 1000)
+        lead = self.settings.max_future_seconds * 1000
         try:
             with self.sessions() as session, session.begin():
                 streams = store.list_streams(session)
                 self.ingest.refresh(streams)
-                for stream in streams:
-                    closed = now // (stream.bucket_seconds * 1000) - 1
-                    store.compact(session, stream, before_bucket=closed)
-                    lead = self.settings.max_future_seconds * 1000
-                    expired = retention.expire(session, stream, now, clock_lead_ms=lead)
-                    if expired:
-                        log.info(
-                            "deleted %d readings of %s older than its retention of %d days",
-                            expired,
-                            stream.name,
-                            stream.retention_days,
-                        )
+                retention.housekeep(session, streams, store.now_ms(), clock_lead_ms=lead)
         except SQLAlchemyError as exc:
             log.error("housekeeping failed (will retry): %s", db_error_text(exc))
         except Exception:

@@ -9,10 +9,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["database_state", "make_engine", "migrate", "session_factory"]
+__all__ = ["database_state", "error_text", "make_engine", "migrate", "session_factory"]
 
 log = logging.getLogger("zeal_server.db")
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -96,3 +96,10 @@ def database_state(engine: Engine) -> str:
     except TimeoutError:
         return "busy"
     return "ok"
+
+
+def error_text(exc: BaseException) -> str:
+    """A database error in one line, without the SQL statement or its parameters."""
+    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    first = (str(orig).strip().splitlines() or [""])[0]
+    return f"{type(orig).__name__}: {first}"[:300]

@@ -6,14 +6,16 @@ memory or log lines (every structure keyed by what clients send is bounded).
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from zeal import ParameterError
 from zeal.protocol import check_name
-from zeal.topics import MAX_TOPIC_LENGTH, parse_data_topic
+from zeal.topics import DATA_FILTER, MAX_TOPIC_LENGTH, parse_data_topic
 from zeal.wire import MAX_PAYLOAD_BYTES
 
 __all__ = [
@@ -23,10 +25,14 @@ __all__ = [
     "REJECT_RATE",
     "Bounded",
     "LogThrottle",
+    "Received",
     "RejectBudget",
+    "Shed",
     "budget_key",
+    "data_subscription",
     "door_check",
     "refusal",
+    "take_batch",
 ]
 
 log = logging.getLogger("zeal_server.collector")
@@ -138,6 +144,17 @@ class LogThrottle:
         self._last: Bounded[tuple[str, str], float] = Bounded()
         self._minute, self._lines, self._held = -1e18, 0, 0
 
+    def reject(self, reason: str, stream: str, device: str) -> None:
+        """Log a reject of (stream, device) if the throttle lets it through."""
+        # Names reach here checked (<= 64 characters) or empty; cut anyway, never trust.
+        key = (reason, f"{stream[:64]}/{device[:64]}")
+        if self.ready(key, time.monotonic()):
+            log.warning(
+                "rejected a message from %s: %s (logged once a minute per reason and device)",
+                key[1],
+                key[0],
+            )
+
     def ready(self, key: tuple[str, str], now: float) -> bool:
         if now - self._minute >= 60:
             if self._held:
@@ -170,3 +187,70 @@ def refusal(topic: str, *, retained: bool, size: int, budget: RejectBudget) -> s
         elif not budget.allows(topic):
             reason = "rate_limited"
     return reason
+
+
+def data_subscription(share_group: str) -> str:
+    """What the collector subscribes to: every device's data, shared when a group is set.
+
+    One collector (the default) uses a plain subscription. Mosquitto (2.0.11 here) loses
+    messages of a *shared* subscription across a broker restart: those queued for the
+    collector's session while it was away are dropped when it subscribes again, and without
+    subscribing again it receives nothing new (tests/server/test_crash.py,
+    test_broker_restart_while_100_devices_publish, found it; deploy/SCALING.md). Several
+    collectors need a group (ZEAL_SHARE_GROUP), on a broker whose shared subscriptions
+    survive restarts.
+    """
+    return f"$share/{share_group}/{DATA_FILTER}" if share_group else DATA_FILTER
+
+
+@dataclass(frozen=True)
+class Received:
+    """A data message that passed the door, queued for the writer."""
+
+    topic: str
+    payload: bytes
+    mid: int
+    qos: int
+    received_ms: int
+
+
+class Shed:
+    """Messages shed at the door, counted by (stream, device, reason) until the writer
+    records them in the rejects table. Names are kept only when valid (else ""): the
+    rejects table and logs never hold strings a client chose beyond 64 checked characters."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[str, str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, topic: str, reason: str) -> None:
+        names = parse_data_topic(topic) if reason != "bad_topic" else None
+        with self._lock:
+            self._counts[(*(names or ("", "")), reason)] += 1
+
+    def take(self) -> Counter[tuple[str, str, str]]:
+        """The counts so far, and start again from none."""
+        with self._lock:
+            counts, self._counts = self._counts, Counter()
+        return counts
+
+    def give_back(self, counts: Counter[tuple[str, str, str]]) -> None:
+        """Counts that could not be recorded, to be tried again."""
+        with self._lock:
+            self._counts.update(counts)
+
+
+def take_batch(inbox: queue.Queue[Received], batch_max: int) -> list[Received]:
+    """What the writer stores in one transaction: the first message within 0.2 s, then
+    whatever else arrives within 50 ms, up to `batch_max` (empty when nothing came)."""
+    try:
+        messages = [inbox.get(timeout=0.2)]
+    except queue.Empty:
+        return []
+    deadline = time.monotonic() + 0.05
+    while len(messages) < batch_max and time.monotonic() < deadline:
+        try:
+            messages.append(inbox.get_nowait())
+        except queue.Empty:
+            time.sleep(0.002)
+    return messages

@@ -20,9 +20,17 @@ from typing import IO
 
 from zeal_server.errors import IdentityError
 
-__all__ = ["MAX_SLOTS", "CollectorIdentity", "claim_collector_id"]
+__all__ = [
+    "MAX_SLOTS",
+    "SESSION_TAKEN_OVER",
+    "CollectorIdentity",
+    "claim_collector_id",
+    "takeover_text",
+]
 
 MAX_SLOTS = 64
+#: MQTT v5 reason code of a DISCONNECT sent because another client took the session.
+SESSION_TAKEN_OVER = 142
 
 
 class CollectorIdentity:
@@ -59,4 +67,19 @@ def claim_collector_id(data_dir: Path) -> CollectorIdentity:
     raise IdentityError(
         f"{MAX_SLOTS} servers already run with the data directory {data_dir}; "
         "give each its own ZEAL_DATA_DIR or ZEAL_COLLECTOR_ID"
+    )
+
+
+def takeover_text(client_id: str, *, flapping: bool) -> str:
+    """Why the collector lost its session: the broker said another client took it over,
+    or (brokers that do not say) its connection was closed soon after each of 3 connects."""
+    if not flapping:
+        return (
+            f"another client connected with this collector's client id {client_id!r} and "
+            "took its session over"
+        )
+    return (
+        "the broker closed the collector's connection 3 times within a minute, each time "
+        "soon after it was made: another client probably uses its client id "
+        f"{client_id!r} and takes its session over"
     )

@@ -23,7 +23,8 @@ codes, like every answer of the API).
 from __future__ import annotations
 
 import logging
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from queue import Queue
 from typing import Any, Protocol
@@ -38,7 +39,14 @@ from sqlalchemy.orm import Session
 from zeal_server import store
 from zeal_server.models import Device, Stream
 
-__all__ = ["OUTCOMES", "CollectorFigures", "build_registry", "commit_lag_histogram", "exposition"]
+__all__ = [
+    "OUTCOMES",
+    "CollectorFigures",
+    "CommitLags",
+    "build_registry",
+    "commit_lag_histogram",
+    "exposition",
+]
 
 log = logging.getLogger("zeal_server.metrics")
 
@@ -51,6 +59,32 @@ LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30
 CONFIDENCE = 0.95
 
 
+class CommitLags:
+    """Receive-to-commit lag of stored messages: the histogram /metrics exposes, and the
+    last 20,000 lags (bounded: memory stays flat) for the health details."""
+
+    def __init__(self) -> None:
+        self.histogram = commit_lag_histogram()
+        self._recent: deque[tuple[float, int]] = deque(maxlen=20_000)
+
+    def observe(self, committed_ms: float, received_ms: int) -> None:
+        self._recent.append((committed_ms, int(committed_ms - received_ms)))
+        self.histogram.observe(max(0.0, committed_ms - received_ms) / 1000)
+
+    def summary(self, window_s: float = 60.0) -> dict[str, float] | None:
+        """Lags (ms) of the messages stored in the last `window_s`: p50, p99, max, how
+        many."""
+        since = time.time() * 1000 - window_s * 1000
+        lags = sorted(lag for when, lag in list(self._recent) if when >= since)
+        if not lags:
+            return None
+
+        def pick(q: float) -> float:
+            return float(lags[min(len(lags) - 1, int(q * len(lags)))])
+
+        return {"p50": pick(0.5), "p99": pick(0.99), "max": float(lags[-1]), "n": len(lags)}
+
+
 class CollectorFigures(Protocol):
     """What the metrics read of a collector (zeal_server.collector.Collector provides it;
     this module does not import the collector, which imports it)."""
@@ -60,7 +94,7 @@ class CollectorFigures(Protocol):
     queue: Queue[Any]
     broker_connected: bool
     database_ok: bool
-    lag_histogram: Histogram
+    lags: CommitLags
 
 
 def commit_lag_histogram() -> Histogram:
@@ -129,7 +163,7 @@ class _ProcessFigures(PrometheusCollector):
             value=int(bool(coll is None or coll.database_ok)),
         )
         if coll is not None:
-            yield from coll.lag_histogram.collect()
+            yield from coll.lags.histogram.collect()
 
 
 class _DatabaseFigures(PrometheusCollector):

@@ -19,10 +19,13 @@ The caller owns the transaction (functions take a session and never commit).
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
+from zeal_server.compaction import compact
 from zeal_server.models import (
     Aggregate,
     BatchSeen,
@@ -35,7 +38,15 @@ from zeal_server.models import (
 from zeal_server.segments import Columns, decode_columns, encode_columns
 from zeal_server.sums import VALUE_COLUMNS
 
-__all__ = ["MAX_RETENTION_DAYS", "cutoff_ms", "delete_device_data", "expire"]
+__all__ = [
+    "MAX_RETENTION_DAYS",
+    "cutoff_ms",
+    "delete_device_data",
+    "expire",
+    "housekeep",
+]
+
+log = logging.getLogger("zeal_server.collector")
 
 #: Retention is 1 day to 100 years.
 MAX_RETENTION_DAYS = 36_500
@@ -140,3 +151,18 @@ def _cut(session: Session, segment: Segment, payload_bits: int, device_id: int) 
     codes, timestamps, devices = encode_columns(kept, payload_bits, compress=segment.compacted)
     segment.codes, segment.timestamps, segment.devices = codes, timestamps, devices
     segment.n = int(np.count_nonzero(keep))
+
+
+def housekeep(session: Session, streams: list[Stream], now_ms: int, *, clock_lead_ms: int) -> None:
+    """The collector's periodic housekeeping: compact each stream's closed buckets, and
+    delete what is past its retention (whole buckets, see expire)."""
+    for stream in streams:
+        compact(session, stream, before_bucket=now_ms // (stream.bucket_seconds * 1000) - 1)
+        expired = expire(session, stream, now_ms, clock_lead_ms=clock_lead_ms)
+        if expired:
+            log.info(
+                "deleted %d readings of %s older than its retention of %d days",
+                expired,
+                stream.name,
+                stream.retention_days,
+            )

@@ -739,7 +739,7 @@ def test_db_errors_are_told_without_their_sql() -> None:
     statement or its parameters."""
     from sqlalchemy.exc import OperationalError
 
-    from zeal_server.collector import db_error_text
+    from zeal_server.db import error_text as db_error_text
 
     exc = OperationalError(
         "INSERT INTO batches VALUES (?, ?)", (12, b"secret"), Exception("disk full")

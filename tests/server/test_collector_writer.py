@@ -17,7 +17,8 @@ from sqlalchemy.exc import OperationalError
 
 from tests.server.test_api import settings
 from zeal_server.api import create_app
-from zeal_server.collector import Collector, _Message
+from zeal_server.collector import Collector
+from zeal_server.door import Received, take_batch
 from zeal_server.settings import ServerSettings
 
 
@@ -39,7 +40,7 @@ def writer(client: TestClient, tmp_path: Any) -> tuple[Collector, list[int]]:
     collector = Collector(server, client.app.state.sessions)  # type: ignore[attr-defined]
     acked: list[int] = []
     collector.client.ack = lambda mid, qos: acked.append(mid)  # type: ignore[method-assign]
-    collector.queue.put(_Message("zeal/v1/temps/a/up", b"\x02", 7, 1, 0))
+    collector.queue.put(Received("zeal/v1/temps/a/up", b"\x02", 7, 1, 0))
     return collector, acked
 
 
@@ -81,7 +82,7 @@ def test_a_database_error_is_retried_and_nothing_is_acknowledged_meanwhile(
 
     collector.ingest.add_many = flaky  # type: ignore[method-assign]
     collector._backoff = 0.01
-    pending = collector._take()
+    pending = take_batch(collector.queue, 10)
     assert collector._commit(pending) == "retry"
     assert (acked, collector.database_ok) == ([], False)
     assert collector.last_error == "database: Exception: database is locked"

@@ -40,7 +40,7 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
         body["collector"] = {
             "client_id": coll.client_id,
             "queue": coll.queue.qsize(),
-            "commit_lag_ms": coll.lag_ms(),
+            "commit_lag_ms": coll.lags.summary(),
             "database_ok": coll.database_ok,
             "last_error": coll.last_error,
             "writer_error": coll.writer_error,
