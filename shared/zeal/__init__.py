@@ -11,9 +11,9 @@ Public surface::
 """
 
 from zeal._exact import exact_sum, exact_sum_squares
+from zeal.distribution import OutputDistribution
 from zeal.errors import CodeError, ParameterError, ReadingError, ZealError, ZealWarning
 from zeal.estimate import Estimate
-from zeal.grid import OutputDistribution
 from zeal.mechanism import SAMPLERS, Zeal
 from zeal.privacy_audit import AuditReport, audit
 from zeal.wire import REASONS, Batch, CodecParams, WireError, decode_batch, encode_batch

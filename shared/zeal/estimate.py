@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
+import numpy as np
+
 from zeal.errors import ParameterError
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "bernstein_half_width",
     "bernstein_tail",
     "check_confidence",
+    "check_real",
     "difference_of",
 ]
 
@@ -42,6 +45,16 @@ class Estimate:
     guaranteed: tuple[float, float]
     in_range: bool
     confidence: float
+
+
+def check_real(name: str, value: object) -> float:
+    """A finite real number (bools and non-numbers refused), as a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise ParameterError(f"{name} must be a real number, got {value!r}")
+    result = float(value)
+    if not math.isfinite(result):
+        raise ParameterError(f"{name} must be finite, got {value!r}")
+    return result
 
 
 def check_confidence(confidence: float) -> float:

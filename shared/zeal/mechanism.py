@@ -19,19 +19,16 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from zeal._exact import ceil_log2, exact_sum, exact_sum_squares
-from zeal.errors import CodeError, ParameterError, ReadingError, ZealWarning
-from zeal.estimate import (
-    Estimate,
-    bernstein_half_width,
-    bernstein_tail,
-    check_confidence,
-    normal_quantile,
-)
-from zeal.grid import GridSampler, OutputDistribution, build_grid_sampler
+from zeal._exact import ceil_log2
+from zeal.aggregate import Aggregation
+from zeal.distribution import OutputDistribution
+from zeal.errors import ParameterError, ReadingError, ZealWarning
+from zeal.estimate import check_real
+from zeal.grid import GridSampler, build_grid_sampler
 from zeal.paper import PaperSampler
 from zeal.protocol import EPSILON_MAX, EXPONENT, PAYLOAD_BITS
 from zeal.randomness import Randomness
+from zeal.width import bits_at, default_bits, exponent_for_bits, smallest_exponent
 
 if TYPE_CHECKING:
     from zeal.privacy_audit import AuditReport
@@ -43,21 +40,9 @@ _SAMPLER_VERSIONS: Final = {"grid": 1, "paper": 1}
 MAX_EPSILON: Final = EPSILON_MAX
 _MIN_BITS, _MAX_BITS = PAYLOAD_BITS
 _MIN_EXPONENT, _MAX_EXPONENT = EXPONENT
-#: The default width keeps the grid's extra variance (at most D**2/4) within this share of
-#: the mechanism's smallest variance (Theorem 2 at z = 0).
-DEFAULT_GRID_VARIANCE_SHARE: Final = 0.01
 
 _U64 = npt.NDArray[np.uint64]
 _F64 = npt.NDArray[np.float64]
-
-
-def _real(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise ParameterError(f"{name} must be a real number, got {value!r}")
-    result = float(value)
-    if not math.isfinite(result):
-        raise ParameterError(f"{name} must be finite, got {value!r}")
-    return result
 
 
 def _integer(name: str, value: object, low: int, high: int) -> int:
@@ -68,7 +53,7 @@ def _integer(name: str, value: object, low: int, high: int) -> int:
     return int(value)
 
 
-class Zeal:
+class Zeal(Aggregation):
     """Parameters of one Zeal stream: feasible range, budget, code width, sampler.
 
     ``Zeal(lower=..., upper=..., epsilon=...)`` picks the narrowest code whose grid variance
@@ -162,7 +147,11 @@ class Zeal:
         sampler: str,
     ) -> None:
         set_ = functools.partial(object.__setattr__, self)
-        lo, hi, eps = _real("lower", lower), _real("upper", upper), _real("epsilon", epsilon)
+        lo, hi, eps = (
+            check_real("lower", lower),
+            check_real("upper", upper),
+            check_real("epsilon", epsilon),
+        )
         if not lo < hi:
             raise ParameterError(f"lower must be below upper, got lower={lower!r}, upper={upper!r}")
         if not 0.0 < eps <= MAX_EPSILON:
@@ -199,15 +188,17 @@ class Zeal:
         ):
             set_(name, value)
 
-        e_min = self._smallest_exponent()
+        e_min = smallest_exponent(self.C, self.e_enc)
         if exponent is not None:
             chosen = _integer("exponent", exponent, e_min, _MAX_EXPONENT)
         elif payload_bits is not None:
             bits = _integer("payload_bits", payload_bits, _MIN_BITS, _MAX_BITS)
-            chosen = self._exponent_for_bits(bits, e_min)
+            chosen = exponent_for_bits(self.C, bits, e_min)
         else:
-            chosen = self._exponent_for_bits(self._default_bits(e_min), e_min)
-        k = self._bits_at(chosen)
+            chosen = exponent_for_bits(
+                self.C, default_bits(self.C, self.epsilon, self.half_width, e_min), e_min
+            )
+        k = bits_at(self.C, chosen)
         step = math.ldexp(1.0, chosen - 52)
         top = Fraction(ebar) + Fraction(c)
         set_("exponent", chosen)
@@ -247,41 +238,11 @@ class Zeal:
 
     # -- construction helpers --------------------------------------------------------------
 
-    def _bits_at(self, exponent: int) -> int:
-        """64 - gamma_min at an exponent (Theorem 6, Eq. (28)), exactly."""
-        step = Fraction(2) ** (exponent - 52)
-        gamma = 12 + exponent - ceil_log2(2 * Fraction(self.C) + 3 * step)
-        return 64 - gamma
-
-    def _smallest_exponent(self) -> int:
-        e = max(self.e_enc, _MIN_EXPONENT)
-        while self._bits_at(e) > _MAX_BITS:
-            e += 1
-        if e > _MAX_EXPONENT:
-            raise ParameterError("the output range does not fit in float64")
-        return e
-
-    def _exponent_for_bits(self, bits: int, e_min: int) -> int:
-        """Smallest exponent whose code needs at most `bits` bits (finest grid for the width)."""
-        e = e_min
-        while self._bits_at(e) > bits:
-            e += 1
-        return e
-
-    def _default_bits(self, e_min: int) -> int:
-        s = math.exp(self.epsilon / 2)
-        # sqrt of Eq. (14) at z = 0, formed without squaring h (which could overflow)
-        smallest_sd = self.half_width * math.sqrt((s + 3) / 3) / (s - 1)
-        max_step = 2 * math.sqrt(DEFAULT_GRID_VARIANCE_SHARE) * smallest_sd
-        _mantissa, exp2 = math.frexp(max_step)  # max_step = mantissa * 2**exp2, mantissa in [.5,1)
-        exponent = max(e_min, exp2 - 1 + 52)
-        return self._bits_at(exponent)
-
     def _build_grid(self, bits: int) -> GridSampler:
         def build(k: int) -> GridSampler:
-            e = self._exponent_for_bits(k, self._smallest_exponent())
+            e = exponent_for_bits(self.C, k, smallest_exponent(self.C, self.e_enc))
             return build_grid_sampler(
-                payload_bits=self._bits_at(e),
+                payload_bits=bits_at(self.C, e),
                 lower=self.lower,
                 upper=self.upper,
                 top_value=self._top,
@@ -406,160 +367,6 @@ class Zeal:
             codes = self._codes_of_floats(self._paper.sample_values(clipped, rng))
         return codes.reshape(array.shape)
 
-    # -- server side -----------------------------------------------------------------------
-
-    def _valid_codes(self, codes: npt.ArrayLike) -> _U64:
-        array = np.asarray(codes)
-        if array.size == 0:
-            return np.zeros(array.shape, dtype=np.uint64)
-        if array.dtype.kind not in "iu":
-            raise CodeError(f"codes must be integers, got an array of {array.dtype}")
-        if array.dtype.kind == "i" and array.size and int(array.min()) < 0:
-            raise CodeError(f"codes must be >= {self.code_min}, got {int(array.min())}")
-        result = array.astype(np.uint64, copy=False)
-        if result.size:
-            low, high = int(result.min()), int(result.max())
-            if low < self.code_min or high > self.code_max:
-                bad = low if low < self.code_min else high
-                raise CodeError(
-                    f"code {bad} is outside [{self.code_min}, {self.code_max}], the codes this "
-                    f"stream's {self.payload_bits}-bit mechanism can produce"
-                )
-        return result
-
-    def _codes_of_floats(self, values: _F64) -> _U64:
-        bits = np.ascontiguousarray(values, dtype=np.float64).view(np.uint64)
-        mask = np.uint64((1 << self.payload_bits) - 1)
-        off_grid = np.flatnonzero((bits & ~mask) != np.uint64(self._prefix))
-        if off_grid.size:
-            i = int(off_grid[0])
-            raise CodeError(
-                f"value {float(values.ravel()[i])!r} at index {i} is not an output of this "
-                f"stream: outputs are float64 in [{self._value_of(self.code_min)!r}, "
-                f"{self._value_of(self.code_max)!r}] sharing their top {self.shared_bits} bits"
-            )
-        return bits & mask
-
-    def _value_of(self, code: int) -> float:
-        return float(np.array([self._prefix | code], dtype=np.uint64).view(np.float64)[0])
-
-    def to_float64(self, codes: npt.ArrayLike) -> _F64:
-        """The privatized values x* = x + Abar, rebuilt bit-exactly from codes."""
-        valid = self._valid_codes(codes)
-        values: _F64 = (valid | np.uint64(self._prefix)).view(np.float64)
-        return values
-
-    def from_float64(self, values: npt.ArrayLike) -> _U64:
-        """Codes of privatized float64 values; values off the grid or out of range raise."""
-        array = np.asarray(values)
-        if array.dtype.kind != "f":
-            raise CodeError(f"privatized values must be float64, got an array of {array.dtype}")
-        return self._valid_codes(self._codes_of_floats(array.astype(np.float64, copy=False)))
-
-    def decode(self, codes: npt.ArrayLike) -> _F64:
-        """Per-reading estimates x* - Abar = Ebar + C - q D, computed without cancellation.
-
-        Unbiased for the grid sampler. For the paper sampler Abar is its float64 Abar, which
-        is what that sampler added and what the paper's aggregator subtracts.
-
-        q D is exact (an integer times a power of two); no float near 2**exponent is formed.
-        """
-        valid = self._valid_codes(codes)
-        depth = ((1 << self.payload_bits) - 2) - valid.astype(np.int64)
-        estimates: _F64 = self.ebar + (self.C - depth.astype(np.float64) * self.grid_step)
-        return estimates
-
-    def variance_bound(self) -> float:
-        """An upper bound on Var[decode] valid for every reading in range.
-
-        Grid: computed exactly from the sampler's tables (see GridSampler.cell_variance_bound).
-        Paper: Theorem 2 at |z| = 1 plus D**2/4, nominal since that sampler is biased.
-        """
-        d2 = self.grid_step * self.grid_step
-        if self._grid is not None:
-            return float(self._grid.cell_variance_bound()) * d2 * (1 + 1e-12)
-        return self.mechanism_variance(self.upper) + d2 / 4
-
-    def error_bound(self) -> float:
-        """M: the largest |decode - reading| any reading in range can produce."""
-        low = float(self._decoded(self.code_min))
-        high = float(self._decoded(self.code_max))
-        return max(high - self.lower, self.upper - low)
-
-    def _decoded(self, code: int) -> Fraction:
-        depth = (1 << self.payload_bits) - 2 - code
-        return self._top - depth * Fraction(self.grid_step)
-
-    def estimate_mean(self, codes: npt.ArrayLike, *, confidence: float = 0.95) -> Estimate:
-        """AVG* (Eq. (15)) of codes with its standard error and two intervals.
-
-        The sums are exact integers over codes; the mean is formed in rational arithmetic
-        and rounded once. ``std_error`` uses the sample variance (for a single code, the
-        worst-case variance bound).
-        """
-        valid = self._valid_codes(codes).ravel()
-        k = self.payload_bits
-        return self.estimate_from_sums(
-            int(valid.size),
-            exact_sum(valid, k),
-            exact_sum_squares(valid, k),
-            confidence=confidence,
-        )
-
-    def estimate_from_sums(
-        self, n: int, sum_codes: int, sum_squares: int, *, confidence: float = 0.95
-    ) -> Estimate:
-        """The same estimate from exact sums of codes and of squared codes (e.g. a store's).
-
-        Raises CodeError when the sums cannot come from n valid codes.
-        """
-        level = check_confidence(confidence)
-        if n < 1:
-            raise CodeError("cannot estimate a mean from zero codes")
-        if not (
-            n * self.code_min <= sum_codes <= n * self.code_max
-            and sum_squares >= 0
-            and sum_codes * sum_codes <= n * sum_squares
-        ):
-            raise CodeError(
-                f"sums (n={n}, sum={sum_codes}, squares={sum_squares}) are not "
-                "those of valid codes of this stream"
-            )
-        top = (1 << self.payload_bits) - 2
-        sum_q = n * top - sum_codes
-        sum_q2 = n * top * top - 2 * top * sum_codes + sum_squares
-        step = Fraction(self.grid_step)
-        mean = float(self._top - step * Fraction(sum_q, n))
-        if n > 1:
-            sample_var = float(step * step * Fraction(n * sum_q2 - sum_q * sum_q, n * (n - 1)))
-        else:
-            sample_var = self.variance_bound()
-        std_error = math.sqrt(sample_var / n)
-        z = normal_quantile(level)
-        half = bernstein_half_width(
-            level, n=n, variance=self.variance_bound(), bound=self.error_bound()
-        )
-        return Estimate(
-            mean=mean,
-            n=n,
-            std_error=std_error,
-            ci=(mean - z * std_error, mean + z * std_error),
-            guaranteed=(mean - half, mean + half),
-            in_range=self.lower <= mean <= self.upper,
-            confidence=level,
-        )
-
-    def absolute_bound(self, lam: float, *, n: int) -> float:
-        """Upper bound on P(|AVG* - AVG| >= lam) for n readings (Theorem 3, two-sided)."""
-        return bernstein_tail(lam, n=n, variance=self.variance_bound(), bound=self.error_bound())
-
-    def relative_bound(self, lam: float, *, n: int, average: float) -> float:
-        """Upper bound on P(|AVG* - AVG| / |AVG| >= lam) (Theorem 4, derived from Theorem 3)."""
-        avg = _real("average", average)
-        if avg == 0:
-            raise ParameterError("the relative error is undefined for an average of 0")
-        return self.absolute_bound(lam * abs(avg), n=n)
-
     # -- exactness and audit ---------------------------------------------------------------
 
     @property
@@ -576,7 +383,7 @@ class Zeal:
         """The exact distribution of codes the grid sampler produces for a reading."""
         if self._grid is None:
             raise ParameterError("exact output distributions exist for the grid sampler only")
-        x = min(max(_real("reading", reading), self.lower), self.upper)
+        x = min(max(check_real("reading", reading), self.lower), self.upper)
         fixed = int(self._grid.fixed_starts(np.array([x]))[0])
         return OutputDistribution.of(self._grid, fixed, self._top, self.grid_step)
 

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Randomness", "random_words", "uniform_below"]
+__all__ = ["Randomness", "random_words", "uniform01", "uniform_below"]
 
 Randomness = np.random.Generator | None
 
@@ -40,3 +40,8 @@ def uniform_below(rng: Randomness, bound: int, n: int) -> npt.NDArray[np.int64]:
         out[todo] = redraw
         todo = todo[redraw >= limit]
     return out.astype(np.int64)
+
+
+def uniform01(rng: Randomness, n: int) -> npt.NDArray[np.float64]:
+    """n uniforms on [0, 1): the top 53 bits of random words, scaled exactly."""
+    return (random_words(rng, n) >> np.uint64(11)).astype(np.float64) * 2.0**-53
