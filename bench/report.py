@@ -483,7 +483,7 @@ def server_speed() -> dict[str, float]:
                 try:
                     out["postgresql"] = server_bench.ingest_rate(tmp, broker, url, "PostgreSQL")
                 finally:
-                    drop_database(url)
+                    drop_database()
         finally:
             process.terminate()
         out["average_ms"], out["average_group_ms"] = server_bench.average_latency(tmp)
@@ -494,20 +494,20 @@ ADMIN = os.environ.get("ZEAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:54
 
 
 def postgres_database() -> str | None:
-    try:
-        import psycopg
+    import psycopg
 
+    try:
         with psycopg.connect(ADMIN, autocommit=True, connect_timeout=3) as conn:
             conn.execute("DROP DATABASE IF EXISTS zeal_bench_report")
             conn.execute("CREATE DATABASE zeal_bench_report")
-    except Exception as exc:  # reported; the run goes on without PostgreSQL
+    except psycopg.Error as exc:  # reported; the run goes on without PostgreSQL
         print(f"PostgreSQL not available ({exc}); skipping its ingest figure")
         return None
     base = ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
     return f"{base}/zeal_bench_report"
 
 
-def drop_database(url: str) -> None:
+def drop_database() -> None:
     import psycopg
 
     with psycopg.connect(ADMIN, autocommit=True) as conn:

@@ -93,7 +93,7 @@ class Connection:
     # -- callbacks (network thread) -----------------------------------------------------
 
     def _on_connect(
-        self, client: mqtt.Client, userdata: Any, flags: Any, reason: ReasonCode, properties: Any
+        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _properties: Any
     ) -> None:
         if reason.is_failure:
             log.error("broker %s refused the connection: %s", self.settings.url, reason)
@@ -107,7 +107,7 @@ class Connection:
         if self.subscriptions:
             _, self._suback_mid = client.subscribe([(topic, 1) for topic in self.subscriptions])
 
-    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+    def _on_connect_fail(self, _client: mqtt.Client, _userdata: Any) -> None:
         self.failed_attempts += 1
         now = time.monotonic()
         if now - self._last_failure_log >= 60:
@@ -120,13 +120,13 @@ class Connection:
             )
 
     def _on_subscribe(
-        self, client: mqtt.Client, userdata: Any, mid: int, codes: Any, properties: Any
+        self, _client: mqtt.Client, _userdata: Any, mid: int, _codes: Any, _properties: Any
     ) -> None:
         if mid == self._suback_mid:
             self.subscribed += 1
 
     def _on_disconnect(
-        self, client: mqtt.Client, userdata: Any, flags: Any, reason: ReasonCode, properties: Any
+        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _properties: Any
     ) -> None:
         if getattr(reason, "value", None) == SESSION_TAKEN_OVER:
             self.taken_over.set()
@@ -149,9 +149,9 @@ class Connection:
         self.connected = False
 
     def _on_publish(
-        self, client: mqtt.Client, userdata: Any, mid: int, reason: ReasonCode, properties: Any
+        self, _client: mqtt.Client, _userdata: Any, mid: int, reason: ReasonCode, _properties: Any
     ) -> None:
         self.acks.put((mid, bool(reason.is_failure), str(reason)))
 
-    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+    def _on_message(self, _client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
         self.messages.put(Message(message.topic, bytes(message.payload), bool(message.retain)))

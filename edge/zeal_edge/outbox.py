@@ -226,7 +226,8 @@ class Outbox:
                         (seq + 1, fingerprint, offset, ns, seq),
                     ).rowcount
                     if updated != 1:
-                        raise OutboxError(f"sequence {seq} is not the next one of {ns}")
+                        # rolled back by the handler below, like any other failure
+                        raise OutboxError(f"sequence {seq} is not the next one of {ns}")  # noqa: TRY301
                     self._db.execute(
                         "INSERT INTO batches (namespace, sequence, payload, readings, created_ms) "
                         "VALUES (?, ?, ?, ?, ?)",

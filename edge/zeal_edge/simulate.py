@@ -105,14 +105,26 @@ def _params(values: dict[str, object], connection: Connection, stream: str, wait
     )
 
 
-def run_simulation(args: argparse.Namespace) -> int:
-    values = resolve(args, os.environ, _SETTINGS, {"stream"})
-    logging.getLogger().setLevel(str(values["log_level"]))
-    if args.devices < 1 or args.rate < 0:
-        raise ValueError("--devices must be >= 1 and --rate >= 0")
-    prefix = check_name("device prefix", args.device_prefix)
-    stream, batch = str(values["stream"]), int(values["batch"])
-    data = _load_column(Path(args.dataset), str(values["column"]))
+def _drain_and_report(
+    pipeline: Pipeline, devices: int, batch: int, committed: int, began: float
+) -> int:
+    """Wait up to 60 s for the broker to confirm what is left, print the figures, and
+    return the exit status (1 if anything is still unconfirmed)."""
+    drain_until = time.monotonic() + 60
+    while pipeline.unacknowledged and time.monotonic() < drain_until:
+        pipeline.pump()
+        time.sleep(0.01)
+    seconds = time.time() - began
+    acked = pipeline.acknowledged * batch
+    print(
+        f"simulated {devices} devices: {committed} readings in {committed // batch} batches, "
+        f"{acked} acknowledged, {seconds:.1f} s, {acked / seconds:,.0f} readings/s acknowledged"
+    )
+    return 0 if pipeline.unacknowledged == 0 else 1
+
+
+def _connection(values: dict[str, object], stream: str, prefix: str) -> Connection:
+    """The simulator's one MQTT connection (all its devices publish through it)."""
     broker = parse_broker_url(
         str(values["broker"]),
         username=values["username"],
@@ -121,11 +133,22 @@ def run_simulation(args: argparse.Namespace) -> int:
         cert_file=values["cert_file"],
         key_file=values["key_file"],
     )
-    connection = Connection(
+    return Connection(
         broker,
         client_id=f"zeal-sim-{stream}-{prefix}-{os.getpid()}",
         subscriptions=[config_topic(stream)],
     )
+
+
+def run_simulation(args: argparse.Namespace) -> int:
+    values = resolve(args, os.environ, _SETTINGS, {"stream"})
+    logging.getLogger().setLevel(str(values["log_level"]))
+    if args.devices < 1 or args.rate < 0:
+        raise ValueError("--devices must be >= 1 and --rate >= 0")
+    prefix = check_name("device prefix", args.device_prefix)
+    stream, batch = str(values["stream"]), int(values["batch"])
+    data = _load_column(Path(args.dataset), str(values["column"]))
+    connection = _connection(values, stream, prefix)
     outbox = Outbox(Path(str(values["data_dir"])) / "simulate.sqlite")
     connection.start()
     try:
@@ -146,11 +169,12 @@ def run_simulation(args: argparse.Namespace) -> int:
             )
             if done:
                 break
-            due = rounds < max_rounds if max_rounds is not None else True
-            if args.rate > 0:
-                due = due and elapsed * args.rate >= (rounds + 1) * batch
-            else:
-                due = due and pipeline.unacknowledged <= 2 * args.devices
+            paced = (
+                elapsed * args.rate >= (rounds + 1) * batch  # at the given rate
+                if args.rate > 0
+                else pipeline.unacknowledged <= 2 * args.devices  # as fast as acknowledged
+            )
+            due = paced and (max_rounds is None or rounds < max_rounds)
             if due:
                 index = (starts[:, None] + rounds * batch + np.arange(batch)) % data.size
                 codes = params.perturb(data[index])
@@ -172,18 +196,7 @@ def run_simulation(args: argparse.Namespace) -> int:
                     pipeline.acknowledged,
                     pipeline.unacknowledged,
                 )
-        drain_until = time.monotonic() + 60
-        while pipeline.unacknowledged and time.monotonic() < drain_until:
-            pipeline.pump()
-            time.sleep(0.01)
-        seconds = time.time() - began
-        acked = pipeline.acknowledged * batch
-        print(
-            f"simulated {args.devices} devices: {committed_readings} readings in "
-            f"{committed_readings // batch} batches, {acked} acknowledged, {seconds:.1f} s, "
-            f"{acked / seconds:,.0f} readings/s acknowledged"
-        )
-        return 0 if pipeline.unacknowledged == 0 else 1
+        return _drain_and_report(pipeline, args.devices, batch, committed_readings, began)
     finally:
         connection.stop()
         outbox.close()

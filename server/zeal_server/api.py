@@ -163,7 +163,7 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
     app.add_middleware(WriteGuard)
 
     @app.exception_handler(OperationalError)
-    async def database_down(request: Request, exc: OperationalError) -> JSONResponse:
+    async def database_down(_request: Request, _exc: OperationalError) -> JSONResponse:
         return JSONResponse({"detail": "database unavailable"}, status_code=503)
 
     @app.exception_handler(SQLAlchemyError)

@@ -68,7 +68,7 @@ def _enforce(found: Refusal | None) -> None:
 
 def operator(
     request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(OPERATOR)],
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Security(OPERATOR)],
 ) -> None:
     """Dependency of every write route."""
     _enforce(
@@ -78,7 +78,7 @@ def operator(
 
 def reader(
     request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(READ)],
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Security(READ)],
 ) -> None:
     """Dependency of every read route."""
     _enforce(refusal(request.headers.get("authorization"), _settings(request).read_token, "read"))

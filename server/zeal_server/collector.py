@@ -99,7 +99,7 @@ class Collector:
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
-        client.on_subscribe = lambda c, u, mid, codes, p: self.subscribed.set()
+        client.on_subscribe = lambda _c, _u, _mid, _codes, _p: self.subscribed.set()
         self.client = client
         self.configs = ConfigSync(
             lambda topic, payload: client.publish(topic, payload, qos=1, retain=True), sessions
@@ -147,7 +147,7 @@ class Collector:
     # -- paho callbacks (network thread) --------------------------------------------------
 
     def _on_connect(
-        self, client: mqtt.Client, userdata: Any, flags: Any, reason: ReasonCode, properties: Any
+        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _properties: Any
     ) -> None:
         if reason.is_failure:
             log.error("broker refused the collector: %s", reason)
@@ -175,7 +175,7 @@ class Collector:
             ]
         )
 
-    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+    def _on_connect_fail(self, _client: mqtt.Client, _userdata: Any) -> None:
         broker = self.settings.broker
         assert broker is not None
         self.last_error = f"broker {broker.url}: {why_unreachable(broker)}"
@@ -185,7 +185,7 @@ class Collector:
             log.error("cannot connect to the %s; retrying (logged once a minute)", self.last_error)
 
     def _on_disconnect(
-        self, client: mqtt.Client, userdata: Any, flags: Any, reason: ReasonCode, properties: Any
+        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _properties: Any
     ) -> None:
         flapping = self._flapping.lost(time.monotonic())
         if getattr(reason, "value", None) == identity.SESSION_TAKEN_OVER or flapping:
@@ -201,7 +201,7 @@ class Collector:
             log.warning("collector disconnected (%s); reconnecting", reason)
         self.broker_connected = False
 
-    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+    def _on_message(self, client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
         try:
             topic = message.topic
         except UnicodeDecodeError:  # brokers check UTF-8; never trust that
@@ -360,9 +360,8 @@ class Collector:
         try:
             with self.sessions() as session, session.begin():
                 for (stream, device, reason), count in shed.items():
-                    self.ingest.reject(
-                        session, stream, device, reason, int(time.time() * 1000), count=count
-                    )
+                    now = store.now_ms()
+                    self.ingest.reject(session, stream, device, reason, when=now, count=count)
                     self._log_rejects.reject(reason, stream, device)
         except SQLAlchemyError as exc:  # counts only; they are retried with the next batch
             self.shed.give_back(shed)

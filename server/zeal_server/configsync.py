@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from zeal.topics import config_topic
@@ -104,7 +105,7 @@ class ConfigSync:
                     for s in streams
                 }
                 ours = {s.name: self._documents[s.id] for s in streams}
-        except Exception as exc:
+        except SQLAlchemyError as exc:
             log.error("could not read the streams to publish their configurations: %s", exc)
             return None
         with self._lock:

@@ -162,7 +162,7 @@ class Ingest:
         return device_id
 
     def reject(
-        self, session: Session, stream: str, device: str, reason: str, when: int, count: int = 1
+        self, session: Session, stream: str, device: str, reason: str, *, when: int, count: int = 1
     ) -> Outcome:
         """Count a reject under (stream, device, reason). Once the table holds
         MAX_REJECT_ROWS rows, rejects of names it does not know yet are counted under
@@ -215,25 +215,27 @@ class Ingest:
         write(session, writes, self._statement)
         return outcomes
 
-    def _one(
+    def _one(  # noqa: PLR0911 (one return per check, in the order docs/server.md lists them)
         self, session: Session, topic: str, payload: bytes, received_ms: int, writes: Writes
     ) -> Outcome:
         names = parse_data_topic(topic)
         if names is None:
-            return self.reject(session, "", "", "bad_topic", received_ms)
+            return self.reject(session, "", "", "bad_topic", when=received_ms)
         stream_name, device_name = names
         try:
             check_name("stream", stream_name)
             check_name("device", device_name)
         except ParameterError:  # names a client chose are kept only when valid
-            return self.reject(session, "", "", "bad_topic", received_ms)
+            return self.reject(session, "", "", "bad_topic", when=received_ms)
         entry = self._stream(session, stream_name)
         if entry is None:
-            return self.reject(session, stream_name, device_name, "unknown_stream", received_ms)
+            return self.reject(
+                session, stream_name, device_name, "unknown_stream", when=received_ms
+            )
         try:
             batch = decode_batch(payload, entry.params, stream=stream_name, device=device_name)
         except WireError as exc:
-            return self.reject(session, stream_name, device_name, exc.reason, received_ms)
+            return self.reject(session, stream_name, device_name, exc.reason, when=received_ms)
         reason = self._implausible(entry, batch, received_ms)
         if (
             reason is None
@@ -243,7 +245,7 @@ class Ingest:
             reason = "not_enrolled"
         if reason is not None:
             return replace(
-                self.reject(session, stream_name, device_name, reason, received_ms),
+                self.reject(session, stream_name, device_name, reason, when=received_ms),
                 sequence=batch.sequence,
             )
         device_id = self._device(session, entry.id, device_name, received_ms)

@@ -219,19 +219,19 @@ class _Exchange:
         self.failure = why
         self.done.set()
 
-    def on_connect(self, client: mqtt.Client, u: Any, f: Any, reason: Any, p: Any) -> None:
+    def on_connect(self, client: mqtt.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
         if reason.is_failure:
             self._fail(f"the broker refused the admin login: {reason}")
         else:
             client.subscribe(RESPONSE, qos=1)
 
-    def on_subscribe(self, client: mqtt.Client, u: Any, mid: int, codes: Any, p: Any) -> None:
+    def on_subscribe(self, client: mqtt.Client, _u: Any, _mid: int, codes: Any, _p: Any) -> None:
         if any(code.is_failure for code in codes):
             self._fail(f"the admin login may not read {RESPONSE}")
         else:
             client.publish(CONTROL, json.dumps({"commands": self.commands}), qos=1)
 
-    def on_message(self, client: mqtt.Client, u: Any, message: mqtt.MQTTMessage) -> None:
+    def on_message(self, _client: mqtt.Client, _u: Any, message: mqtt.MQTTMessage) -> None:
         try:
             responses = json.loads(message.payload)["responses"]
         except (ValueError, KeyError, TypeError):

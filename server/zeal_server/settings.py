@@ -129,7 +129,7 @@ class ServerSettings:
                 ("ZEAL_BACKFILL_SECONDS", 300),
             )
         }
-        buckets = _whole(env, "ZEAL_MAX_BUCKETS_PER_BATCH", 1440, 1, 65_535, "buckets")
+        buckets = _whole(env, "ZEAL_MAX_BUCKETS_PER_BATCH", 1440, (1, 65_535), "buckets")
         return cls(
             max_future_seconds=limits["ZEAL_MAX_FUTURE_SECONDS"],
             max_age_seconds=limits["ZEAL_MAX_AGE_SECONDS"],
@@ -149,10 +149,13 @@ class ServerSettings:
 
 
 def _seconds(env: Mapping[str, str], name: str, default: int) -> int:
-    return _whole(env, name, default, 0, 100 * 365 * 86_400, "seconds (at most 100 years)")
+    return _whole(env, name, default, (0, 100 * 365 * 86_400), "seconds (at most 100 years)")
 
 
-def _whole(env: Mapping[str, str], name: str, default: int, lo: int, hi: int, what: str) -> int:
+def _whole(
+    env: Mapping[str, str], name: str, default: int, bounds: tuple[int, int], what: str
+) -> int:
+    lo, hi = bounds
     text = env.get(name)
     if text is None or text == "":
         return default

@@ -115,6 +115,7 @@ def series_sums(
     stream: Stream,
     first_bucket: int,
     stop_bucket: int,
+    *,
     buckets_per_point: int,
     device_ids: Devices = None,
 ) -> dict[int, Sums]:

@@ -275,7 +275,15 @@ def build_grid_sampler(
             "range; choose a smaller exponent (more payload bits change nothing here)"
         )
     for cell_bits in range(first, min(first + 12, _MAX_F) + 1):
-        tables = _tables(payload_bits, cell_bits, lower, upper, top_value, grid_step, epsilon)
+        tables = _tables(
+            payload_bits,
+            cell_bits,
+            lower=lower,
+            upper=upper,
+            top_value=top_value,
+            grid_step=grid_step,
+            epsilon=epsilon,
+        )
         if tables is not None:
             return tables
     raise ParameterError(
@@ -287,6 +295,7 @@ def build_grid_sampler(
 def _tables(
     k: int,
     f: int,
+    *,
     lower: float,
     upper: float,
     top_value: Fraction,

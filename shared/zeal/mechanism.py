@@ -130,18 +130,21 @@ class Zeal(Aggregation):
         sampler: str = "grid",
     ) -> None:
         try:
-            self._setup(lower, upper, epsilon, payload_bits, exponent, sampler)
+            self._setup(
+                lower, upper, epsilon, payload_bits=payload_bits, exponent=exponent, sampler=sampler
+            )
         except (OverflowError, ZeroDivisionError) as exc:
             raise ParameterError(
                 f"lower={lower!r}, upper={upper!r}, epsilon={epsilon!r} are too extreme for "
                 f"float64 arithmetic ({exc})"
             ) from exc
 
-    def _setup(
+    def _setup(  # noqa: PLR0915 (the derivation, Eqs. (9), (10), (21), (31), (28), in order)
         self,
         lower: float,
         upper: float,
         epsilon: float,
+        *,
         payload_bits: int | None,
         exponent: int | None,
         sampler: str,

@@ -190,12 +190,14 @@ def _first_at_least(
     paper: PaperSampler,
     x: float,
     piece: int,
-    lo: int,
-    hi: int,
+    span: tuple[int, int],
     targets: npt.NDArray[np.float64],
+    *,
     strict: bool,
 ) -> npt.NDArray[np.int64]:
-    """Per target, the first j in [lo, hi) whose output is >= target (> if strict), else hi."""
+    """Per target, the first j in [lo, hi) = span whose output is >= target (> if strict),
+    else hi."""
+    lo, hi = span
     low = np.full(targets.size, lo, dtype=np.int64)
     high = np.full(targets.size, hi, dtype=np.int64)
     while True:
@@ -236,8 +238,8 @@ def _audit_paper(params: Audited, paper: PaperSampler, max_outputs: int, seed: i
         ):
             if a < b:
                 counts[i] += _first_at_least(
-                    paper, x, piece, a, b, targets, True
-                ) - _first_at_least(paper, x, piece, a, b, targets, False)
+                    paper, x, piece, (a, b), targets, strict=True
+                ) - _first_at_least(paper, x, piece, (a, b), targets, strict=False)
     high, low = counts.max(axis=0), counts.min(axis=0)
     hole = (low == 0) & (high > 0)
     usable = low > 0

@@ -269,7 +269,7 @@ def encode_batch(
     return bytes(head) + _pack(values.astype(np.uint64), params.payload_bits)
 
 
-def decode_batch(  # noqa: C901 (the byte layout checked field by field, in order)
+def decode_batch(  # noqa: C901, PLR0912 (the byte layout checked field by field, in order)
     payload: bytes, params: WireParams, *, stream: str, device: str
 ) -> Batch:
     """Decode and validate a payload from `device` on `stream` against its parameters."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zeal import REASONS, ParameterError, Zeal
+from zeal import REASONS, ParameterError, Zeal, ZealWarning
 from zeal.protocol import (
     COLLECTOR_REASONS,
     EPSILON_MAX,
@@ -50,7 +50,8 @@ def test_the_mechanism_enforces_the_protocol_limits() -> None:
     with pytest.raises(ParameterError, match=re.escape(f"(0, {EPSILON_MAX}]")):
         Zeal(lower=0.0, upper=1.0, epsilon=EPSILON_MAX * 1.0001)
     for bits in PAYLOAD_BITS:
-        made = Zeal(lower=0.0, upper=1.0, epsilon=1.0, payload_bits=bits, sampler="paper")
+        with pytest.warns(ZealWarning, match="kept for comparison"):
+            made = Zeal(lower=0.0, upper=1.0, epsilon=1.0, payload_bits=bits, sampler="paper")
         assert made.payload_bits == bits  # the grid sampler has its own, lower ceiling
     for bits in (PAYLOAD_BITS[0] - 1, PAYLOAD_BITS[1] + 1):
         with pytest.raises(ParameterError, match="payload_bits"):
@@ -79,4 +80,4 @@ def test_the_collector_records_only_catalogue_reasons() -> None:
     assert set(NOTICES) - {"sequence_reset"} <= set(REJECT_REASONS)
     assert set(FATAL) <= set(REJECT_REASONS)
     with pytest.raises(AssertionError, match="not in the reject catalogue"):
-        Ingest().reject(None, "s", "d", "bad_mood", 0)  # type: ignore[arg-type]
+        Ingest().reject(None, "s", "d", "bad_mood", when=0)  # type: ignore[arg-type]

@@ -98,9 +98,9 @@ class Subscriber:
             protocol=MQTTProtocolVersion.MQTTv5,
         )
         self.client.reconnect_delay_set(min_delay=1, max_delay=1)
-        self.client.on_connect = lambda c, u, f, rc, p: c.subscribe(self.topic, qos=1)
+        self.client.on_connect = lambda c, _u, _f, _rc, _p: c.subscribe(self.topic, qos=1)
         self.client.on_message = self._on_message
-        self.client.on_subscribe = lambda c, u, mid, codes, p: self.subscribed.set()
+        self.client.on_subscribe = lambda _c, _u, _mid, _codes, _p: self.subscribed.set()
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = 3600
         self.client.connect_async(
@@ -110,7 +110,9 @@ class Subscriber:
         if not self.subscribed.wait(10):
             raise TimeoutError(f"test subscriber could not subscribe on port {self.port}")
 
-    def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
+    def _on_message(
+        self, _client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage
+    ) -> None:
         if message.retain:
             return
         with self._lock:

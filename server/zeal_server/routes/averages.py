@@ -152,7 +152,9 @@ def series(
             n=s.n,
             estimate=estimate_out(store.estimate(params, s, confidence)),
         )
-        for b, s in store.series_sums(db, stream, first, stop, per, devices).items()
+        for b, s in store.series_sums(
+            db, stream, first, stop, buckets_per_point=per, device_ids=devices
+        ).items()
     ]
     return SeriesOut(
         stream=name, interval_seconds=step, group=group, confidence=confidence, points=points
