@@ -73,10 +73,24 @@ def test_make_demo_from_a_fresh_clone(fresh_clone: Path) -> None:
             os.killpg(demo.pid, signal.SIGKILL)
         for line in processes_mentioning(str(clone)):
             os.kill(int(line.split()[0]), signal.SIGKILL)
+        demo.wait(timeout=30)
+        reader.join(timeout=10)
+        demo.stdout.close()  # type: ignore[union-attr]
     print(
         f"served average after {time.monotonic() - started:.0f} s: "
         f"{next(line for line in lines if SERVED.search(line)).strip()}"
     )
+
+
+def close_demo(demo: subprocess.Popen[str]) -> None:
+    """After the demo has stopped: its output read to the end, its pipe closed."""
+    demo.wait(timeout=60)
+    _readers.pop(demo.pid).join(timeout=10)
+    demo.stdout.close()  # type: ignore[union-attr]
+
+
+#: The thread reading each running demo's output, by process id.
+_readers: dict[int, threading.Thread] = {}
 
 
 def run_demo_until_serving(clone: Path, broker_url: str) -> tuple[subprocess.Popen[str], list[str]]:
@@ -91,10 +105,11 @@ def run_demo_until_serving(clone: Path, broker_url: str) -> tuple[subprocess.Pop
         start_new_session=True,
     )
     lines: list[str] = []
-    threading.Thread(
+    _readers[demo.pid] = threading.Thread(
         target=lambda: lines.extend(iter(demo.stdout.readline, "")),  # type: ignore[union-attr]
         daemon=True,
-    ).start()
+    )
+    _readers[demo.pid].start()
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any(SERVED.search(line) for line in lines):
         assert demo.poll() is None, "".join(lines[-30:])
@@ -128,6 +143,7 @@ def test_the_demo_stops_everything_it_started_on_sighup_and_sigterm(
             os.killpg(demo.pid, signal.SIGKILL)
         for line in processes_mentioning(str(clone)) + processes_mentioning(f"--port {port}"):
             os.kill(int(line.split()[0]), signal.SIGKILL)
+        close_demo(demo)
 
 
 def test_the_demo_withdraws_its_configuration_from_a_broker_that_outlives_it(
@@ -138,6 +154,7 @@ def test_the_demo_withdraws_its_configuration_from_a_broker_that_outlives_it(
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     broker = Mosquitto(tmp_path / "broker").start()
+    demo: subprocess.Popen[str] | None = None
     try:
         demo, _ = run_demo_until_serving(clone, broker.url)
         assert retained(broker.port, "zeal/v1/demo-temps/config") != b""
@@ -145,6 +162,10 @@ def test_the_demo_withdraws_its_configuration_from_a_broker_that_outlives_it(
         demo.wait(timeout=60)
         assert retained(broker.port, "zeal/v1/demo-temps/config") == b""
     finally:
+        if demo is not None:
+            if demo.poll() is None:
+                os.killpg(demo.pid, signal.SIGKILL)
+            close_demo(demo)
         broker.stop()
 
 

@@ -206,7 +206,8 @@ def main() -> int:
             f"fleet: {DEVICES} devices replaying Seattle 2010 temperatures, {RATE} readings/s "
             "each; Ctrl-C stops everything"
         )
-        data = np.array([float(row["temp"]) for row in csv.DictReader(DATA.open())])
+        with DATA.open() as handle:
+            data = np.array([float(row["temp"]) for row in csv.DictReader(handle)])
         began = time.time()
         while True:
             time.sleep(5)

@@ -225,8 +225,9 @@ def read_into(source: Source, inbox: queue.Queue[Any], stop: threading.Event) ->
     """Move the source's readings onto `inbox` until it ends or `stop` is set, then END (a
     thread's target: the agent's loop never waits on a slow source). A failing source is
     logged with its traceback and ends like an exhausted one."""
+    readings = iter(source)
     try:
-        for reading in source:
+        for reading in readings:
             while not stop.is_set():
                 try:
                     inbox.put(reading, timeout=0.5)
@@ -238,4 +239,7 @@ def read_into(source: Source, inbox: queue.Queue[Any], stop: threading.Event) ->
     except Exception:
         log.exception("source failed")
     finally:
+        close = getattr(readings, "close", None)
+        if close is not None:  # a generator source closes its file now, not at collection
+            close()
         inbox.put(END)

@@ -23,6 +23,7 @@ __all__ = [
     "bernstein_half_width",
     "bernstein_tail",
     "check_confidence",
+    "check_integer",
     "check_real",
     "difference_of",
 ]
@@ -55,6 +56,15 @@ def check_real(name: str, value: object) -> float:
     if not math.isfinite(result):
         raise ParameterError(f"{name} must be finite, got {value!r}")
     return result
+
+
+def check_integer(name: str, value: object, low: int, high: int) -> int:
+    """An integer in [low, high] (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ParameterError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    if not low <= int(value) <= high:
+        raise ParameterError(f"{name}={value!r} is outside [{low}, {high}]")
+    return int(value)
 
 
 def check_confidence(confidence: float) -> float:

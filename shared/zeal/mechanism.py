@@ -23,7 +23,7 @@ from zeal._exact import ceil_log2
 from zeal.aggregate import Aggregation
 from zeal.distribution import OutputDistribution
 from zeal.errors import ParameterError, ReadingError, ZealWarning
-from zeal.estimate import check_real
+from zeal.estimate import check_integer, check_real
 from zeal.grid import GridSampler, build_grid_sampler
 from zeal.paper import PaperSampler
 from zeal.protocol import EPSILON_MAX, EXPONENT, PAYLOAD_BITS
@@ -43,14 +43,6 @@ _MIN_EXPONENT, _MAX_EXPONENT = EXPONENT
 
 _U64 = npt.NDArray[np.uint64]
 _F64 = npt.NDArray[np.float64]
-
-
-def _integer(name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ParameterError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
-    if not low <= int(value) <= high:
-        raise ParameterError(f"{name}={value!r} is outside [{low}, {high}]")
-    return int(value)
 
 
 class Zeal(Aggregation):
@@ -193,9 +185,9 @@ class Zeal(Aggregation):
 
         e_min = smallest_exponent(self.C, self.e_enc)
         if exponent is not None:
-            chosen = _integer("exponent", exponent, e_min, _MAX_EXPONENT)
+            chosen = check_integer("exponent", exponent, e_min, _MAX_EXPONENT)
         elif payload_bits is not None:
-            bits = _integer("payload_bits", payload_bits, _MIN_BITS, _MAX_BITS)
+            bits = check_integer("payload_bits", payload_bits, _MIN_BITS, _MAX_BITS)
             chosen = exponent_for_bits(self.C, bits, e_min)
         else:
             chosen = exponent_for_bits(

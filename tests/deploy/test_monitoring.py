@@ -4,6 +4,7 @@ query of the Grafana dashboard is evaluated by that Prometheus on the server's m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -90,6 +91,7 @@ def test_prometheus_scrapes_the_server_and_every_dashboard_query_evaluates(
     server.env.update({"ZEAL_OPERATOR_TOKEN": TOKEN, "ZEAL_READ_TOKEN": READ})
     server.start()
     prometheus_process = None
+    stack = contextlib.ExitStack()
     reader = {"Authorization": f"Bearer {READ}"}
     try:
         body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "bucket_seconds": 1}
@@ -124,6 +126,10 @@ def test_prometheus_scrapes_the_server_and_every_dashboard_query_evaluates(
         job["static_configs"][0]["targets"] = [f"127.0.0.1:{server.port}"]
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(scrape))
         port = free_port()
+        prometheus_log = stack.enter_context((tmp_path / "prometheus.log").open("wb"))
+        prometheus = stack.enter_context(
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+        )
         prometheus_process = subprocess.Popen(
             [
                 "prometheus",
@@ -132,10 +138,9 @@ def test_prometheus_scrapes_the_server_and_every_dashboard_query_evaluates(
                 f"--web.listen-address=127.0.0.1:{port}",
             ],
             stdout=subprocess.DEVNULL,
-            stderr=(tmp_path / "prometheus.log").open("wb"),
+            stderr=prometheus_log,
         )
         wait_for_port(port, timeout=20)
-        prometheus = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
 
         def scraped_twice() -> bool:
             try:
@@ -162,3 +167,4 @@ def test_prometheus_scrapes_the_server_and_every_dashboard_query_evaluates(
             prometheus_process.terminate()
             prometheus_process.wait(timeout=10)
         server.stop()
+        stack.close()

@@ -35,6 +35,7 @@ def writer(client: TestClient, tmp_path: Any) -> tuple[Collector, list[int]]:
             "ZEAL_DATABASE_URL": "sqlite://",
             "ZEAL_DATA_DIR": str(tmp_path),
             "ZEAL_MQTT_URL": "mqtt://127.0.0.1:1",
+            "ZEAL_COLLECTOR_ID": "zeal-collector-writer-test",  # no identity file to hold
         }
     )
     collector = Collector(server, client.app.state.sessions)  # type: ignore[attr-defined]

@@ -83,7 +83,11 @@ def test_retention_deletes_whole_old_buckets_and_keeps_the_rest_exact(
     assert client.patch("/api/v1/streams/temps", json={"retention_days": 0}).status_code == 422
 
     server_settings = ServerSettings.from_env(
-        {"ZEAL_DATABASE_URL": database_url, "ZEAL_DATA_DIR": str(tmp_path)}
+        {
+            "ZEAL_DATABASE_URL": database_url,
+            "ZEAL_DATA_DIR": str(tmp_path),
+            "ZEAL_COLLECTOR_ID": "zeal-collector-retention-test",  # no identity file to hold
+        }
     )
     collector = Collector(server_settings, client.app.state.sessions)  # type: ignore[attr-defined]
     collector._compact()  # its housekeeping, as its writer runs it every 30 s

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 import numpy as np
@@ -52,14 +53,20 @@ class Server:
         self.cwd = cwd
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
+        self._output: IO[bytes] | None = None
+        self.http = self._client()
+
+    def _client(self) -> httpx.Client:
+        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
 
     def start(self) -> Server:
+        self._release()
+        self._output = self.log.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "zeal_server", "serve", "--port", str(self.port)],
             env=self.env,
             cwd=self.cwd,
-            stdout=self.log.open("ab"),
+            stdout=self._output,
             stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 30
@@ -72,15 +79,26 @@ class Server:
             time.sleep(0.1)
         raise AssertionError(f"server did not come up:\n{self.log.read_text()[-3000:]}")
 
+    def _release(self) -> None:
+        """Close the log handle and the HTTP connections of the last run (a new client is
+        ready for the next start)."""
+        if self._output is not None:
+            self._output.close()
+            self._output = None
+        self.http.close()
+        self.http = self._client()
+
     def kill(self) -> None:
         assert self.process is not None
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=10)
+        self._release()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=30)
+        self._release()
 
     def stats(self) -> dict[str, int]:
         # Counts only: the efficiency figures are not needed for polling.
