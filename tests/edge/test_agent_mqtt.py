@@ -60,6 +60,9 @@ def _no_agent_left_behind() -> Iterator[None]:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def start_agent(

@@ -111,7 +111,8 @@ def test_fleet_of_200_devices_end_to_end(
     """200 simulated devices replay Seattle data: the API's average is the exact estimate of
     every stored code and covers the true average within its guaranteed interval; per
     interval likewise."""
-    data = np.array([float(r["temp"]) for r in csv.DictReader(DATA.open())])
+    with DATA.open() as handle:
+        data = np.array([float(r["temp"]) for r in csv.DictReader(handle)])
     with TestClient(server_app(database_url, broker)) as client:
         params = create_stream(client, bucket_seconds=1)
         result = simulate(broker, tmp_path, "--devices", "200", "--rate", "20", "--readings", "60")

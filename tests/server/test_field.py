@@ -198,6 +198,9 @@ def test_an_agent_stops_within_one_batch_once_its_stream_is_deleted(
             if agent.poll() is None:
                 agent.kill()
                 agent.wait()
+            for pipe in (agent.stdin, agent.stderr):
+                if pipe is not None:
+                    pipe.close()
     assert code == 3, err[-3000:]
     assert "temps" in err
     assert "deleted" in err or "no longer" in err, err[-3000:]
