@@ -28,6 +28,7 @@ Methods (each returns a :class:`Comparison`):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -274,33 +275,32 @@ def _yuen(x: _F64, proportion: float, *, trim: bool) -> tuple[float, float, floa
     return float(w.mean()), spread * (n - 1) ** 2 / ((h - 1) ** 2 * n), h - 1.0
 
 
+#: A one-sample estimator: values -> (centre, squared standard error, degrees of freedom).
+_OneSample = Callable[[_F64], tuple[float, float, float]]
+
+
 def _robust(
     method: str,
     a: Partitions,
     b: Partitions,
-    proportion: float,
+    estimator: _OneSample,
     *,
     paired: bool,
     confidence: float,
 ) -> Comparison:
-    trim = method == "trimmed"
+    """A one-sample estimator applied to the paired block differences, or to each group's
+    device means (the difference then has Satterthwaite's degrees of freedom)."""
+    groups = (a, b)
     if paired:
         if len(a) != len(b):
             raise ParameterError("paired blocks need the same blocks in both groups")
-        centre, variance, df = _yuen(a.means - b.means, proportion, trim=trim)
-        return _result(
-            f"{method}_blocks",
-            centre,
-            variance,
-            df,
-            confidence=confidence,
-            groups=(a, b),
-            warnings=[],
-        )
-    ca, va, dfa = _yuen(a.means, proportion, trim=trim)
-    cb, vb, dfb = _yuen(b.means, proportion, trim=trim)
-    df = _satterthwaite(va, dfa, vb, dfb)
-    return _result(method, ca - cb, va + vb, df, confidence=confidence, groups=(a, b), warnings=[])
+        centre, variance, df = estimator(a.means - b.means)
+        method = f"{method}_blocks"
+    else:
+        ca, va, dfa = estimator(a.means)
+        cb, vb, dfb = estimator(b.means)
+        centre, variance, df = ca - cb, va + vb, _satterthwaite(va, dfa, vb, dfb)
+    return _result(method, centre, variance, df, confidence=confidence, groups=groups, warnings=[])
 
 
 def trimmed(
@@ -314,7 +314,11 @@ def trimmed(
     """The trimmed mean of the partition statistics (device means per group, Yuen's
     two-sample test; or the paired block differences): the `proportion` largest and
     smallest are dropped, the variance is the winsorized one."""
-    return _robust("trimmed", a, b, proportion, paired=paired, confidence=confidence)
+
+    def estimator(x: _F64) -> tuple[float, float, float]:
+        return _yuen(x, proportion, trim=True)
+
+    return _robust("trimmed", a, b, estimator, paired=paired, confidence=confidence)
 
 
 def winsorized(
@@ -327,7 +331,11 @@ def winsorized(
 ) -> Comparison:
     """The winsorized mean of the partition statistics: the `proportion` largest and
     smallest are set to the nearest kept value."""
-    return _robust("winsorized", a, b, proportion, paired=paired, confidence=confidence)
+
+    def estimator(x: _F64) -> tuple[float, float, float]:
+        return _yuen(x, proportion, trim=False)
+
+    return _robust("winsorized", a, b, estimator, paired=paired, confidence=confidence)
 
 
 def censored(
@@ -339,24 +347,10 @@ def censored(
     confidence: float = 0.95,
 ) -> Comparison:
     """The censored normal MLE of the partition statistics (device means per group, or the
-    paired block differences), its standard error from the observed information, and a t
-    reference on the uncensored partitions less one."""
-    if paired:
-        if len(a) != len(b):
-            raise ParameterError("paired blocks need the same blocks in both groups")
-        mean, variance, df = censored_normal_mle(a.means - b.means, proportion)
-        return _result(
-            "censored_blocks",
-            mean,
-            variance,
-            df,
-            confidence=confidence,
-            groups=(a, b),
-            warnings=[],
-        )
-    ma, va, dfa = censored_normal_mle(a.means, proportion)
-    mb, vb, dfb = censored_normal_mle(b.means, proportion)
-    df = _satterthwaite(va, dfa, vb, dfb)
-    return _result(
-        "censored", ma - mb, va + vb, df, confidence=confidence, groups=(a, b), warnings=[]
-    )
+    paired block differences; :mod:`zeal.censored`), its standard error from the observed
+    information, and a t reference on the uncensored partitions less one."""
+
+    def estimator(x: _F64) -> tuple[float, float, float]:
+        return censored_normal_mle(x, proportion)
+
+    return _robust("censored", a, b, estimator, paired=paired, confidence=confidence)
