@@ -33,7 +33,7 @@ from zeal_server.collector import Collector
 from zeal_server.db import make_engine, migrate, session_factory
 from zeal_server.deps import MAX_EXPORTS
 from zeal_server.metrics import build_registry
-from zeal_server.routes import averages, data, devices, health, logins, streams
+from zeal_server.routes import averages, compare, data, devices, health, logins, streams
 from zeal_server.schemas import ERRORS
 from zeal_server.settings import ServerSettings
 
@@ -193,6 +193,6 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
             response.headers.update(_DASHBOARD_HEADERS)
         return response
 
-    for module in (streams, averages, devices, data, health, logins):
+    for module in (streams, averages, compare, devices, data, health, logins):
         app.include_router(module.router)
     return app

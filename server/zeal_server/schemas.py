@@ -141,6 +141,9 @@ class SeriesOut(BaseModel):
 
 
 class CompareOut(BaseModel):
+    """Group A minus group B. ``mean_a``/``mean_b`` are the groups' reading-weighted
+    averages (AVG*); the inference follows ``unit`` and ``method``."""
+
     stream: str
     a: str
     b: str
@@ -148,13 +151,34 @@ class CompareOut(BaseModel):
     n_b: int
     mean_a: float | None
     mean_b: float | None
-    difference: float | None
-    std_error: float | None
-    ci: tuple[float, float] | None
-    p_value: float | None = Field(
-        description="two-sided test of equal means (normal approximation)"
+    unit: str = Field(description="device (the default) or reading")
+    method: str = Field(
+        description="cluster, device_means, paired_blocks, trimmed, winsorized, censored "
+        "(with _blocks when block differences were used), or reading"
     )
+    difference: float | None = None
+    std_error: float | None = None
+    df: float | None = Field(
+        default=None,
+        description="degrees of freedom of the t reference (none: normal, unit=reading)",
+    )
+    ci: tuple[float, float] | None = None
+    p_value: float | None = Field(default=None, description="two-sided test of equal means")
     confidence: float
+    partitions: tuple[int, int] | None = Field(
+        default=None, description="independent units per group: devices or time blocks"
+    )
+    smallest: tuple[int, int] | None = Field(
+        default=None, description="readings in each group's smallest partition"
+    )
+    median: tuple[float, float] | None = Field(
+        default=None, description="readings in each group's median partition"
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="few partitions, shared devices, autocorrelated blocks, or why there is "
+        "no inference",
+    )
 
 
 class DeviceOut(BaseModel):

@@ -110,6 +110,26 @@ def window_sums(
     return _to_sums(row)
 
 
+def device_sums(
+    session: Session,
+    stream: Stream,
+    first_bucket: int,
+    stop_bucket: int,
+    device_ids: Devices = None,
+) -> dict[int, Sums]:
+    """Exact sums over buckets [first, stop) per device (of `device_ids`, or all): the
+    partitions of a device-level comparison. Devices without readings are absent."""
+    query = select(Aggregate.device_id, *_sum_columns(Aggregate)).where(
+        Aggregate.stream_id == stream.id,
+        Aggregate.bucket >= first_bucket,
+        Aggregate.bucket < stop_bucket,
+    )
+    if device_ids is not None:
+        query = query.where(Aggregate.device_id.in_(device_ids))
+    rows = session.execute(query.group_by(Aggregate.device_id)).all()
+    return {int(r[0]): _to_sums(r, 1) for r in rows}
+
+
 def series_sums(
     session: Session,
     stream: Stream,

@@ -1,5 +1,5 @@
-"""Averages: the debiased average of a window, its series, two groups compared, and a
-preview of a stream's parameters."""
+"""Averages: the debiased average of a window, its series, and a preview of a stream's
+parameters (two groups compared: routes/compare.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from zeal.estimate import bernstein_half_width, difference_of
+from zeal.estimate import bernstein_half_width
 from zeal.protocol import EPSILON_MAX, EXPONENT, PAYLOAD_BITS
 from zeal_server import store
 from zeal_server.deps import (
@@ -28,7 +28,7 @@ from zeal_server.deps import (
     stream_or_404,
     window,
 )
-from zeal_server.schemas import AverageOut, CompareOut, PointOut, PreviewOut, SeriesOut
+from zeal_server.schemas import AverageOut, PointOut, PreviewOut, SeriesOut
 
 __all__ = ["router"]
 
@@ -159,40 +159,3 @@ def series(
     return SeriesOut(
         stream=name, interval_seconds=step, group=group, confidence=confidence, points=points
     )
-
-
-@router.get(f"{API}/streams/{{name}}/compare", dependencies=READ, response_model=CompareOut)
-def compare(
-    name: str,
-    db: Db,
-    a: Annotated[str, Query(description="first group, key:value", max_length=200)],
-    b: Annotated[str, Query(description="second group, key:value", max_length=200)],
-    start: Start = None,
-    end: End = None,
-    confidence: Confidence = 0.95,
-) -> CompareOut:
-    """Difference of two device groups' averages with its CI and a two-sided p-value."""
-    stream = stream_or_404(db, name)
-    first, stop = window(stream, start, end)
-    params = store.params_of(stream)
-    sums = [store.window_sums(db, stream, first, stop, devices_in(db, stream, g)) for g in (a, b)]
-    est = [store.estimate(params, s, confidence) if s.n > 1 else None for s in sums]
-    out = CompareOut(
-        stream=name,
-        a=a,
-        b=b,
-        n_a=sums[0].n,
-        n_b=sums[1].n,
-        mean_a=est[0].mean if est[0] else None,
-        mean_b=est[1].mean if est[1] else None,
-        difference=None,
-        std_error=None,
-        ci=None,
-        p_value=None,
-        confidence=confidence,
-    )
-    if est[0] and est[1]:
-        found = difference_of(est[0], est[1], confidence)
-        out.difference, out.std_error = found.difference, found.std_error
-        out.ci, out.p_value = found.ci, found.p_value
-    return out

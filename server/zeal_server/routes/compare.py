@@ -1,0 +1,189 @@
+"""Two device groups compared (``zeal.compare``): devices, or time blocks, are the
+independent units; readings only when asked (``unit=reading``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from zeal import ParameterError, Zeal
+from zeal import compare as methods
+from zeal.estimate import difference_of
+from zeal_server import store
+from zeal_server.deps import (
+    API,
+    MAX_POINTS,
+    READ,
+    Confidence,
+    Db,
+    End,
+    Start,
+    devices_in,
+    invalid,
+    stream_or_404,
+    window,
+)
+from zeal_server.models import Stream
+from zeal_server.schemas import CompareOut
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+Method = Literal["cluster", "device_means", "paired_blocks", "trimmed", "winsorized", "censored"]
+
+
+def _partitions(params: Zeal, sums: list[store.Sums]) -> methods.Partitions:
+    """Readings and decoded sums (AVG* times n, from the exact code sums) per partition."""
+    decoded = []
+    for s in sums:  # partitions come from rows with readings: n >= 1
+        estimate = store.estimate(params, s, 0.95)
+        assert estimate is not None
+        decoded.append(estimate.mean * s.n)
+    return methods.Partitions.of([s.n for s in sums], decoded)
+
+
+def _blocks(
+    db: Db, stream: Stream, span: tuple[int, int], per: int, groups: list[store.Devices]
+) -> tuple[list[store.Sums], list[store.Sums]]:
+    """Per time block of `per` buckets, each group's sums, for blocks both groups have."""
+    first, stop = span
+    if (stop - first) / per > MAX_POINTS:
+        raise invalid("query", "block_seconds", f"more than {MAX_POINTS} blocks")
+    a, b = (
+        store.series_sums(db, stream, first, stop, buckets_per_point=per, device_ids=g)
+        for g in groups
+    )
+    both = sorted(set(a) & set(b))
+    return [a[k] for k in both], [b[k] for k in both]
+
+
+@router.get(f"{API}/streams/{{name}}/compare", dependencies=READ, response_model=CompareOut)
+def compare(
+    name: str,
+    db: Db,
+    a: Annotated[str, Query(description="first group, key:value", max_length=200)],
+    b: Annotated[str, Query(description="second group, key:value", max_length=200)],
+    start: Start = None,
+    end: End = None,
+    confidence: Confidence = 0.95,
+    unit: Annotated[
+        Literal["device", "reading"],
+        Query(
+            description="the independent units: devices (default; readings of one device "
+            "are correlated) or readings (valid only if every reading is independent)"
+        ),
+    ] = "device",
+    method: Annotated[
+        Method,
+        Query(
+            description="cluster: reading-weighted means, device-level cluster-robust "
+            "standard error (default); device_means: mean of device means, Welch; "
+            "paired_blocks: differences of the groups' means per time block (needs "
+            "block_seconds); trimmed, winsorized, censored: robust means of the device "
+            "means, or of the block differences when block_seconds is given"
+        ),
+    ] = "cluster",
+    block_seconds: Annotated[
+        int | None,
+        Query(ge=1, description="time blocks for paired methods (a multiple of the bucket)"),
+    ] = None,
+    proportion: Annotated[
+        float, Query(ge=0, lt=0.5, description="share cut at each end (robust methods)")
+    ] = 0.1,
+    allow_overlap: Annotated[
+        bool, Query(description="compare groups that share devices (refused otherwise)")
+    ] = False,
+) -> CompareOut:
+    """Difference of two device groups' averages (A minus B) with its standard error,
+    degrees of freedom, CI and two-sided p-value, by the chosen method (docs/comparison.md)."""
+    stream = stream_or_404(db, name)
+    first, stop = window(stream, start, end)
+    params = store.params_of(stream)
+    groups = [devices_in(db, stream, g) for g in (a, b)]
+    per_device = [store.device_sums(db, stream, first, stop, g) for g in groups]
+    shared = set(per_device[0]) & set(per_device[1])
+    if shared and not allow_overlap:
+        raise invalid(
+            "query",
+            "b",
+            f"groups {a} and {b} share {len(shared)} device(s) with readings: a comparison "
+            "needs disjoint groups (allow_overlap=true compares them anyway)",
+        )
+    totals = [store.window_sums(db, stream, first, stop, g) for g in groups]
+    est = [store.estimate(params, s, confidence) if s.n > 1 else None for s in totals]
+    out = CompareOut(
+        stream=name,
+        a=a,
+        b=b,
+        n_a=totals[0].n,
+        n_b=totals[1].n,
+        mean_a=est[0].mean if est[0] else None,
+        mean_b=est[1].mean if est[1] else None,
+        confidence=confidence,
+        unit=unit,
+        method="reading" if unit == "reading" else method,
+        warnings=[f"groups {a} and {b} share {len(shared)} device(s)"] if shared else [],
+    )
+    if unit == "reading":
+        if est[0] and est[1]:
+            found = difference_of(est[0], est[1], confidence)
+            out.difference, out.std_error = found.difference, found.std_error
+            out.ci, out.p_value = found.ci, found.p_value
+        return out
+    if block_seconds is not None and method in ("cluster", "device_means"):
+        raise invalid(
+            "query",
+            "method",
+            f"method {method} compares devices; with block_seconds use paired_blocks, "
+            "trimmed, winsorized or censored",
+        )
+    if block_seconds is not None or method == "paired_blocks":
+        if block_seconds is None or block_seconds % stream.bucket_seconds:
+            raise invalid(
+                "query",
+                "block_seconds",
+                f"paired blocks need block_seconds, a multiple of the stream's bucket "
+                f"({stream.bucket_seconds} s)",
+            )
+        span = store.closed_window(db, stream, first, stop) or (first, first)
+        per = block_seconds // stream.bucket_seconds
+        rows = _blocks(db, stream, span, per, groups)
+    else:
+        rows = ([*per_device[0].values()], [*per_device[1].values()])
+    return _fill(out, method, rows, params, paired=block_seconds is not None, proportion=proportion)
+
+
+def _fill(
+    out: CompareOut,
+    method: str,
+    rows: tuple[list[store.Sums], list[store.Sums]],
+    params: Zeal,
+    *,
+    paired: bool,
+    proportion: float,
+) -> CompareOut:
+    """The comparison of the partitions, or the reason there is none (a warning)."""
+    try:
+        pa, pb = (_partitions(params, r) for r in rows)
+        if method == "cluster":
+            found = methods.cluster_weighted(pa, pb, confidence=out.confidence)
+        elif method == "device_means":
+            found = methods.device_means(pa, pb, confidence=out.confidence)
+        elif method == "paired_blocks":
+            found = methods.paired_blocks(pa, pb, confidence=out.confidence)
+        else:
+            robust = {"trimmed": methods.trimmed, "winsorized": methods.winsorized}
+            found = robust.get(method, methods.censored)(
+                pa, pb, proportion=proportion, paired=paired, confidence=out.confidence
+            )
+    except ParameterError as exc:
+        out.warnings.append(f"no {method} comparison: {exc}")
+        return out
+    out.method = found.method
+    out.difference, out.std_error, out.df = found.difference, found.std_error, found.df
+    out.ci, out.p_value = found.ci, found.p_value
+    out.partitions, out.smallest, out.median = found.partitions, found.smallest, found.median
+    out.warnings.extend(found.warnings)
+    return out

@@ -1,0 +1,153 @@
+"""GET /streams/{name}/compare on SQLite and PostgreSQL: the partition statistics the route
+compares are the exact per-device (or per-block) estimates of the stored codes, the
+methods are zeal.compare's, and bad or overlapping requests get a clear 422."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.server.test_api import OPERATOR, PARAMS, T0, create, feed, settings
+from zeal import compare
+from zeal.estimate import difference_of
+from zeal_server.api import create_app
+
+SITES = {"north": [f"n{i}" for i in range(6)], "south": [f"s{i}" for i in range(5)]}
+URL = "/api/v1/streams/temps/compare"
+
+
+@pytest.fixture
+def client(database_url: str) -> Iterator[TestClient]:
+    with TestClient(create_app(settings(database_url, ZEAL_OPERATOR_TOKEN=OPERATOR))) as c:
+        c.headers["Authorization"] = f"Bearer {OPERATOR}"
+        yield c
+
+
+def fleet(client: TestClient) -> dict[str, list[np.ndarray]]:
+    """11 devices in two sites, 3 one-minute batches each, device levels that differ."""
+    create(client)
+    rng = np.random.default_rng(9)
+    codes: dict[str, list[np.ndarray]] = {}
+    for site, devices in SITES.items():
+        for d, device in enumerate(devices):
+            level = rng.uniform(20, 80)
+            for seq in range(3):
+                readings = np.clip(rng.normal(level, 5, 20 + 5 * d), 0, 110)  # within its minute
+                c = feed(client, device, seq, readings, T0 + seq * 60_000, rng=100 * d + seq)
+                codes.setdefault(device, []).append(c)
+            tags = {"tags": {"site": site, "all": "yes"}}
+            assert client.put(f"/api/v1/streams/temps/devices/{device}/tags", json=tags).is_success
+    return codes
+
+
+def partitions(codes: dict[str, list[np.ndarray]], devices: list[str]) -> compare.Partitions:
+    """The partition statistics recomputed from the stored codes, device by device."""
+    rows = [np.concatenate(codes[d]) for d in devices]
+    return compare.Partitions.of(
+        [r.size for r in rows], [PARAMS.estimate_mean(r).mean * r.size for r in rows]
+    )
+
+
+def ask(client: TestClient, **query: Any) -> dict[str, Any]:
+    answer = client.get(URL, params={"a": "site:north", "b": "site:south", **query})
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def test_devices_are_the_units_by_default_and_each_method_is_the_cores(
+    client: TestClient,
+) -> None:
+    codes = fleet(client)
+    a, b = partitions(codes, SITES["north"]), partitions(codes, SITES["south"])
+    default = ask(client)
+    expected = compare.cluster_weighted(a, b)
+    assert (default["unit"], default["method"]) == ("device", "cluster")
+    assert default["difference"] == pytest.approx(expected.difference, rel=1e-12)
+    assert default["std_error"] == pytest.approx(expected.std_error, rel=1e-12)
+    assert default["df"] == pytest.approx(expected.df, rel=1e-12)
+    assert default["p_value"] == pytest.approx(expected.p_value, rel=1e-9)
+    assert default["partitions"] == [6, 5]
+    assert default["smallest"] == [60, 60]  # 3 batches of 20 readings
+    assert any("fewer than 10" in w for w in default["warnings"])
+    for name, method in (
+        ("device_means", compare.device_means),
+        ("trimmed", compare.trimmed),
+        ("winsorized", compare.winsorized),
+        ("censored", compare.censored),
+    ):
+        body = ask(client, method=name)
+        assert body["difference"] == pytest.approx(method(a, b).difference, rel=1e-12), name
+        assert body["std_error"] == pytest.approx(method(a, b).std_error, rel=1e-9), name
+    # the reading-weighted averages of the groups are the exact estimates of their codes
+    north = np.concatenate([c for d in SITES["north"] for c in codes[d]])
+    assert default["mean_a"] == PARAMS.estimate_mean(north).mean
+
+
+def test_unit_reading_keeps_the_reading_level_statistic(client: TestClient) -> None:
+    codes = fleet(client)
+    groups = [np.concatenate([c for d in SITES[s] for c in codes[d]]) for s in SITES]
+    old = difference_of(*(PARAMS.estimate_mean(g) for g in groups), 0.95)
+    body = ask(client, unit="reading")
+    assert (body["method"], body["df"], body["partitions"]) == ("reading", None, None)
+    assert body["difference"] == pytest.approx(old.difference)
+    assert body["std_error"] == pytest.approx(old.std_error)
+    assert body["p_value"] == pytest.approx(old.p_value)
+
+
+def test_paired_time_blocks_compare_the_groups_minute_by_minute(client: TestClient) -> None:
+    codes = fleet(client)
+    body = ask(client, method="paired_blocks", block_seconds=60)
+    per_minute = [
+        [np.concatenate([codes[d][minute] for d in SITES[s]]) for minute in range(3)] for s in SITES
+    ]
+    a, b = (
+        compare.Partitions.of(
+            [m.size for m in site], [PARAMS.estimate_mean(m).mean * m.size for m in site]
+        )
+        for site in per_minute
+    )
+    expected = compare.paired_blocks(a, b)
+    assert body["method"] == "paired_blocks"
+    assert body["partitions"] == [3, 3]
+    assert body["df"] == 2
+    assert body["difference"] == pytest.approx(expected.difference, rel=1e-12)
+    assert body["std_error"] == pytest.approx(expected.std_error, rel=1e-9)
+
+
+def test_bad_and_overlapping_requests_are_refused_with_the_reason(client: TestClient) -> None:
+    fleet(client)
+    overlapping = client.get(URL, params={"a": "site:north", "b": "all:yes"})
+    assert overlapping.status_code == 422
+    assert "share 6 device(s)" in overlapping.text
+    allowed = client.get(URL, params={"a": "site:north", "b": "all:yes", "allow_overlap": True})
+    assert allowed.status_code == 200
+    assert any("share 6" in w for w in allowed.json()["warnings"])
+    for query, fragment in (
+        ({"method": "paired_blocks"}, "need block_seconds"),
+        ({"method": "paired_blocks", "block_seconds": 90}, "multiple of the stream's bucket"),
+        ({"method": "cluster", "block_seconds": 60}, "compares devices"),
+        ({"method": "median"}, "Input should be"),
+        ({"proportion": 0.5}, "less than 0.5"),
+    ):
+        answer = client.get(URL, params={"a": "site:north", "b": "site:south", **query})
+        assert answer.status_code == 422, (query, answer.text)
+        assert fragment in answer.text, (query, answer.text)
+
+
+def test_a_group_of_one_device_gets_the_difference_and_says_why_there_is_no_test(
+    client: TestClient,
+) -> None:
+    create(client)
+    for d, site in enumerate(("east", "west")):
+        feed(client, f"d{d}", 0, np.full(30, 40.0 + d), T0, rng=d)
+        client.put(f"/api/v1/streams/temps/devices/d{d}/tags", json={"tags": {"site": site}})
+    body = client.get(URL, params={"a": "site:east", "b": "site:west"}).json()
+    assert (body["n_a"], body["n_b"]) == (30, 30)
+    assert body["std_error"] is None
+    assert body["p_value"] is None
+    assert any("at least 2 partitions" in w for w in body["warnings"])
