@@ -37,6 +37,7 @@ bench: install
 	$(BIN)/python -m zeal_edge.bench
 	$(BIN)/python bench/simulate_throughput.py
 	$(BIN)/python bench/store_compression.py
+	$(BIN)/python bench/comparison.py   # group comparisons on simulated fleets: bench/COMPARISON.md
 	$(BIN)/python bench/report.py   # baselines side by side: writes bench/REPORT.md (+ server speed)
 
 reliability: install   # the timed parts of docs/reliability.md (not in make test)
