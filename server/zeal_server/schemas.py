@@ -13,6 +13,7 @@ from zeal_server import store
 __all__ = [
     "AverageOut",
     "CompareOut",
+    "ComparePlanOut",
     "DeletedOut",
     "DeviceOut",
     "DevicesOut",
@@ -179,6 +180,20 @@ class CompareOut(BaseModel):
         description="few partitions, shared devices, autocorrelated blocks, or why there is "
         "no inference",
     )
+
+
+class ComparePlanOut(BaseModel):
+    """A planned device-level comparison of two groups (docs/comparison.md)."""
+
+    payload_bits: int
+    std_error: float = Field(description="standard error of the difference of the means")
+    df: float = Field(description="degrees of freedom of its t reference")
+    noise_variance: float = Field(description="Zeal's variance per reading, averaged")
+    effect: float
+    power: float = Field(description="probability of finding `effect` at level alpha")
+    alpha: float
+    target_power: float
+    detectable_effect: float = Field(description="smallest effect found with target_power")
 
 
 class DeviceOut(BaseModel):

@@ -12,8 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.server.test_api import OPERATOR, PARAMS, T0, create, feed, settings
-from zeal import compare
+from zeal import Zeal, compare
 from zeal.estimate import difference_of
+from zeal.plan import plan_comparison, zero_inflated
 from zeal_server.api import create_app
 
 SITES = {"north": [f"n{i}" for i in range(6)], "south": [f"s{i}" for i in range(5)]}
@@ -151,3 +152,31 @@ def test_a_group_of_one_device_gets_the_difference_and_says_why_there_is_no_test
     assert body["std_error"] is None
     assert body["p_value"] is None
     assert any("at least 2 partitions" in w for w in body["warnings"])
+
+
+def test_the_planner_answers_what_zeal_plan_computes(client: TestClient) -> None:
+    query = {"lower": 0, "upper": 100, "epsilon": 2, "devices": 20, "readings": 50}
+    query |= {"between_sd": 5, "within_sd": 10, "mean": 50, "effect": 4}
+    body = client.get("/api/v1/preview/compare", params=query).json()
+    params = Zeal(lower=0.0, upper=100.0, epsilon=2.0)
+    expected = plan_comparison(
+        params, devices=20, readings=50, between_sd=5, within_sd=10, mean=50, effect=4
+    )
+    assert body["std_error"] == pytest.approx(expected.std_error, rel=1e-12)
+    assert body["power"] == pytest.approx(expected.power, rel=1e-12)
+    assert body["detectable_effect"] == pytest.approx(expected.detectable, rel=1e-12)
+    assert (body["df"], body["payload_bits"]) == (38, params.payload_bits)
+    del query["within_sd"]
+    missing = client.get("/api/v1/preview/compare", params=query)
+    assert missing.status_code == 422
+    assert "zero_share, positive_mean and cv" in missing.text
+    zeros = client.get(
+        "/api/v1/preview/compare",
+        params={**query, "zero_share": 0.6, "positive_mean": 20, "cv": 0.8},
+    ).json()
+    mean, within = zero_inflated(0.6, 20, 0.8)
+    again = plan_comparison(
+        params, devices=20, readings=50, between_sd=5, within_sd=within, mean=50, effect=4
+    )
+    assert zeros["std_error"] == pytest.approx(again.std_error, rel=1e-12)
+    assert mean == pytest.approx(8.0)

@@ -1,5 +1,6 @@
 """Two device groups compared (``zeal.compare``): devices, or time blocks, are the
-independent units; readings only when asked (``unit=reading``)."""
+independent units; readings only when asked (``unit=reading``). And the planner of such a
+comparison (``zeal.plan``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from fastapi import APIRouter, Query
 from zeal import ParameterError, Zeal
 from zeal import compare as methods
 from zeal.estimate import difference_of
+from zeal.plan import plan_comparison, zero_inflated
+from zeal.protocol import EPSILON_MAX, PAYLOAD_BITS
 from zeal_server import store
 from zeal_server.deps import (
     API,
@@ -25,7 +28,7 @@ from zeal_server.deps import (
     window,
 )
 from zeal_server.models import Stream
-from zeal_server.schemas import CompareOut
+from zeal_server.schemas import CompareOut, ComparePlanOut
 
 __all__ = ["router"]
 
@@ -187,3 +190,86 @@ def _fill(
     out.partitions, out.smallest, out.median = found.partitions, found.smallest, found.median
     out.warnings.extend(found.warnings)
     return out
+
+
+Positive = Annotated[float, Query(ge=0, le=1e15)]
+
+
+@router.get(f"{API}/preview/compare", dependencies=READ, response_model=ComparePlanOut)
+def preview_compare(
+    lower: Annotated[float, Query(description="lower end of the feasible range")],
+    upper: Annotated[float, Query(description="upper end of the feasible range")],
+    epsilon: Annotated[
+        float, Query(gt=0, le=EPSILON_MAX, description="privacy budget per reading")
+    ],
+    devices: Annotated[int, Query(ge=2, le=10**7, description="devices per group")],
+    readings: Annotated[int, Query(ge=1, le=10**9, description="readings per device")],
+    between_sd: Annotated[
+        float, Query(ge=0, le=1e15, description="spread of device means within a group")
+    ],
+    payload_bits: Annotated[
+        int | None, Query(ge=PAYLOAD_BITS[0], le=store.MAX_SERVER_BITS, description="code width")
+    ] = None,
+    within_sd: Annotated[
+        float | None,
+        Query(ge=0, le=1e15, description="spread of readings around their device's mean"),
+    ] = None,
+    zero_share: Annotated[
+        float | None,
+        Query(ge=0, lt=1, description="instead of within_sd: the share of zero readings"),
+    ] = None,
+    positive_mean: Annotated[
+        float | None, Query(ge=0, le=1e15, description="with zero_share: mean of the rest")
+    ] = None,
+    cv: Annotated[
+        float | None, Query(ge=0, le=1e6, description="with zero_share: their CV")
+    ] = None,
+    mean: Annotated[
+        float | None, Query(description="typical reading (default: the middle of the range)")
+    ] = None,
+    effect: Annotated[float, Query(ge=0, le=1e15, description="the difference to detect")] = 0.0,
+    alpha: Annotated[float, Query(gt=0, lt=1, description="the test's level")] = 0.05,
+    power: Annotated[float, Query(gt=0, lt=1, description="the power wanted")] = 0.8,
+) -> ComparePlanOut:
+    """The standard error, power and minimum detectable effect of the default device-level
+    comparison (method=cluster) of two groups, before the data exist (docs/comparison.md).
+    Give the spread of readings within a device as within_sd, or as zero_share,
+    positive_mean and cv (then mean defaults to the readings' mean)."""
+    try:
+        params = store.derive_params(lower, upper, epsilon, payload_bits, None)
+    except store.StoreError as exc:
+        raise invalid("query", None, str(exc)) from exc
+    if within_sd is None:
+        if zero_share is None or positive_mean is None or cv is None:
+            raise invalid(
+                "query",
+                "within_sd",
+                "give within_sd, or zero_share, positive_mean and cv",
+            )
+        typical, within_sd = zero_inflated(zero_share, positive_mean, cv)
+        mean = typical if mean is None else mean
+    try:
+        plan = plan_comparison(
+            params,
+            devices=devices,
+            readings=readings,
+            between_sd=between_sd,
+            within_sd=within_sd,
+            mean=mean,
+            effect=effect,
+            alpha=alpha,
+            target_power=power,
+        )
+    except ParameterError as exc:
+        raise invalid("query", None, str(exc)) from exc
+    return ComparePlanOut(
+        payload_bits=params.payload_bits,
+        std_error=plan.std_error,
+        df=plan.df,
+        noise_variance=plan.noise_variance,
+        effect=effect,
+        power=plan.power,
+        alpha=alpha,
+        target_power=power,
+        detectable_effect=plan.detectable,
+    )
