@@ -11,6 +11,7 @@ from fastapi import Depends, HTTPException, Query, Request
 from sqlalchemy.orm import Session
 
 from zeal import Estimate
+from zeal.protocol import EPSILON_MAX, PAYLOAD_BITS
 from zeal.wire import MAX_TIMESTAMP
 from zeal_server import store
 from zeal_server.auth import operator, reader
@@ -28,8 +29,12 @@ __all__ = [
     "Confirm",
     "Db",
     "End",
+    "Epsilon",
     "Group",
+    "Lower",
+    "PayloadBits",
     "Start",
+    "Upper",
     "as_datetime",
     "bounds_out",
     "confirmed",
@@ -166,6 +171,13 @@ End = Annotated[datetime | None, Query(description="window end, exclusive (ISO 8
 Confirm = Annotated[
     str | None,
     Query(description="the name of what is deleted, again: deleting cannot be undone"),
+]
+#: The parameters of a stream that is not created yet (the previews).
+Lower = Annotated[float, Query(description="lower end of the feasible range")]
+Upper = Annotated[float, Query(description="upper end of the feasible range")]
+Epsilon = Annotated[float, Query(gt=0, le=EPSILON_MAX, description="privacy budget per reading")]
+PayloadBits = Annotated[
+    int | None, Query(ge=PAYLOAD_BITS[0], le=store.MAX_SERVER_BITS, description="code width")
 ]
 Group = Annotated[
     str | None, Query(description="devices whose tag matches key:value", max_length=200)

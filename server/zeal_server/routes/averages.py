@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from zeal.estimate import bernstein_half_width
-from zeal.protocol import EPSILON_MAX, EXPONENT, PAYLOAD_BITS
+from zeal.protocol import EXPONENT
 from zeal_server import store
 from zeal_server.deps import (
     API,
@@ -18,8 +18,12 @@ from zeal_server.deps import (
     Confidence,
     Db,
     End,
+    Epsilon,
     Group,
+    Lower,
+    PayloadBits,
     Start,
+    Upper,
     as_datetime,
     bounds_out,
     devices_in,
@@ -37,14 +41,10 @@ router = APIRouter()
 
 @router.get(f"{API}/preview", dependencies=READ, response_model=PreviewOut)
 def preview(
-    lower: Annotated[float, Query(description="lower end of the feasible range")],
-    upper: Annotated[float, Query(description="upper end of the feasible range")],
-    epsilon: Annotated[
-        float, Query(gt=0, le=EPSILON_MAX, description="privacy budget per reading")
-    ],
-    payload_bits: Annotated[
-        int | None, Query(ge=PAYLOAD_BITS[0], le=store.MAX_SERVER_BITS, description="code width")
-    ] = None,
+    lower: Lower,
+    upper: Upper,
+    epsilon: Epsilon,
+    payload_bits: PayloadBits = None,
     exponent: Annotated[int | None, Query(ge=EXPONENT[0], le=EXPONENT[1])] = None,
     n: Annotated[int, Query(ge=1, le=10**15, description="readings averaged")] = 10_000,
     confidence: Confidence = 0.95,

@@ -12,7 +12,6 @@ from zeal import ParameterError, Zeal
 from zeal import compare as methods
 from zeal.estimate import difference_of
 from zeal.plan import plan_comparison, zero_inflated
-from zeal.protocol import EPSILON_MAX, PAYLOAD_BITS
 from zeal_server import store
 from zeal_server.deps import (
     API,
@@ -21,7 +20,11 @@ from zeal_server.deps import (
     Confidence,
     Db,
     End,
+    Epsilon,
+    Lower,
+    PayloadBits,
     Start,
+    Upper,
     devices_in,
     invalid,
     stream_or_404,
@@ -197,19 +200,15 @@ Positive = Annotated[float, Query(ge=0, le=1e15)]
 
 @router.get(f"{API}/preview/compare", dependencies=READ, response_model=ComparePlanOut)
 def preview_compare(
-    lower: Annotated[float, Query(description="lower end of the feasible range")],
-    upper: Annotated[float, Query(description="upper end of the feasible range")],
-    epsilon: Annotated[
-        float, Query(gt=0, le=EPSILON_MAX, description="privacy budget per reading")
-    ],
+    lower: Lower,
+    upper: Upper,
+    epsilon: Epsilon,
     devices: Annotated[int, Query(ge=2, le=10**7, description="devices per group")],
     readings: Annotated[int, Query(ge=1, le=10**9, description="readings per device")],
     between_sd: Annotated[
         float, Query(ge=0, le=1e15, description="spread of device means within a group")
     ],
-    payload_bits: Annotated[
-        int | None, Query(ge=PAYLOAD_BITS[0], le=store.MAX_SERVER_BITS, description="code width")
-    ] = None,
+    payload_bits: PayloadBits = None,
     within_sd: Annotated[
         float | None,
         Query(ge=0, le=1e15, description="spread of readings around their device's mean"),
