@@ -93,11 +93,16 @@ def plan_comparison(
     noise = params.variance(centre) + (between * between + within * within) / (s - 1)
     per_group = (between * between + (within * within + noise) / readings) / devices
     std_error = math.sqrt(2 * per_group)
+    if not (math.isfinite(noise) and 0.0 < std_error < math.inf):
+        raise ParameterError(
+            "the planned standard error does not fit in float64: the spreads or the range "
+            "are too large"
+        )
     df = 2.0 * devices - 2.0
     power = _power(effect, std_error, df, alpha)
     low, high = 0.0, std_error
     while _power(high, std_error, df, alpha) < target_power:
-        high *= 2
+        high *= 2  # power reaches 1 as the effect grows: at most about 60 doublings
     for _ in range(100):
         middle = (low + high) / 2
         if _power(middle, std_error, df, alpha) < target_power:

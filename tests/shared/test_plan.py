@@ -76,3 +76,10 @@ def test_planned_standard_error_and_power_are_what_the_fleet_shows() -> None:
     assert plan.std_error == pytest.approx(spread, rel=3 / math.sqrt(2 * (reps - 1)))
     assert abs(plan.power - power) <= 3 * math.sqrt(power * (1 - power) / reps)
     assert plan.detectable > effect  # power 0.8 needs more than this effect
+
+
+def test_figures_beyond_float64_are_refused_not_returned_as_nan() -> None:
+    with pytest.raises(ParameterError, match="does not fit in float64"):
+        plan_comparison(PARAMS, devices=2, readings=1, between_sd=1e200, within_sd=1e200)
+    with pytest.raises(ParameterError, match="does not fit in float64"):
+        plan_comparison(PARAMS, devices=2, readings=1, between_sd=0.0, within_sd=1e160)
