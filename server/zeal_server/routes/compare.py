@@ -117,7 +117,14 @@ def compare(
             f"groups {a} and {b} share {len(shared)} device(s) with readings: a comparison "
             "needs disjoint groups (allow_overlap=true compares them anyway)",
         )
-    totals = [store.window_sums(db, stream, first, stop, g) for g in groups]
+    totals = [
+        store.Sums(
+            sum(s.n for s in rows.values()),
+            sum(s.sum_codes for s in rows.values()),
+            sum(s.sum_squares for s in rows.values()),
+        )
+        for rows in per_device
+    ]  # exact integers: the same as the window's sums, without reading them again
     est = [store.estimate(params, s, confidence) if s.n > 1 else None for s in totals]
     out = CompareOut(
         stream=name,
