@@ -281,10 +281,74 @@ def test_window_interval_and_group_change_the_chart_to_the_api_values(
         "() => document.getElementById('compare-out').dataset.p !== undefined", timeout=15000
     )
     compare = server.get("/api/v1/streams/temps/compare", a="site:north", b="site:south")
-    p_value = compare["p_value"]
-    shown = f"{p_value:.2e}" if p_value < 1e-4 else f"{p_value:#.3g}"
-    assert text(page, "#compare-p") == shown.replace("e-0", "e-")
+    assert text(page, "#compare-p") == shown_p(compare["p_value"])
     assert text(page, "#compare-diff") == f"{compare['difference']:.3f} {UNIT}"
+
+
+def shown_p(p_value: float) -> str:
+    """The page's p-value format (fmtP in app.js)."""
+    shown = f"{p_value:.2e}" if p_value < 1e-4 else f"{p_value:#.3g}"
+    return shown.replace("e-0", "e-")
+
+
+@pytest.mark.parametrize(
+    ("method", "blocks", "expected"),
+    [
+        ("cluster", "", {"unit": "device", "method": "cluster"}),
+        ("device_means", "", {"method": "device_means"}),
+        ("trimmed", "", {"method": "trimmed"}),
+        ("censored", "", {"method": "censored"}),
+        ("paired_blocks", "1", {"method": "paired_blocks", "block_seconds": 1}),
+        ("winsorized", "2", {"method": "winsorized", "block_seconds": 2}),
+        ("reading", "", {"unit": "reading"}),
+    ],
+)
+def test_comparison_panel_shows_the_api_figures_for_each_method(
+    page: Any, server: Server, method: str, blocks: str, expected: dict[str, Any]
+) -> None:
+    """The operator picks the method (and time blocks); the panel shows the API's
+    difference, interval, p-value, method, degrees of freedom, units and warnings."""
+    page.goto(server.origin + "/#/stream/temps?window=all&a=site:north&b=site:south")
+    page.wait_for_function(
+        "() => document.getElementById('compare-out').dataset.method === 'cluster'",
+        timeout=15000,
+    )
+    page.select_option("#compare-method", method)
+    if blocks:
+        page.select_option("#compare-blocks", blocks)
+    answer = server.get("/api/v1/streams/temps/compare", a="site:north", b="site:south", **expected)
+    page.wait_for_function(
+        "m => { const o = document.getElementById('compare-out'); "
+        "return o.dataset.method === m && o.dataset.query.includes('block_seconds') === "
+        f"{json.dumps(bool(blocks))}; }}",
+        arg=answer["method"],
+        timeout=15000,
+    )
+    data = page.eval_on_selector("#compare-out", "o => ({...o.dataset})")
+    assert float(data["difference"]) == answer["difference"]
+    assert float(data["p"]) == answer["p_value"]
+    assert text(page, "#compare-diff") == f"{answer['difference']:.3f} {UNIT}"
+    low, high = answer["ci"]
+    assert text(page, "#compare-ci") == f"{low:.3f} – {high:.3f} {UNIT}"
+    assert text(page, "#compare-p") == shown_p(answer["p_value"])
+    warnings = page.eval_on_selector_all("#compare-warnings li", "ls => ls.map(l => l.textContent)")
+    assert warnings == answer["warnings"]
+    if method == "reading":
+        assert answer["df"] is None
+        assert data["df"] == ""
+        assert text(page, "#compare-df") == "∞ (normal)"
+        assert text(page, "#compare-units") == f"{answer['n_a']:,} / {answer['n_b']:,} readings"
+        return
+    assert float(data["df"]) == answer["df"]
+    assert text(page, "#compare-df") == f"{answer['df']:.1f}"
+    units = "blocks" if blocks else "devices"
+    pa, pb = answer["partitions"]
+    assert text(page, "#compare-units") == f"{pa:,} / {pb:,} {units}"
+    if blocks == "1":  # eight or nine one-second blocks: the few-partitions warning shows
+        assert pa < 10
+        assert any("fewer than 10" in w for w in warnings)
+    # The choice is kept in the address, so a reload shows the same comparison.
+    assert f"method={method}" in page.url or method == "cluster"
 
 
 def test_devices_table_sorts_and_pages(page: Any, server: Server) -> None:

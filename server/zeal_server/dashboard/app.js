@@ -7,6 +7,29 @@ const API = "/api/v1";
 const REFRESH_MS = 10000;
 const SVG_NS = "http://www.w3.org/2000/svg";
 const WINDOWS = { "1h": 3600, "1d": 86400, "1w": 604800 };
+// The comparison methods of GET …/compare (docs/comparison.md); "reading" stands for
+// unit=reading.
+const COMPARE_METHODS = [
+  ["cluster", "Devices: reading-weighted, cluster-robust (default)"],
+  ["device_means", "Devices: mean of device means (Welch)"],
+  ["paired_blocks", "Paired time blocks"],
+  ["trimmed", "Trimmed mean (10 % each end)"],
+  ["winsorized", "Winsorized mean (10 % each end)"],
+  ["censored", "Censored normal MLE (10 % each end)"],
+  ["reading", "Readings as independent (only if they are)"],
+];
+const METHOD_NAMES = {
+  cluster: "reading-weighted, cluster-robust",
+  device_means: "mean of device means, Welch",
+  paired_blocks: "paired time blocks",
+  trimmed: "trimmed device means (Yuen)",
+  winsorized: "winsorized device means",
+  censored: "censored normal MLE of device means",
+  trimmed_blocks: "trimmed block differences",
+  winsorized_blocks: "winsorized block differences",
+  censored_blocks: "censored normal MLE of block differences",
+  reading: "readings as independent",
+};
 const NICE_SECONDS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
   21600, 43200, 86400, 172800, 604800];
 const PAGE = 25;
@@ -271,6 +294,8 @@ function streamView(main, name, params) {
     group: params.get("group") || "",
     a: params.get("a") || "",
     b: params.get("b") || "",
+    method: params.get("method") || "cluster",
+    blocks: params.get("blocks") || "",
     sort: "name",
     descending: false,
     page: 0,
@@ -294,6 +319,9 @@ function streamView(main, name, params) {
   const groupSelect = el("select", { id: "group" });
   const groupA = el("select", { id: "group-a" });
   const groupB = el("select", { id: "group-b" });
+  const methodSelect = el("select", { id: "compare-method" },
+    ...COMPARE_METHODS.map(([value, text]) => el("option", { value, text })));
+  const blockSelect = el("select", { id: "compare-blocks" });
   const summary = el("div", { class: "figures", id: "summary" },
     figure("Average", "window-mean"),
     figure("95 % interval (normal)", "window-ci"),
@@ -307,8 +335,12 @@ function streamView(main, name, params) {
     figure("Group B average", "compare-b"),
     figure("Difference A − B", "compare-diff"),
     figure("95 % interval of the difference", "compare-ci"),
-    figure("p-value (equal means)", "compare-p"));
+    figure("p-value (equal means)", "compare-p"),
+    figure("Method", "compare-method-out"),
+    figure("Degrees of freedom", "compare-df"),
+    figure("Independent units (A / B)", "compare-units"));
   const compareNote = el("p", { class: "muted", id: "compare-note" });
+  const compareWarnings = el("ul", { class: "warnings", id: "compare-warnings", "aria-live": "polite" });
   const efficiencyBody = el("tbody", { id: "efficiency-body" });
   const devicesBody = el("tbody", { id: "devices-body" });
   const devicesHead = el("tr", {});
@@ -349,8 +381,10 @@ function streamView(main, name, params) {
       el("h2", { id: "compare-title", text: "Compare two groups" }),
       el("div", { class: "controls" },
         el("label", { for: "group-a" }, "Group A", groupA),
-        el("label", { for: "group-b" }, "Group B", groupB)),
-      compareOut, compareNote),
+        el("label", { for: "group-b" }, "Group B", groupB),
+        el("label", { for: "compare-method" }, "Method", methodSelect),
+        el("label", { for: "compare-blocks" }, "Time blocks", blockSelect)),
+      compareOut, compareNote, compareWarnings),
     el("div", { class: "grid2" },
       el("section", { class: "card", "aria-labelledby": "efficiency-title" },
         el("h2", { id: "efficiency-title", text: "Efficiency (bits per reading)" }),
@@ -381,7 +415,8 @@ function streamView(main, name, params) {
 
   function keepInUrl() {
     const keep = { window: state.window, interval: state.interval === "auto" ? "" : state.interval,
-      group: state.group, a: state.a, b: state.b };
+      group: state.group, a: state.a, b: state.b,
+      method: state.method === "cluster" ? "" : state.method, blocks: state.blocks };
     if (state.window === "custom") Object.assign(keep, { start: state.start, end: state.end });
     history.replaceState(null, "", `#/stream/${encodeURIComponent(name)}${query(keep)}`);
   }
@@ -419,6 +454,26 @@ function streamView(main, name, params) {
       intervalSelect.append(el("option", { value: state.interval, text: describeDuration(Number(state.interval)) }));
       intervalSelect.value = state.interval;
     }
+  }
+
+  function fillBlocks() {
+    // Time blocks for the paired and robust methods: multiples of the stream's bucket.
+    const bucket = stream.bucket_seconds;
+    const lengths = [...new Set([bucket, ...NICE_SECONDS.filter((x) => x % bucket === 0)])];
+    blockSelect.replaceChildren(el("option", { value: "", text: "None: devices are the units" }),
+      ...lengths.map((s) => el("option", { value: String(s), text: describeDuration(s) })));
+    if (state.method === "paired_blocks" && !state.blocks) state.blocks = String(bucket);
+    blockSelect.value = state.blocks;
+    methodSelect.value = state.method;
+    syncBlocks();
+  }
+
+  function syncBlocks() {
+    // Device-level methods take no blocks; paired blocks need them; the robust methods
+    // take either.
+    const devicesOnly = ["cluster", "device_means", "reading"].includes(state.method);
+    blockSelect.disabled = devicesOnly;
+    blockSelect.options[0].disabled = state.method === "paired_blocks";
   }
 
   function fillGroups() {
@@ -595,28 +650,45 @@ function streamView(main, name, params) {
 
   async function loadCompare() {
     const mine = ++compareAsked;
-    for (const id of ["compare-a", "compare-b", "compare-diff", "compare-ci", "compare-p"]) set(id, "–");
     if (!state.a || !state.b) {
+      for (const id of ["compare-a", "compare-b", "compare-diff", "compare-ci", "compare-p",
+        "compare-method-out", "compare-df", "compare-units"]) set(id, "–");
+      compareWarnings.replaceChildren();
+      for (const key of Object.keys(compareOut.dataset)) delete compareOut.dataset[key];
       compareNote.textContent = groups.length
         ? "Choose two groups to compare their averages over the window above."
         : "Tag devices (PUT …/devices/{device}/tags) to compare groups.";
       return;
     }
     const bounds = windowBounds();
-    const out = await api(`${streamPath(name)}/compare${query({ a: state.a, b: state.b, start: bounds.start, end: bounds.end })}`);
+    const reading = state.method === "reading";
+    const blocks = ["cluster", "device_means", "reading"].includes(state.method) ? "" : state.blocks;
+    const asked = { a: state.a, b: state.b, start: bounds.start, end: bounds.end,
+      unit: reading ? "reading" : "", method: reading ? "" : state.method, block_seconds: blocks };
+    const out = await api(`${streamPath(name)}/compare${query(asked)}`);
     if (mine !== compareAsked) return;
+    compareOut.dataset.query = query(asked);
     compareOut.dataset.p = out.p_value === null ? "" : String(out.p_value);
     compareOut.dataset.difference = out.difference === null ? "" : String(out.difference);
+    compareOut.dataset.method = out.method;
+    compareOut.dataset.df = out.df === null ? "" : String(out.df);
+    set("compare-method-out", METHOD_NAMES[out.method] || out.method);
+    set("compare-df", out.df === null ? "∞ (normal)" : fmt(out.df, 1));
+    set("compare-units", out.partitions
+      ? `${fmtInt(out.partitions[0])} / ${fmtInt(out.partitions[1])} ${out.method.endsWith("blocks") ? "blocks" : "devices"}`
+      : (reading ? `${fmtInt(out.n_a)} / ${fmtInt(out.n_b)} readings` : "–"));
+    compareWarnings.replaceChildren(...out.warnings.map((w) => el("li", { text: w })));
     set("compare-a", out.mean_a === null ? "–" : `${withUnit(fmt(out.mean_a), stream.unit)} (n ${fmtInt(out.n_a)})`);
     set("compare-b", out.mean_b === null ? "–" : `${withUnit(fmt(out.mean_b), stream.unit)} (n ${fmtInt(out.n_b)})`);
     set("compare-diff", withUnit(fmt(out.difference), stream.unit));
     set("compare-ci", out.ci ? withUnit(`${fmt(out.ci[0])} – ${fmt(out.ci[1])}`, stream.unit) : "–");
     set("compare-p", fmtP(out.p_value));
+    const reference = out.df === null ? "normal approximation" : `t on ${fmt(out.df, 1)} df`;
     compareNote.textContent = out.p_value === null
-      ? "Each group needs at least two readings in the window."
+      ? "No inference for this choice: see the warnings below."
       : out.p_value < 0.05
-        ? "The groups' averages differ (p < 0.05, normal approximation)."
-        : "No evidence that the groups' averages differ at the 5 % level.";
+        ? `The groups differ (p < 0.05, ${reference}).`
+        : `No evidence that the groups differ at the 5 % level (${reference}).`;
   }
 
   async function loadStats() {
@@ -687,6 +759,16 @@ function streamView(main, name, params) {
   groupSelect.addEventListener("change", () => { state.group = groupSelect.value; changed(); });
   groupA.addEventListener("change", () => { state.a = groupA.value; changed(); });
   groupB.addEventListener("change", () => { state.b = groupB.value; changed(); });
+  methodSelect.addEventListener("change", () => {
+    state.method = methodSelect.value;
+    if (state.method === "paired_blocks" && !state.blocks) {
+      state.blocks = String(stream.bucket_seconds);
+      blockSelect.value = state.blocks;
+    }
+    syncBlocks();
+    changed();
+  });
+  blockSelect.addEventListener("change", () => { state.blocks = blockSelect.value; changed(); });
   customBox.hidden = state.window !== "custom";
   drawDeviceHead();
 
@@ -695,6 +777,7 @@ function streamView(main, name, params) {
       if (!stream) {
         stream = await api(streamPath(name));
         fillIntervals();
+        fillBlocks();
         showParams();
       }
       groups = await api(`${streamPath(name)}/groups`);
