@@ -52,6 +52,7 @@ from zeal_server.streams import (
 )
 from zeal_server.sums import (
     Devices,
+    DeviceSums,
     Sums,
     bucket_bounds,
     closed_window,
@@ -70,6 +71,7 @@ __all__ = [
     "MAX_TAGS",
     "MAX_TAG_KEY",
     "MAX_TAG_VALUE",
+    "DeviceSums",
     "Devices",
     "Ingest",
     "Outcome",

@@ -9,9 +9,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     Select,
+    cast,
     func,
     select,
 )
@@ -110,24 +113,68 @@ def window_sums(
     return _to_sums(row)
 
 
+@dataclass(frozen=True)
+class DeviceSums:
+    """One group's devices with readings in a window: their ids, readings and exact sums of
+    codes (the partitions of a device-level comparison), and the group's totals from the
+    same read (with the sum of squared codes only when asked for)."""
+
+    ids: frozenset[int]
+    counts: list[int]
+    sum_codes: list[int]
+    n: int
+    total_codes: int
+    total_squares: int | None
+
+    @property
+    def total(self) -> Sums:
+        if self.total_squares is None:
+            raise ValueError("these sums were read without their squares")
+        return Sums(self.n, self.total_codes, self.total_squares)
+
+
 def device_sums(
     session: Session,
     stream: Stream,
     first_bucket: int,
     stop_bucket: int,
     device_ids: Devices = None,
-) -> dict[int, Sums]:
-    """Exact sums over buckets [first, stop) per device (of `device_ids`, or all): the
-    partitions of a device-level comparison. Devices without readings are absent."""
-    query = select(Aggregate.device_id, *_sum_columns(Aggregate)).where(
+    *,
+    squares: bool = False,
+) -> DeviceSums:
+    """Exact sums over buckets [first, stop) per device (of `device_ids`, or all). Devices
+    without readings are absent.
+
+    A group can hold 100,000 devices, so the rows come straight from the driver into numpy:
+    every column is a sum of one limb over a device's buckets, far below 2**63, so int64
+    holds them exactly; limbs are combined into exact integers only afterwards. The squares
+    (four more columns per row) are read only when asked for."""
+    names = ["n", *SUM_COLUMNS, *(SQUARE_COLUMNS if squares else [])]
+    limbs = [
+        cast(func.coalesce(func.sum(getattr(Aggregate, c)), 0), BigInteger) for c in names
+    ]  # PostgreSQL's sum(bigint) is numeric (Decimal in Python): bigint is what fits
+    query = select(Aggregate.device_id, *limbs).where(
         Aggregate.stream_id == stream.id,
         Aggregate.bucket >= first_bucket,
         Aggregate.bucket < stop_bucket,
     )
     if device_ids is not None:
         query = query.where(Aggregate.device_id.in_(device_ids))
-    rows = session.execute(query.group_by(Aggregate.device_id)).all()
-    return {int(r[0]): _to_sums(r, 1) for r in rows}
+    rows = session.connection().execute(query.group_by(Aggregate.device_id)).cursor.fetchall()
+    table = np.array(rows, dtype=np.int64).reshape(-1, 1 + len(names))
+    columns = [int(v) for v in table[:, 1:].sum(axis=0)]
+    codes = table[:, 2 : 2 + SUM_LIMBS].astype(object)
+    combined = codes[:, 0]
+    for i in range(1, SUM_LIMBS):
+        combined = combined + (codes[:, i] << (LIMB_BITS * i))
+    return DeviceSums(
+        ids=frozenset(table[:, 0].tolist()),
+        counts=table[:, 1].tolist(),
+        sum_codes=[int(c) for c in combined],
+        n=columns[0],
+        total_codes=from_limbs(columns[1 : 1 + SUM_LIMBS]),
+        total_squares=from_limbs(columns[1 + SUM_LIMBS :]) if squares else None,
+    )
 
 
 def series_sums(

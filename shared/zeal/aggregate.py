@@ -114,6 +114,38 @@ class Aggregation:
         estimates: _F64 = self.ebar + (self.C - depth.astype(np.float64) * self.grid_step)
         return estimates
 
+    def _sum_numerator(self) -> tuple[int, int, int, int]:
+        """(top, D, denominator, highest code) with decoded sums = (n * top - D * (n *
+        highest - sum of codes)) / denominator exactly: the common denominator of the top
+        value and the grid step, over which the arithmetic is in integers."""
+        step = Fraction(self.grid_step)
+        denominator = math.lcm(self._top.denominator, step.denominator)
+        top = self._top.numerator * (denominator // self._top.denominator)
+        grid = step.numerator * (denominator // step.denominator)
+        return top, grid, denominator, (1 << self.payload_bits) - 2
+
+    def decoded_sums(self, counts: list[int], sum_codes: list[int]) -> _F64:
+        """Per partition, the sum of its decoded values (n times AVG*, Eq. (15)) from the
+        exact sums of its codes, in exact integer arithmetic and rounded once: the partition
+        statistics of a comparison (``zeal.compare.Partitions``), at integer cost per
+        partition instead of a whole estimate's."""
+        if len(counts) != len(sum_codes):
+            raise ParameterError(f"{len(counts)} counts but {len(sum_codes)} sums of codes")
+        top, grid, denominator, highest = self._sum_numerator()
+        sums = [
+            (n * top - grid * (n * highest - codes)) / denominator  # int / int: rounded once
+            for n, codes in zip(counts, sum_codes, strict=True)
+        ]
+        return np.asarray(sums, dtype=np.float64)
+
+    def mean_of_sums(self, n: int, sum_codes: int) -> float:
+        """AVG* (Eq. (15)) from n and the exact sum of codes, rounded once: the same float
+        as :meth:`estimate_from_sums`'s mean, without the squares its standard error needs."""
+        if n < 1:
+            raise CodeError("cannot estimate a mean from zero codes")
+        top, grid, denominator, highest = self._sum_numerator()
+        return (n * top - grid * (n * highest - sum_codes)) / (n * denominator)
+
     def variance_bound(self) -> float:
         """An upper bound on Var[decode] valid for every reading in range.
 

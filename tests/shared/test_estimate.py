@@ -129,3 +129,36 @@ def test_the_difference_of_two_estimates_is_normal_with_their_errors_added() -> 
     assert difference_of(exact, exact, 0.95).p_value is None
     with pytest.raises(ParameterError):
         difference_of(a, b, 1.5)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        Zeal(lower=0, upper=110, epsilon=1, payload_bits=6),
+        Zeal(lower=-40, upper=85.5, epsilon=3),
+        Zeal(lower=0, upper=1e6, epsilon=0.5, payload_bits=12),
+    ],
+)
+def test_decoded_sums_are_the_partitions_sums_of_decoded_values(params: Zeal) -> None:
+    """Per partition, n times AVG* from exact code sums: the sum of the decoded codes (to
+    rounding once, where the float sum of decodes rounds at every step); and AVG* from n
+    and the sum of codes alone is estimate_mean's, bit for bit."""
+    rng = np.random.default_rng(12)
+    counts, code_sums, fsums, means = [], [], [], []
+    for n in (1, 2, 7, 1000, 20_000):
+        codes = params.perturb(rng.uniform(params.lower, params.upper, n), rng=rng)
+        counts.append(n)
+        code_sums.append(int(codes.astype(object).sum()))
+        fsums.append(math.fsum(params.decode(codes)))
+        means.append(params.estimate_mean(codes).mean)
+    found = params.decoded_sums(counts, code_sums)
+    scale = max(abs(params.lower), abs(params.upper))
+    for n, codes, mean in zip(counts, code_sums, means, strict=True):
+        assert params.mean_of_sums(n, codes) == mean  # the same float, bit for bit
+    with pytest.raises(CodeError):
+        params.mean_of_sums(0, 0)
+    for got, fsum, mean, n in zip(found, fsums, means, counts, strict=True):
+        assert got == pytest.approx(fsum, rel=1e-12, abs=1e-12 * scale * n)
+        assert got / n == pytest.approx(mean, rel=1e-15, abs=1e-15 * scale)
+    with pytest.raises(ParameterError, match="2 counts but 1 sums"):
+        params.decoded_sums([1, 2], [3])
