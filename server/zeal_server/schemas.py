@@ -194,6 +194,10 @@ class ComparePlanOut(BaseModel):
     alpha: float
     target_power: float
     detectable_effect: float = Field(description="smallest effect found with target_power")
+    power_from: str = Field(
+        description="how power was found: the t approximation, or a seeded simulation of the "
+        "test (shape=lognormal)"
+    )
 
 
 class DeviceOut(BaseModel):

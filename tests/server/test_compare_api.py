@@ -4,6 +4,8 @@ methods are zeal.compare's, and bad or overlapping requests get a clear 422."""
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +17,7 @@ from tests.server.test_api import OPERATOR, PARAMS, T0, create, feed, settings
 from zeal import Zeal, compare
 from zeal.estimate import difference_of
 from zeal.plan import plan_comparison, zero_inflated
+from zeal_server import store
 from zeal_server.api import create_app
 
 SITES = {"north": [f"n{i}" for i in range(6)], "south": [f"s{i}" for i in range(5)]}
@@ -48,9 +51,10 @@ def fleet(client: TestClient) -> dict[str, list[np.ndarray]]:
 def partitions(codes: dict[str, list[np.ndarray]], devices: list[str]) -> compare.Partitions:
     """The partition statistics recomputed from the stored codes, device by device."""
     rows = [np.concatenate(codes[d]) for d in devices]
-    return compare.Partitions.of(
-        [r.size for r in rows], [PARAMS.estimate_mean(r).mean * r.size for r in rows]
-    )
+    sizes = [r.size for r in rows]
+    decoded = PARAMS.decoded_sums(sizes, [int(r.astype(object).sum()) for r in rows])
+    assert decoded == pytest.approx([PARAMS.estimate_mean(r).mean * r.size for r in rows])
+    return compare.Partitions.of(sizes, decoded)
 
 
 def ask(client: TestClient, **query: Any) -> dict[str, Any]:
@@ -120,6 +124,66 @@ def test_paired_time_blocks_compare_the_groups_minute_by_minute(client: TestClie
     assert body["std_error"] == pytest.approx(expected.std_error, rel=1e-9)
 
 
+def exported(client: TestClient) -> list[tuple[int, str, float]]:
+    """Every stored reading as /export gives it: (timestamp ms, device, decoded value)."""
+    text = client.get("/api/v1/streams/temps/export").text
+    rows = list(csv.DictReader(io.StringIO(text)))
+    return [(int(r["timestamp_ms"]), r["device"], float(r["estimate"])) for r in rows]
+
+
+def from_rows(rows: list[tuple[int, str, float]], key: Any) -> compare.Partitions:
+    """Partition statistics (readings, sum of decoded values) grouped by `key` of a row."""
+    counts: dict[Any, int] = {}
+    sums: dict[Any, float] = {}
+    for row in rows:
+        k = key(row)
+        counts[k] = counts.get(k, 0) + 1
+        sums[k] = sums.get(k, 0.0) + row[2]
+    order = sorted(counts)
+    return compare.Partitions.of([counts[k] for k in order], [sums[k] for k in order])
+
+
+def test_partition_statistics_equal_a_recomputation_from_export(client: TestClient) -> None:
+    """The route reads per-device and per-block aggregates; /export reads the segments. With
+    part of the window compacted, and a late batch in a compacted minute, both give the same
+    partitions: no reading lost or counted twice between them."""
+    codes = fleet(client)
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        stream = store.stream_by_name(session, "temps")
+        assert stream is not None
+        assert store.compact(session, stream, before_bucket=T0 // 60_000 + 2) > 0
+    late = feed(client, "n0", 3, np.full(7, 33.0), T0 + 10_000, rng=77)  # minute 0, compacted
+    codes["n0"].append(late)
+    rows = exported(client)
+    assert len(rows) == sum(c.size for cs in codes.values() for c in cs)
+    groups = {d: site for site, devices in SITES.items() for d in devices}
+    by_site = {site: [r for r in rows if groups[r[1]] == site] for site in SITES}
+    a, b = (from_rows(by_site[s], key=lambda r: r[1]) for s in SITES)
+    body = ask(client)
+    assert (body["n_a"], body["n_b"]) == (int(a.counts.sum()), int(b.counts.sum()))
+    assert body["partitions"] == [len(a), len(b)]
+    assert body["smallest"] == [int(a.counts.min()), int(b.counts.min())]
+    assert body["median"] == [float(np.median(a.counts)), float(np.median(b.counts))]
+    for name, method in (
+        ("cluster", compare.cluster_weighted),
+        ("device_means", compare.device_means),
+        ("trimmed", compare.trimmed),
+    ):
+        expected = method(a, b)
+        found = ask(client, method=name)
+        assert found["difference"] == pytest.approx(expected.difference, rel=1e-9), name
+        assert found["std_error"] == pytest.approx(expected.std_error, rel=1e-9), name
+        assert found["df"] == pytest.approx(expected.df, rel=1e-9), name
+    blocks = [from_rows(by_site[s], key=lambda r: r[0] // 60_000) for s in SITES]
+    assert [int(p.counts.sum()) for p in blocks] == [int(a.counts.sum()), int(b.counts.sum())]
+    paired = ask(client, method="paired_blocks", block_seconds=60)
+    expected = compare.paired_blocks(*blocks)
+    assert paired["partitions"] == [3, 3]
+    assert paired["smallest"] == [int(blocks[0].counts.min()), int(blocks[1].counts.min())]
+    assert paired["difference"] == pytest.approx(expected.difference, rel=1e-9)
+    assert paired["std_error"] == pytest.approx(expected.std_error, rel=1e-9)
+
+
 def test_bad_and_overlapping_requests_are_refused_with_the_reason(client: TestClient) -> None:
     fleet(client)
     overlapping = client.get(URL, params={"a": "site:north", "b": "all:yes"})
@@ -179,4 +243,27 @@ def test_the_planner_answers_what_zeal_plan_computes(client: TestClient) -> None
         params, devices=20, readings=50, between_sd=5, within_sd=within, mean=50, effect=4
     )
     assert zeros["std_error"] == pytest.approx(again.std_error, rel=1e-12)
+    skewed = client.get(
+        "/api/v1/preview/compare", params={**query, "within_sd": 10, "shape": "lognormal"}
+    ).json()
+    simulated = plan_comparison(
+        params,
+        devices=20,
+        readings=50,
+        between_sd=5,
+        within_sd=10,
+        mean=50,
+        shape="lognormal",
+        effect=4,
+    )
+    assert skewed["power"] == simulated.power
+    assert skewed["power_from"] == simulated.power_from
+    assert skewed["power_from"].startswith("simulation (20,000 repetitions")
+    assert body["power_from"] == "t approximation"
+    bad = client.get(
+        "/api/v1/preview/compare",
+        params={**query, "within_sd": 10, "shape": "lognormal", "mean": 0},
+    )
+    assert bad.status_code == 422
+    assert "above the range's lower end" in bad.text
     assert mean == pytest.approx(8.0)

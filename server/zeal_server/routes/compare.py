@@ -40,19 +40,18 @@ router = APIRouter()
 Method = Literal["cluster", "device_means", "paired_blocks", "trimmed", "winsorized", "censored"]
 
 
-def _partitions(params: Zeal, sums: list[store.Sums]) -> methods.Partitions:
+Rows = tuple[list[int], list[int]]  # readings and exact sums of codes, per partition
+
+
+def _partitions(params: Zeal, rows: Rows) -> methods.Partitions:
     """Readings and decoded sums (AVG* times n, from the exact code sums) per partition."""
-    decoded = []
-    for s in sums:  # partitions come from rows with readings: n >= 1
-        estimate = store.estimate(params, s, 0.95)
-        assert estimate is not None
-        decoded.append(estimate.mean * s.n)
-    return methods.Partitions.of([s.n for s in sums], decoded)
+    counts, codes = rows
+    return methods.Partitions.of(counts, params.decoded_sums(counts, codes))
 
 
 def _blocks(
     db: Db, stream: Stream, span: tuple[int, int], per: int, groups: list[store.Devices]
-) -> tuple[list[store.Sums], list[store.Sums]]:
+) -> tuple[Rows, Rows]:
     """Per time block of `per` buckets, each group's sums, for blocks both groups have."""
     first, stop = span
     if (stop - first) / per > MAX_POINTS:
@@ -62,7 +61,10 @@ def _blocks(
         for g in groups
     )
     both = sorted(set(a) & set(b))
-    return [a[k] for k in both], [b[k] for k in both]
+    return ([a[k].n for k in both], [a[k].sum_codes for k in both]), (
+        [b[k].n for k in both],
+        [b[k].sum_codes for k in both],
+    )
 
 
 @router.get(f"{API}/streams/{{name}}/compare", dependencies=READ, response_model=CompareOut)
@@ -108,8 +110,9 @@ def compare(
     first, stop = window(stream, start, end)
     params = store.params_of(stream)
     groups = [devices_in(db, stream, g) for g in (a, b)]
-    per_device = [store.device_sums(db, stream, first, stop, g) for g in groups]
-    shared = set(per_device[0]) & set(per_device[1])
+    reading = unit == "reading"
+    per_device = [store.device_sums(db, stream, first, stop, g, squares=reading) for g in groups]
+    shared = per_device[0].ids & per_device[1].ids
     if shared and not allow_overlap:
         raise invalid(
             "query",
@@ -117,29 +120,23 @@ def compare(
             f"groups {a} and {b} share {len(shared)} device(s) with readings: a comparison "
             "needs disjoint groups (allow_overlap=true compares them anyway)",
         )
-    totals = [
-        store.Sums(
-            sum(s.n for s in rows.values()),
-            sum(s.sum_codes for s in rows.values()),
-            sum(s.sum_squares for s in rows.values()),
-        )
-        for rows in per_device
-    ]  # exact integers: the same as the window's sums, without reading them again
-    est = [store.estimate(params, s, confidence) if s.n > 1 else None for s in totals]
+    # the groups' averages (AVG*), from the same read as the partitions
+    means = [params.mean_of_sums(p.n, p.total_codes) if p.n > 1 else None for p in per_device]
     out = CompareOut(
         stream=name,
         a=a,
         b=b,
-        n_a=totals[0].n,
-        n_b=totals[1].n,
-        mean_a=est[0].mean if est[0] else None,
-        mean_b=est[1].mean if est[1] else None,
+        n_a=per_device[0].n,
+        n_b=per_device[1].n,
+        mean_a=means[0],
+        mean_b=means[1],
         confidence=confidence,
         unit=unit,
-        method="reading" if unit == "reading" else method,
+        method="reading" if reading else method,
         warnings=[f"groups {a} and {b} share {len(shared)} device(s)"] if shared else [],
     )
-    if unit == "reading":
+    if reading:
+        est = [store.estimate(params, p.total, confidence) if p.n > 1 else None for p in per_device]
         if est[0] and est[1]:
             found = difference_of(est[0], est[1], confidence)
             out.difference, out.std_error = found.difference, found.std_error
@@ -164,14 +161,20 @@ def compare(
         per = block_seconds // stream.bucket_seconds
         rows = _blocks(db, stream, span, per, groups)
     else:
-        rows = ([*per_device[0].values()], [*per_device[1].values()])
+        rows = (
+            (per_device[0].counts, per_device[0].sum_codes),
+            (
+                per_device[1].counts,
+                per_device[1].sum_codes,
+            ),
+        )
     return _fill(out, method, rows, params, paired=block_seconds is not None, proportion=proportion)
 
 
 def _fill(
     out: CompareOut,
     method: str,
-    rows: tuple[list[store.Sums], list[store.Sums]],
+    rows: tuple[Rows, Rows],
     params: Zeal,
     *,
     paired: bool,
@@ -202,16 +205,13 @@ def _fill(
     return out
 
 
-Positive = Annotated[float, Query(ge=0, le=1e15)]
-
-
 @router.get(f"{API}/preview/compare", dependencies=READ, response_model=ComparePlanOut)
 def preview_compare(
     lower: Lower,
     upper: Upper,
     epsilon: Epsilon,
     devices: Annotated[int, Query(ge=2, le=10**7, description="devices per group")],
-    readings: Annotated[int, Query(ge=1, le=10**9, description="readings per device")],
+    readings: Annotated[int, Query(ge=1, le=10**9, description="readings per device (their mean)")],
     between_sd: Annotated[
         float, Query(ge=0, le=1e15, description="spread of device means within a group")
     ],
@@ -233,6 +233,21 @@ def preview_compare(
     mean: Annotated[
         float | None, Query(description="typical reading (default: the middle of the range)")
     ] = None,
+    readings_cv: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=100,
+            description="coefficient of variation of readings per device (0: all equal)",
+        ),
+    ] = 0.0,
+    shape: Annotated[
+        Literal["normal", "lognormal"],
+        Query(
+            description="shape of the device means: normal, or lognormal (skewed to the right "
+            "of lower, as in most fleets; power is then simulated)"
+        ),
+    ] = "normal",
     effect: Annotated[float, Query(ge=0, le=1e15, description="the difference to detect")] = 0.0,
     alpha: Annotated[float, Query(gt=0, lt=1, description="the test's level")] = 0.05,
     power: Annotated[float, Query(gt=0, lt=1, description="the power wanted")] = 0.8,
@@ -262,6 +277,8 @@ def preview_compare(
             between_sd=between_sd,
             within_sd=within_sd,
             mean=mean,
+            readings_cv=readings_cv,
+            shape=shape,
             effect=effect,
             alpha=alpha,
             target_power=power,
@@ -278,4 +295,5 @@ def preview_compare(
         alpha=alpha,
         target_power=power,
         detectable_effect=plan.detectable,
+        power_from=plan.power_from,
     )
