@@ -26,6 +26,7 @@ import numpy as np
 
 from zeal import Zeal
 from zeal.compare import Partitions, cluster_weighted, device_means, trimmed
+from zeal.plan import Plan, plan_comparison
 
 HERE = Path(__file__).resolve().parent
 UPPER = 100.0
@@ -37,10 +38,18 @@ class Setting:
     name: str
     epsilon: float
     readings: tuple[int, int]
+    shift: float  # the true difference (before clipping) for coverage and power
     devices: int = 20
 
+    @property
+    def readings_moments(self) -> tuple[float, float]:
+        """Mean and coefficient of variation of readings per device (discrete uniform)."""
+        low, high = self.readings
+        mean = (low + high - 1) / 2
+        return mean, math.sqrt(((high - low) ** 2 - 1) / 12) / mean
 
-SETTINGS = (Setting("noise", 1.0, (40, 160)), Setting("devices", 4.0, (200, 600)))
+
+SETTINGS = (Setting("noise", 1.0, (40, 160), 7.0), Setting("devices", 4.0, (200, 600), 2.0))
 
 
 def draw(rng: np.random.Generator, n: int, centre: float, shift: float) -> np.ndarray:
@@ -80,11 +89,35 @@ def population_difference(shift: float, rng: np.random.Generator) -> float:
     return float(np.clip(x + shift, 0, UPPER).mean() - np.clip(x, 0, UPPER).mean())
 
 
+def population_moments(rng: np.random.Generator) -> tuple[float, float, float]:
+    """(mean reading, spread of device means, spread of readings within a device) of the
+    population, from 20,000 devices of 400 readings (the between-device variance corrected
+    for the within-device part left in 400-reading means)."""
+    devices, per = 20_000, 400
+    centres = rng.lognormal(1.5, 0.8, devices)[:, None]
+    zero = rng.random((devices, per)) < ZERO_SHARE
+    x = np.clip(np.where(zero, 0.0, rng.lognormal(np.log(centres), 0.7, (devices, per))), 0, UPPER)
+    within = float(x.var(axis=1, ddof=1).mean())
+    between = float(x.mean(axis=1).var(ddof=1)) - within / per
+    return float(x.mean()), math.sqrt(between), math.sqrt(within)
+
+
 def reading_level(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """The old route's statistic: (difference, p-value) with readings as the units."""
     se = math.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
     z = (a.mean() - b.mean()) / se
     return float(a.mean() - b.mean()), math.erfc(abs(z) / math.sqrt(2))
+
+
+def per_group_trimmed(a: Partitions, b: Partitions, proportion: float) -> float:
+    """The difference of each group's trimmed mean of device means, each group cut at its own
+    quantiles (Yuen's two-sample form; what method=trimmed did before it cut at the
+    pooled quantiles)."""
+    centres = []
+    for x in (np.sort(a.means), np.sort(b.means)):
+        k = math.floor(proportion * x.size)
+        centres.append(float(x[k : x.size - k].mean()))
+    return centres[0] - centres[1]
 
 
 def binomial_se(rate: float, reps: int) -> float:
@@ -98,8 +131,12 @@ class Result:
     level: dict[str, float]  # rejection rates at 0.05 with no true difference
     coverage: dict[str, float]  # of the 95 % CI with a true difference
     truth: float
+    plans: dict[str, Plan]  # the planner's figures for this fleet by shape, at the truth
+    spread: tuple[float, float]  # simulated SD of the difference, and its Monte Carlo SE
+    power: float  # simulated rejection rate at the true difference
     plain_bias: tuple[float, float]  # (bias, its Monte Carlo standard error)
     trimmed_bias: tuple[float, float]
+    per_group_bias: tuple[float, float]  # each group trimmed at its own quantiles
 
 
 def _mean_and_se(values: list[float]) -> tuple[float, float]:
@@ -109,37 +146,65 @@ def _mean_and_se(values: list[float]) -> tuple[float, float]:
 def run(setting: Setting, reps: int, seed: int) -> Result:
     params = Zeal(lower=0.0, upper=UPPER, epsilon=setting.epsilon)
     rng = np.random.default_rng(seed)
-    level = {"cluster": 0, "device_means": 0, "reading": 0}
+    level = {"cluster": 0, "device_means": 0, "trimmed": 0, "reading": 0}
     covered = {"cluster": 0, "device_means": 0}
-    shift = 2.0
+    shift = setting.shift
     truth = population_difference(shift, np.random.default_rng(seed + 1))
-    plain, cut, clean = [], [], []
+    mean, between, within = population_moments(np.random.default_rng(seed + 2))
+    readings, readings_cv = setting.readings_moments
+    plans = {
+        shape: plan_comparison(
+            params,
+            devices=setting.devices,
+            readings=round(readings),
+            readings_cv=readings_cv,
+            between_sd=between,
+            within_sd=within,
+            mean=mean + truth / 2,  # the two groups' average reading
+            shape=shape,
+            effect=truth,
+        )
+        for shape in ("lognormal", "normal")
+    }
+    plain, cut, own, shifted = [], [], [], []
+    rejected = 0
     for _ in range(reps):
         (a, va), (b, vb) = group(rng, params, setting), group(rng, params, setting)
         level["cluster"] += cluster_weighted(a, b).p_value < 0.05
         level["device_means"] += device_means(a, b).p_value < 0.05
         level["reading"] += reading_level(va, vb)[1] < 0.05
-        clean.append(trimmed(a, b, proportion=0.1).difference)
+        found = trimmed(a, b, proportion=0.1)
+        level["trimmed"] += found.p_value < 0.05
         (a2, _), (b2, _) = group(rng, params, setting, shift=shift), group(rng, params, setting)
         for name, method in (("cluster", cluster_weighted), ("device_means", device_means)):
-            low, high = method(a2, b2).ci
+            found = method(a2, b2)
+            low, high = found.ci
             covered[name] += low <= truth <= high
+            if name == "cluster":
+                shifted.append(found.difference)
+                rejected += found.p_value < 0.05
         (a3, _), (b3, _) = group(rng, params, setting, faulty=True), group(rng, params, setting)
         plain.append(device_means(a3, b3).difference)
         cut.append(trimmed(a3, b3, proportion=0.1).difference)
-    # Without a fault both differences are 0 in expectation (one population); the bias a
-    # faulty device causes is the mean difference with it, less the fault-free one.
+        own.append(per_group_trimmed(a3, b3, proportion=0.1))
+    # Without a fault every difference is 0 in expectation (one population, and each
+    # estimator treats the groups alike), so the bias is the mean difference with it.
     plain_bias = _mean_and_se(plain)
-    cut_mean, cut_se = _mean_and_se(cut)
-    clean_mean, clean_se = _mean_and_se(clean)
     return Result(
         setting=setting,
         reps=reps,
         level={k: v / reps for k, v in level.items()},
         coverage={k: v / reps for k, v in covered.items()},
         truth=truth,
+        plans=plans,
+        spread=(
+            float(np.std(shifted, ddof=1)),
+            float(np.std(shifted, ddof=1)) / math.sqrt(2 * (reps - 1)),
+        ),
+        power=rejected / reps,
         plain_bias=plain_bias,
-        trimmed_bias=(cut_mean - clean_mean, math.hypot(cut_se, clean_se)),
+        trimmed_bias=_mean_and_se(cut),
+        per_group_bias=_mean_and_se(own),
     )
 
 
@@ -150,7 +215,8 @@ def _rate(rate: float, reps: int) -> str:
 def report(results: list[Result], seconds: float) -> str:
     header = (
         "| setting | epsilon | readings per device | repetitions | type-I at 0.05: cluster "
-        "| device_means | reading-level (old route) | 95 % coverage: cluster | device_means |"
+        "| device_means | trimmed | reading-level (old route) | 95 % coverage: cluster "
+        "| device_means |"
     )
     lines = [
         "# Group comparisons on simulated fleets",
@@ -161,33 +227,62 @@ def report(results: list[Result], seconds: float) -> str:
         f"0-{UPPER:g}, every reading privatized with Zeal and decoded. See docs/comparison.md.",
         "",
         header,
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         s = r.setting
         lines.append(
             f"| {s.name} | {s.epsilon:g} | {s.readings[0]}-{s.readings[1] - 1} | {r.reps} | "
             f"{_rate(r.level['cluster'], r.reps)} | {_rate(r.level['device_means'], r.reps)} | "
+            f"{_rate(r.level['trimmed'], r.reps)} | "
             f"{_rate(r.level['reading'], r.reps)} | {_rate(r.coverage['cluster'], r.reps)} | "
             f"{_rate(r.coverage['device_means'], r.reps)} |"
         )
     lines += [
         "",
         "Robustness: group A's first device reports the top of the range for every reading;",
-        "both groups otherwise from one population. Bias of the difference (A - B) that the",
-        "faulty device causes, with its Monte Carlo standard error:",
+        "both groups otherwise from one population, so every estimator's difference (A - B)",
+        "is 0 without the fault. Its bias with the fault, ± its Monte Carlo standard error,",
+        "and the bias in those standard errors:",
         "",
-        "| setting | mean of device means | trimmed mean (10 %) |",
-        "|---|---|---|",
+        "| setting | mean of device means | per-group trimmed means (Yuen, 10 %) "
+        "| `method=trimmed` (pooled cut points, 10 %) |",
+        "|---|---|---|---|",
     ]
     for r in results:
-        (pb, pse), (tb, tse) = r.plain_bias, r.trimmed_bias
-        lines.append(f"| {r.setting.name} | {pb:.3f} ± {pse:.3f} | {tb:.3f} ± {tse:.3f} |")
-    truths = ", ".join(f"{r.setting.name} {r.truth:.4f}" for r in results)
+        cells = [
+            f"{bias:.3f} ± {se:.3f} ({abs(bias) / se:.1f} SE)"
+            for bias, se in (r.plain_bias, r.per_group_bias, r.trimmed_bias)
+        ]
+        lines.append(f"| {r.setting.name} | {' | '.join(cells)} |")
     lines += [
         "",
-        "The ± figures are one standard error (binomial for rates). Coverage is of the "
-        f"population difference made by a shift of 2 before clipping ({truths}).",
+        "Planner (`GET /preview/compare`, zeal.plan) against the same fleets: the population's",
+        "moments (mean reading, spread of device means, spread within a device), the mean and",
+        "coefficient of variation of readings per device, effect = the true difference;",
+        "simulated: the default method (cluster) on the shifted fleets above.",
+        "",
+        "| setting | effect | planned SE | simulated SD of the difference | ratio "
+        "| simulated power | planned power: shape=lognormal | difference "
+        "| shape=normal | difference |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        sd, sd_se = r.spread
+        skewed, normal = r.plans["lognormal"], r.plans["normal"]
+        lines.append(
+            f"| {r.setting.name} | {r.truth:.4f} | {skewed.std_error:.4f} | {sd:.4f} ± "
+            f"{sd_se:.4f} | {skewed.std_error / sd:.4f} | {_rate(r.power, r.reps)} | "
+            f"{skewed.power:.4f} | {skewed.power - r.power:+.4f} | {normal.power:.4f} | "
+            f"{normal.power - r.power:+.4f} |"
+        )
+    truths = ", ".join(f"{r.setting.name} {r.truth:.4f}" for r in results)
+    shifts = ", ".join(f"{r.setting.name} {r.setting.shift:g}" for r in results)
+    lines += [
+        "",
+        "The ± figures are one standard error (binomial for rates). Coverage and power are "
+        f"at the population difference made by a shift before clipping ({shifts}): "
+        f"{truths}.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -771,6 +771,7 @@ def write_report(res: Results, path: Path) -> None:
             f"- `/average` over 10^7 readings: median {s['average_ms']:.1f} ms "
             f"({s['average_group_ms']:.1f} ms for a group of half the devices).",
         ]
+    lines += ["", *comparison_section(HERE / "COMPARISON.md")]
     lines += [
         "",
         "## All utility rows",
@@ -780,6 +781,18 @@ def write_report(res: Results, path: Path) -> None:
         "",
     ]
     path.write_text("\n".join(lines))
+
+
+COMPARISON_TITLE = "## Group comparisons on simulated fleets (paper 003)"
+
+
+def comparison_section(path: Path) -> list[str]:
+    """The figures of `bench/comparison.py` (run before this script by `make bench`), under
+    a heading of this report; a pointer to the script when it has not run."""
+    if not path.exists():
+        return [COMPARISON_TITLE, "", "Not measured: run `python bench/comparison.py` first."]
+    body = path.read_text().splitlines()[1:]  # its own title replaced by this report's
+    return [COMPARISON_TITLE, f"From `{path.name}`, written by `bench/comparison.py`.", *body]
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:

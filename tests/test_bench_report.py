@@ -39,6 +39,7 @@ def test_quick_report_runs_and_passes_its_tolerances(tmp_path: Path) -> None:
         "## Transmission",
         "## Storage",
         "## Speed",
+        "## Group comparisons on simulated fleets (paper 003)",
     ):
         assert heading in report
     assert (tmp_path / "cr-tr.png").stat().st_size > 10_000

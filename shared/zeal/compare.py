@@ -18,8 +18,10 @@ Methods (each returns a :class:`Comparison`):
 - :func:`device_means`: the difference of the mean of device means (Welch);
 - :func:`paired_blocks`: paper 003's z_j, the difference of the groups' means in time
   block j, with a one-sample t on P - 1 degrees of freedom (Eq. (8)-(9): the PnoC data);
-- :func:`trimmed` and :func:`winsorized`: the robust means of the partition statistics
-  (paper 003 Eqs. (22)-(25), with Yuen's two-sample form for device means);
+- :func:`trimmed`: the device means of both groups cut at their pooled sample quantiles
+  (paper 003 Eqs. (26)-(27)), or the paired block differences trimmed (Yuen);
+- :func:`winsorized`: the winsorized means of the partition statistics (paper 003
+  Eqs. (22)-(25), Yuen's two-sample form for device means);
 - :func:`censored`: the normal MLE of the partition statistics doubly censored at their
   sample quantiles (paper 003 Eq. (14)), its standard error from the observed
   information.
@@ -311,14 +313,56 @@ def trimmed(
     paired: bool = False,
     confidence: float = 0.95,
 ) -> Comparison:
-    """The trimmed mean of the partition statistics (device means per group, Yuen's
-    two-sample test; or the paired block differences): the `proportion` largest and
-    smallest are dropped, the variance is the winsorized one."""
+    """The trimmed mean of the partition statistics. Device means: the `proportion` largest
+    and smallest of both groups together are dropped, then each group's kept devices are
+    averaged (:func:`_cut_at_pooled_quantiles`). Paired block differences: the one-sample
+    trimmed mean with the winsorized variance (Yuen)."""
 
     def estimator(x: _F64) -> tuple[float, float, float]:
         return _yuen(x, proportion, trim=True)
 
-    return _robust("trimmed", a, b, estimator, paired=paired, confidence=confidence)
+    if paired:
+        return _robust("trimmed", a, b, estimator, paired=True, confidence=confidence)
+    _need(a, "A")
+    _need(b, "B")
+    (ma, va, dfa), (mb, vb, dfb) = _cut_at_pooled_quantiles(a.means, b.means, proportion)
+    return _result(
+        "trimmed",
+        ma - mb,
+        va + vb,
+        _satterthwaite(va, dfa, vb, dfb),
+        confidence=confidence,
+        groups=(a, b),
+        warnings=[],
+    )
+
+
+def _cut_at_pooled_quantiles(
+    xa: _F64, xb: _F64, proportion: float
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """Each group's mean of the device means inside the cut points l and u, the pooled
+    sample quantiles of both groups' device means (k = floor(proportion * n) of the n
+    values outside at each end: paper 003's censoring of the partition statistics at their
+    sample quantiles, the uncensored ones kept, Eqs. (26)-(27)); its squared standard error
+    s_kept**2 / h and h - 1 degrees of freedom, h the group's kept devices.
+
+    One cut for both groups is what makes this robust: a faulty device takes one of the k
+    places at its end, and every genuine device of either group faces the same cut points,
+    so the groups stay comparable (cutting each group at its own quantiles keeps one more
+    genuine high device in the faulty group: docs/comparison.md). The standard error is
+    conditional on the cut points, which both groups share."""
+    pooled = np.sort(np.concatenate([xa, xb]))
+    k = _trim_count(pooled.size, proportion)
+    low, high = pooled[k], pooled[pooled.size - k - 1]
+    found = []
+    for name, x in (("A", xa), ("B", xb)):
+        kept = x[(x >= low) & (x <= high)]
+        if kept.size < 2:
+            raise ParameterError(
+                f"group {name} keeps {kept.size} device(s) inside the pooled cut points"
+            )
+        found.append((float(kept.mean()), float(np.var(kept, ddof=1)) / kept.size, kept.size - 1.0))
+    return found[0], found[1]
 
 
 def winsorized(
