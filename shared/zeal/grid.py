@@ -39,6 +39,7 @@ of a weight unit), so the probabilities the code realizes are exactly the ones
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -215,6 +216,12 @@ class GridSampler:
         return runs, (1 << g) * self.total * (1 << (self.cell_bits + 1))
 
     def cell_variance_bound(self) -> Fraction:
+        """Upper bound on Var[q] (grid steps squared) over all inputs (computed once: every
+        estimate asks for it)."""
+        return self._cell_variance_bound
+
+    @functools.cached_property
+    def _cell_variance_bound(self) -> Fraction:
         """Upper bound on Var[q] (grid steps squared) over all inputs.
 
         Law of total variance: Var[q] = Var[cell centre] + E[rounding variance]. The first is
