@@ -351,6 +351,65 @@ def test_comparison_panel_shows_the_api_figures_for_each_method(
     assert f"method={method}" in page.url or method == "cluster"
 
 
+def test_comparison_planner_shows_the_api_plan_and_its_errors(page: Any, server: Server) -> None:
+    """The planner in the comparison panel asks GET /preview/compare with the stream's range,
+    epsilon and code width and shows the API's standard error, power and detectable
+    difference; a bad value gets the API's reason."""
+    page.goto(server.origin + "/#/stream/temps?window=all")
+    page.wait_for_function("() => document.getElementById('plan-between').value !== ''")
+    page.click("#plan-box summary")
+    for selector, value in (
+        ("#plan-devices", "15"),
+        ("#plan-readings", "40"),
+        ("#plan-readings-cv", "0.3"),
+        ("#plan-between", "5"),
+        ("#plan-within", "12"),
+        ("#plan-mean", "30"),
+        ("#plan-effect", "6"),
+    ):
+        page.fill(selector, value)
+    page.select_option("#plan-shape", "lognormal")
+    page.wait_for_function(
+        "() => (document.getElementById('plan-out').dataset.query || '').includes("
+        "'shape=lognormal') && document.getElementById('plan-out').dataset.query.includes("
+        "'effect=6') && document.getElementById('plan-out').dataset.query.includes('mean=30')",
+        timeout=15000,
+    )
+    data = page.eval_on_selector("#plan-out", "o => ({...o.dataset})")
+    stream = server.get("/api/v1/streams/temps")
+    expected = {
+        "lower": stream["lower"],
+        "upper": stream["upper"],
+        "epsilon": stream["epsilon"],
+        "payload_bits": stream["payload_bits"],
+        "devices": 15,
+        "readings": 40,
+        "readings_cv": 0.3,
+        "between_sd": 5,
+        "within_sd": 12,
+        "mean": 30,
+        "shape": "lognormal",
+        "effect": 6,
+        "alpha": 0.05,
+        "power": 0.8,
+    }
+    plan = server.get("/api/v1/preview/compare", **expected)
+    assert plan["power_from"].startswith("simulation")
+    assert float(data["stdError"]) == plan["std_error"]
+    assert float(data["power"]) == plan["power"]
+    assert float(data["detectable"]) == plan["detectable_effect"]
+    shown = page.eval_on_selector_all("#plan-out dd", "ds => ds.map(d => d.textContent)")
+    assert shown[0] == f"{plan['std_error']:.4f} {UNIT}"
+    assert shown[2] == f"{plan['power']:.3f}"
+    assert shown[3] == f"{plan['detectable_effect']:.3f} {UNIT}"
+    assert shown[5] == plan["power_from"]
+    page.fill("#plan-alpha", "2")
+    page.wait_for_function(
+        "() => document.getElementById('plan-note').textContent.includes('alpha')", timeout=15000
+    )
+    assert page.eval_on_selector_all("#plan-out dd", "ds => ds.length") == 0
+
+
 def test_devices_table_sorts_and_pages(page: Any, server: Server) -> None:
     page.goto(server.origin + "/#/stream/temps?window=all")
     wait_for_summary(page)

@@ -341,6 +341,27 @@ function streamView(main, name, params) {
     figure("Independent units (A / B)", "compare-units"));
   const compareNote = el("p", { class: "muted", id: "compare-note" });
   const compareWarnings = el("ul", { class: "warnings", id: "compare-warnings", "aria-live": "polite" });
+  const planField = (id, label, attrs) => el("label", { for: id }, label,
+    el("input", { id, name: id, type: "number", step: "any", ...attrs }));
+  const planShape = el("select", { id: "plan-shape", name: "plan-shape" },
+    el("option", { value: "normal", text: "Normal" }),
+    el("option", { value: "lognormal", text: "Skewed (lognormal, simulated)" }));
+  const planForm = el("form", { class: "form", id: "plan-form", novalidate: true },
+    planField("plan-devices", "Devices per group", { min: "2", step: "1", value: "20" }),
+    planField("plan-readings", "Readings per device (mean)", { min: "1", step: "1", value: "100" }),
+    planField("plan-readings-cv", "Their coefficient of variation", { min: "0", value: "0" }),
+    planField("plan-between", "Spread of device means (sd)", { min: "0", required: true }),
+    planField("plan-within", "Spread of readings within a device (sd)", { min: "0", required: true }),
+    planField("plan-mean", "Typical reading (blank: mid-range)", {}),
+    el("label", { for: "plan-shape" }, "Shape of device means", planShape),
+    planField("plan-effect", "Difference to detect", { min: "0", value: "0" }),
+    planField("plan-alpha", "Level α", { min: "0", max: "1", value: "0.05" }),
+    planField("plan-power", "Power wanted", { min: "0", max: "1", value: "0.8" }));
+  const planOut = el("dl", { class: "params", id: "plan-out" });
+  const planNote = el("p", { class: "muted", id: "plan-note", "aria-live": "polite" });
+  const planBox = el("details", { id: "plan-box" },
+    el("summary", { text: "Plan a comparison: standard error, power and the smallest detectable difference" }),
+    planForm, planOut, planNote);
   const efficiencyBody = el("tbody", { id: "efficiency-body" });
   const devicesBody = el("tbody", { id: "devices-body" });
   const devicesHead = el("tr", {});
@@ -384,7 +405,7 @@ function streamView(main, name, params) {
         el("label", { for: "group-b" }, "Group B", groupB),
         el("label", { for: "compare-method" }, "Method", methodSelect),
         el("label", { for: "compare-blocks" }, "Time blocks", blockSelect)),
-      compareOut, compareNote, compareWarnings),
+      compareOut, compareNote, compareWarnings, planBox),
     el("div", { class: "grid2" },
       el("section", { class: "card", "aria-labelledby": "efficiency-title" },
         el("h2", { id: "efficiency-title", text: "Efficiency (bits per reading)" }),
@@ -691,6 +712,44 @@ function streamView(main, name, params) {
         : `No evidence that the groups differ at the 5 % level (${reference}).`;
   }
 
+  let planAsked = 0;
+
+  async function loadPlan() {
+    // GET …/preview/compare for this stream's range, ε and code width (docs/comparison.md).
+    const mine = ++planAsked;
+    const value = (id) => document.getElementById(id).value.trim();
+    const asked = { lower: stream.lower, upper: stream.upper, epsilon: stream.epsilon,
+      payload_bits: stream.payload_bits, devices: value("plan-devices"),
+      readings: value("plan-readings"), readings_cv: value("plan-readings-cv"),
+      between_sd: value("plan-between"), within_sd: value("plan-within"), mean: value("plan-mean"),
+      shape: planShape.value, effect: value("plan-effect"), alpha: value("plan-alpha"),
+      power: value("plan-power") };
+    try {
+      const plan = await api(`${API}/preview/compare${query(asked)}`);
+      if (mine !== planAsked) return;
+      const unit = stream.unit;
+      const rows = [
+        ["Standard error of the difference", withUnit(fmt(plan.std_error, 4), unit)],
+        ["Degrees of freedom", fmt(plan.df, 0)],
+        [`Power at a difference of ${fmt(plan.effect)}`, fmt(plan.power, 3)],
+        [`Smallest difference found with power ${plan.target_power}`, withUnit(fmt(plan.detectable_effect, 3), unit)],
+        ["Zeal's variance per reading", fmt(plan.noise_variance, 3)],
+        ["Power from", plan.power_from],
+      ];
+      planOut.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+      Object.assign(planOut.dataset, { query: query(asked), stdError: String(plan.std_error),
+        power: String(plan.power), detectable: String(plan.detectable_effect) });
+      planNote.textContent = `At level ${plan.alpha}, for the default method (cluster).`;
+      planNote.classList.remove("bad");
+    } catch (error) {
+      if (mine !== planAsked) return;
+      planOut.replaceChildren();
+      for (const key of Object.keys(planOut.dataset)) delete planOut.dataset[key];
+      planNote.textContent = `No plan: ${error.message}`;
+      planNote.classList.add("bad");
+    }
+  }
+
   async function loadStats() {
     const stats = await api(`${streamPath(name)}/stats`);
     const e = stats.efficiency;
@@ -769,6 +828,12 @@ function streamView(main, name, params) {
     changed();
   });
   blockSelect.addEventListener("change", () => { state.blocks = blockSelect.value; changed(); });
+  let planTimer = null;
+  const planSoon = () => { clearTimeout(planTimer); planTimer = setTimeout(() => loadPlan(), 250); };
+  planForm.addEventListener("input", planSoon);
+  planForm.addEventListener("change", planSoon);
+  planForm.addEventListener("submit", (event) => { event.preventDefault(); loadPlan(); });
+  planBox.addEventListener("toggle", () => { if (planBox.open) loadPlan(); });
   customBox.hidden = state.window !== "custom";
   drawDeviceHead();
 
@@ -778,6 +843,9 @@ function streamView(main, name, params) {
         stream = await api(streamPath(name));
         fillIntervals();
         fillBlocks();
+        const range = stream.upper - stream.lower;  // a first guess the operator replaces
+        document.getElementById("plan-between").value = String(Number((range / 10).toPrecision(3)));
+        document.getElementById("plan-within").value = String(Number((range / 5).toPrecision(3)));
         showParams();
       }
       groups = await api(`${streamPath(name)}/groups`);
