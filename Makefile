@@ -38,6 +38,7 @@ bench: install
 	$(BIN)/python bench/simulate_throughput.py
 	$(BIN)/python bench/store_compression.py
 	$(BIN)/python bench/comparison.py   # group comparisons on simulated fleets: bench/COMPARISON.md
+	$(BIN)/python bench/bayes.py        # Bayes estimates for small windows: bench/BAYES.md
 	$(BIN)/python bench/report.py   # baselines side by side: writes bench/REPORT.md (+ server speed)
 
 reliability: install   # the timed parts of docs/reliability.md (not in make test)

@@ -771,7 +771,8 @@ def write_report(res: Results, path: Path) -> None:
             f"- `/average` over 10^7 readings: median {s['average_ms']:.1f} ms "
             f"({s['average_group_ms']:.1f} ms for a group of half the devices).",
         ]
-    lines += ["", *comparison_section(HERE / "COMPARISON.md")]
+    lines += ["", *embedded_section(HERE / "COMPARISON.md", COMPARISON_TITLE)]
+    lines += ["", *embedded_section(HERE / "BAYES.md", BAYES_TITLE)]
     lines += [
         "",
         "## All utility rows",
@@ -784,15 +785,19 @@ def write_report(res: Results, path: Path) -> None:
 
 
 COMPARISON_TITLE = "## Group comparisons on simulated fleets (paper 003)"
+BAYES_TITLE = "## Bayes estimates for small windows (paper 004)"
 
 
-def comparison_section(path: Path) -> list[str]:
-    """The figures of `bench/comparison.py` (run before this script by `make bench`), under
-    a heading of this report; a pointer to the script when it has not run."""
+def embedded_section(path: Path, title: str) -> list[str]:
+    """The figures another bench script wrote to `path` (`make bench` runs it before this
+    one), under a heading of this report, its own headings one level down; a pointer to
+    the script when it has not run."""
+    script = f"bench/{path.stem.lower()}.py"
     if not path.exists():
-        return [COMPARISON_TITLE, "", "Not measured: run `python bench/comparison.py` first."]
+        return [title, "", f"Not measured: run `python {script}` first."]
     body = path.read_text().splitlines()[1:]  # its own title replaced by this report's
-    return [COMPARISON_TITLE, f"From `{path.name}`, written by `bench/comparison.py`.", *body]
+    body = [f"#{line}" if line.startswith("## ") else line for line in body]
+    return [title, f"From `{path.name}`, written by `{script}`.", *body]
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:

@@ -40,6 +40,7 @@ def test_quick_report_runs_and_passes_its_tolerances(tmp_path: Path) -> None:
         "## Storage",
         "## Speed",
         "## Group comparisons on simulated fleets (paper 003)",
+        "## Bayes estimates for small windows (paper 004)",
     ):
         assert heading in report
     assert (tmp_path / "cr-tr.png").stat().st_size > 10_000
