@@ -114,6 +114,20 @@ class EstimateOut(BaseModel):
     in_range: bool
 
 
+class BayesOut(BaseModel):
+    """A Bayes estimate beside AVG* (estimator=bayes; docs/bayes.md): never summed into
+    other figures."""
+
+    model: str = Field(description="mean, binary or constant")
+    assumes: str = Field(description="what the model assumes of the readings")
+    prior: str = Field(description="the prior used")
+    mean: float = Field(description="posterior mean: the estimate under squared loss")
+    median: float = Field(description="posterior median: the estimate under absolute loss")
+    interval: tuple[float, float] = Field(description="equal-tailed credible interval")
+    level: float = Field(description="its level (the query's confidence)")
+    n: int = Field(description="readings behind it")
+
+
 class AverageOut(BaseModel):
     stream: str
     start: datetime | None = Field(description="start of the first bucket used")
@@ -124,6 +138,10 @@ class AverageOut(BaseModel):
     estimate: EstimateOut | None = Field(description="null when the window holds no readings")
     epsilon: float
     payload_bits: int
+    device: str | None = None
+    bayes: BayesOut | None = Field(
+        default=None, description="with estimator=bayes: the posterior summary beside AVG*"
+    )
 
 
 class PointOut(BaseModel):
@@ -131,12 +149,16 @@ class PointOut(BaseModel):
     end: datetime
     n: int
     estimate: EstimateOut | None
+    bayes: BayesOut | None = Field(
+        default=None, description="with estimator=bayes: the point's posterior summary"
+    )
 
 
 class SeriesOut(BaseModel):
     stream: str
     interval_seconds: int
     group: str | None
+    device: str | None = None
     confidence: float
     points: list[PointOut]
 

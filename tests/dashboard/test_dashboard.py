@@ -196,6 +196,14 @@ def assert_page_matches_api(page: Any, server: Server, summary: dict[str, str]) 
     assert text(page, "#window-n") == f"{average['n']:,}"
     low, high = average["estimate"]["guaranteed"]
     assert text(page, "#window-guaranteed") == f"{low:.3f} – {high:.3f} {UNIT}"
+    if average["n"] <= 1000:  # few readings: the Bayes estimate beside AVG*, from the API
+        bayes = server.get("/api/v1/streams/temps/average", **common, estimator="bayes")["bayes"]
+        assert float(summary["bayes"]) == bayes["mean"]
+        low, high = bayes["interval"]
+        assert text(page, "#window-bayes") == f"{bayes['mean']:.3f} ({low:.3f} – {high:.3f}) {UNIT}"
+        assert bayes["prior"] in text(page, "#window-bayes-label")
+    else:
+        assert summary["bayes"] == ""
     series = server.get("/api/v1/streams/temps/series", interval=summary["interval"], **common)[
         "points"
     ]
@@ -272,6 +280,7 @@ def test_window_interval_and_group_change_the_chart_to_the_api_values(
     custom = wait_for_summary(page, start=f"{start}Z", end=f"{end}Z", group="site:north")
     assert_page_matches_api(page, server, custom)
     assert int(text(page, "#window-n").replace(",", "")) < DEVICES * READINGS // 4
+    assert custom["bayes"] != ""  # a window this small shows the Bayes estimate
 
     page.select_option("#window", "all")
     page.select_option("#group", "")

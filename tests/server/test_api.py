@@ -35,11 +35,16 @@ def settings(url: str, **extra: str) -> ServerSettings:
     return ServerSettings.from_env({"ZEAL_DATABASE_URL": url, "ZEAL_MQTT_URL": "off", **extra})
 
 
-@pytest.fixture
-def client(database_url: str) -> Iterator[TestClient]:
-    with TestClient(create_app(settings(database_url, ZEAL_OPERATOR_TOKEN=OPERATOR))) as c:
+def operator_client(url: str) -> Iterator[TestClient]:
+    """A client of a server on `url` (no broker) that sends the operator token."""
+    with TestClient(create_app(settings(url, ZEAL_OPERATOR_TOKEN=OPERATOR))) as c:
         c.headers["Authorization"] = f"Bearer {OPERATOR}"
         yield c
+
+
+@pytest.fixture
+def client(database_url: str) -> Iterator[TestClient]:
+    yield from operator_client(database_url)
 
 
 def create(client: TestClient, **overrides: Any) -> dict[str, Any]:

@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.server.test_api import OPERATOR, PARAMS, T0, create, feed, settings
+from tests.server.test_api import PARAMS, T0, create, feed, operator_client
 from zeal import Zeal, compare
 from zeal.estimate import difference_of
 from zeal.plan import plan_comparison, zero_inflated
 from zeal_server import store
-from zeal_server.api import create_app
 
 SITES = {"north": [f"n{i}" for i in range(6)], "south": [f"s{i}" for i in range(5)]}
 URL = "/api/v1/streams/temps/compare"
@@ -26,9 +25,7 @@ URL = "/api/v1/streams/temps/compare"
 
 @pytest.fixture
 def client(database_url: str) -> Iterator[TestClient]:
-    with TestClient(create_app(settings(database_url, ZEAL_OPERATOR_TOKEN=OPERATOR))) as c:
-        c.headers["Authorization"] = f"Bearer {OPERATOR}"
-        yield c
+    yield from operator_client(database_url)
 
 
 def fleet(client: TestClient) -> dict[str, list[np.ndarray]]:

@@ -33,6 +33,8 @@ const METHOD_NAMES = {
 const NICE_SECONDS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
   21600, 43200, 86400, 172800, 604800];
 const PAGE = 25;
+// Up to this many readings in a window, the page also shows the Bayes estimate of its mean.
+const FEW_READINGS = 1000;
 
 // -- small helpers ---------------------------------------------------------------------------
 
@@ -327,7 +329,8 @@ function streamView(main, name, params) {
     figure("95 % interval (normal)", "window-ci"),
     figure("Guaranteed interval", "window-guaranteed"),
     figure("Standard error", "window-se"),
-    figure("Readings", "window-n"));
+    figure("Readings", "window-n"),
+    figure("Bayes estimate (few readings)", "window-bayes"));
   const chartBox = el("div", { id: "chart-box" });
   const pointsBody = el("tbody", { id: "points-body" });
   const compareOut = el("div", { class: "figures", id: "compare-out" },
@@ -643,12 +646,22 @@ function streamView(main, name, params) {
     const bounds = windowBounds();
     const interval = intervalSeconds(bounds);
     const common = { start: bounds.start, end: bounds.end, group: state.group };
-    const [avg, series] = await Promise.all([
+    const [first, series] = await Promise.all([
       api(`${streamPath(name)}/average${query(common)}`),
       api(`${streamPath(name)}/series${query({ ...common, interval })}`),
     ]);
+    // With few readings AVG* can leave the range and its interval can be wider than it:
+    // ask for the Bayes estimate of the window's mean beside it (docs/bayes.md).
+    const few = first.n > 0 && first.n <= FEW_READINGS;
+    const avg = few ? await api(`${streamPath(name)}/average${query({ ...common, estimator: "bayes" })}`) : first;
     if (mine !== windowAsked) return; // a newer choice is on its way
     const e = avg.estimate;
+    const b = avg.bayes;
+    summary.dataset.bayes = b ? String(b.mean) : "";
+    set("window-bayes", b ? withUnit(`${fmt(b.mean)} (${fmt(b.interval[0])} – ${fmt(b.interval[1])})`, stream.unit)
+      : (avg.n ? "– (enough readings: the average is the estimate)" : "–"));
+    set("window-bayes-label", b ? `Bayes estimate, ${Math.round(b.level * 100)} % credible interval (prior: ${b.prior})`
+      : "Bayes estimate (few readings)");
     summary.dataset.start = bounds.start || "";
     summary.dataset.end = bounds.end || "";
     summary.dataset.group = state.group;

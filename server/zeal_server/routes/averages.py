@@ -6,11 +6,20 @@ from __future__ import annotations
 import math
 from typing import Annotated
 
+import numpy as np
 from fastapi import APIRouter, Query
 
 from zeal.estimate import bernstein_half_width
 from zeal.protocol import EXPONENT
 from zeal_server import store
+from zeal_server.bayesian import (
+    BayesModel,
+    Estimator,
+    PriorText,
+    bayes_reader,
+    device_ids,
+    window_codes,
+)
 from zeal_server.deps import (
     API,
     MAX_POINTS,
@@ -32,6 +41,7 @@ from zeal_server.deps import (
     stream_or_404,
     window,
 )
+from zeal_server.models import Stream
 from zeal_server.schemas import AverageOut, PointOut, PreviewOut, SeriesOut
 
 __all__ = ["router"]
@@ -74,6 +84,18 @@ def preview(
     )
 
 
+Device = Annotated[
+    str | None,
+    Query(description="one device's readings only (instead of a group)", max_length=200),
+]
+
+
+def _devices(db: Db, stream: Stream, group: str | None, device: str | None) -> store.Devices:
+    if group is not None and device is not None:
+        raise invalid("query", "device", "give a group or a device, not both")
+    return devices_in(db, stream, group) if device is None else device_ids(db, stream, device)
+
+
 @router.get(f"{API}/streams/{{name}}/average", dependencies=READ, response_model=AverageOut)
 def average(
     name: str,
@@ -81,23 +103,41 @@ def average(
     start: Start = None,
     end: End = None,
     group: Group = None,
+    device: Device = None,
     confidence: Confidence = 0.95,
+    estimator: Estimator = "avg",
+    model: BayesModel = "mean",
+    prior: PriorText = None,
 ) -> AverageOut:
-    """The debiased average AVG* over whole buckets in [start, end), with its intervals."""
+    """The debiased average AVG* over whole buckets in [start, end), with its intervals;
+    with estimator=bayes, a Bayes estimate beside it (docs/bayes.md)."""
     stream = stream_or_404(db, name)
     first, stop = window(stream, start, end)
-    sums = store.window_sums(db, stream, first, stop, devices_in(db, stream, group))
+    params = store.params_of(stream)
+    read = bayes_reader(params, model, prior, confidence) if estimator == "bayes" else None
+    devices = _devices(db, stream, group, device)
+    sums = store.window_sums(db, stream, first, stop, devices)
+    found = store.estimate(params, sums, confidence)
     lo, hi = bounds_out(stream, first, stop)
+    bayes = None
+    if read is not None:
+        codes = None
+        if model != "mean" and sums.n:
+            per_bucket = window_codes(db, stream, first, stop, devices)
+            codes = np.concatenate([*per_bucket.values(), np.zeros(0, np.int64)])
+        bayes = read(sums.n, found.mean if found else None, codes)
     return AverageOut(
         stream=name,
         start=lo,
         end=hi,
         group=group,
+        device=device,
         n=sums.n,
         confidence=confidence,
         epsilon=stream.epsilon,
         payload_bits=stream.payload_bits,
-        estimate=estimate_out(store.estimate(store.params_of(stream), sums, confidence)),
+        estimate=estimate_out(found),
+        bayes=bayes,
     )
 
 
@@ -116,9 +156,14 @@ def series(
         ),
     ] = None,
     group: Group = None,
+    device: Device = None,
     confidence: Confidence = 0.95,
+    estimator: Estimator = "avg",
+    model: BayesModel = "mean",
+    prior: PriorText = None,
 ) -> SeriesOut:
-    """The average per interval (for charts); intervals without readings are omitted."""
+    """The average per interval (for charts); intervals without readings are omitted. With
+    estimator=bayes, each point's Bayes estimate beside its AVG* (docs/bayes.md)."""
     stream = stream_or_404(db, name)
     step = interval or stream.bucket_seconds
     if step % stream.bucket_seconds:
@@ -129,13 +174,21 @@ def series(
             f"({stream.bucket_seconds} s), got {step}",
         )
     per = step // stream.bucket_seconds
-    devices = devices_in(db, stream, group)
+    params = store.params_of(stream)
+    read = bayes_reader(params, model, prior, confidence) if estimator == "bayes" else None
+    devices = _devices(db, stream, group, device)
     first, stop = window(stream, start, end)
     span = store.closed_window(db, stream, first, stop)
+    empty = SeriesOut(
+        stream=name,
+        interval_seconds=step,
+        group=group,
+        device=device,
+        confidence=confidence,
+        points=[],
+    )
     if span is None:
-        return SeriesOut(
-            stream=name, interval_seconds=step, group=group, confidence=confidence, points=[]
-        )
+        return empty
     first, stop = span
     if (stop - first) / per > MAX_POINTS:
         raise invalid(
@@ -143,19 +196,33 @@ def series(
             "interval",
             f"more than {MAX_POINTS} points; choose a longer interval or a shorter window",
         )
-    params = store.params_of(stream)
     size = stream.bucket_seconds * 1000
-    points = [
-        PointOut(
+    sums = store.series_sums(db, stream, first, stop, buckets_per_point=per, device_ids=devices)
+    codes = (
+        _point_codes(db, stream, (first, stop), per, devices) if read and model != "mean" else {}
+    )
+    points = []
+    for b, s in sums.items():
+        found = store.estimate(params, s, confidence)
+        point = PointOut(
             start=as_datetime(b * size),
             end=as_datetime((b + per) * size),
             n=s.n,
-            estimate=estimate_out(store.estimate(params, s, confidence)),
+            estimate=estimate_out(found),
         )
-        for b, s in store.series_sums(
-            db, stream, first, stop, buckets_per_point=per, device_ids=devices
-        ).items()
-    ]
-    return SeriesOut(
-        stream=name, interval_seconds=step, group=group, confidence=confidence, points=points
-    )
+        if read is not None:
+            point.bayes = read(s.n, found.mean if found else None, codes.get(b))
+        points.append(point)
+    empty.points = points
+    return empty
+
+
+def _point_codes(
+    db: Db, stream: Stream, span: tuple[int, int], per: int, devices: store.Devices
+) -> dict[int, np.ndarray]:
+    """The window's codes grouped by series point (keyed by the point's first bucket)."""
+    first, stop = span
+    grouped: dict[int, list[np.ndarray]] = {}
+    for bucket, codes in window_codes(db, stream, first, stop, devices).items():
+        grouped.setdefault(first + (bucket - first) // per * per, []).append(codes)
+    return {k: np.concatenate(v) for k, v in grouped.items()}
