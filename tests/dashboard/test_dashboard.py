@@ -204,9 +204,9 @@ def assert_page_matches_api(page: Any, server: Server, summary: dict[str, str]) 
         assert bayes["prior"] in text(page, "#window-bayes-label")
     else:
         assert summary["bayes"] == ""
-    series = server.get("/api/v1/streams/temps/series", interval=summary["interval"], **common)[
-        "points"
-    ]
+    series = server.get(
+        "/api/v1/streams/temps/series", interval=summary["interval"], estimator="bayes", **common
+    )["points"]
     drawn = page.eval_on_selector_all(
         "#chart circle.point", "cs => cs.map(c => [c.dataset.start, Number(c.dataset.mean)])"
     )
@@ -215,6 +215,14 @@ def assert_page_matches_api(page: Any, server: Server, summary: dict[str, str]) 
         [datetime.fromisoformat(p["start"]), p["estimate"]["mean"]] for p in series if p["estimate"]
     ]
     assert [[datetime.fromisoformat(s), m] for s, m in drawn] == expected
+    # The table behind the chart: each point with few readings has its Bayes estimate.
+    cells = page.eval_on_selector_all("#points-body td.bayes", "ts => ts.map(t => t.textContent)")
+    wanted = []
+    for p in series:
+        b = p["bayes"]
+        shown = f"{b['mean']:.3f} ({b['interval'][0]:.3f} – {b['interval'][1]:.3f}) {UNIT}"
+        wanted.append(shown if b and p["n"] <= 1000 else "–")
+    assert cells == wanted
 
 
 def test_overview_shows_the_api_average(page: Any, server: Server) -> None:

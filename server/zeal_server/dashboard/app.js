@@ -399,7 +399,8 @@ function streamView(main, name, params) {
             el("th", { scope: "col", class: "num", text: "Readings" }),
             el("th", { scope: "col", class: "num", text: "Average" }),
             el("th", { scope: "col", class: "num", text: "95 % interval" }),
-            el("th", { scope: "col", class: "num", text: "Guaranteed" }))),
+            el("th", { scope: "col", class: "num", text: "Guaranteed" }),
+            el("th", { scope: "col", class: "num", text: `Bayes estimate (at most ${fmtInt(FEW_READINGS)} readings; uniform prior)` }))),
           pointsBody))),
     el("section", { class: "card", "aria-labelledby": "compare-title" },
       el("h2", { id: "compare-title", text: "Compare two groups" }),
@@ -648,7 +649,7 @@ function streamView(main, name, params) {
     const common = { start: bounds.start, end: bounds.end, group: state.group };
     const [first, series] = await Promise.all([
       api(`${streamPath(name)}/average${query(common)}`),
-      api(`${streamPath(name)}/series${query({ ...common, interval })}`),
+      api(`${streamPath(name)}/series${query({ ...common, interval, estimator: "bayes" })}`),
     ]);
     // With few readings AVG* can leave the range and its interval can be wider than it:
     // ask for the Bayes estimate of the window's mean beside it (docs/bayes.md).
@@ -679,7 +680,9 @@ function streamView(main, name, params) {
       el("td", { class: "num", text: fmtInt(p.n) }),
       el("td", { class: "num", text: p.estimate ? withUnit(fmt(p.estimate.mean), unit) : "–" }),
       el("td", { class: "num", text: p.estimate ? withUnit(`${fmt(p.estimate.ci[0])} – ${fmt(p.estimate.ci[1])}`, unit) : "–" }),
-      el("td", { class: "num", text: p.estimate ? withUnit(`${fmt(p.estimate.guaranteed[0])} – ${fmt(p.estimate.guaranteed[1])}`, unit) : "–" }))));
+      el("td", { class: "num", text: p.estimate ? withUnit(`${fmt(p.estimate.guaranteed[0])} – ${fmt(p.estimate.guaranteed[1])}`, unit) : "–" }),
+      el("td", { class: "num bayes", text: p.bayes && p.n <= FEW_READINGS
+        ? withUnit(`${fmt(p.bayes.mean)} (${fmt(p.bayes.interval[0])} – ${fmt(p.bayes.interval[1])})`, unit) : "–" }))));
   }
 
   async function loadCompare() {
