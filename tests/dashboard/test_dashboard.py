@@ -289,6 +289,13 @@ def test_window_interval_and_group_change_the_chart_to_the_api_values(
     assert_page_matches_api(page, server, custom)
     assert int(text(page, "#window-n").replace(",", "")) < DEVICES * READINGS // 4
     assert custom["bayes"] != ""  # a window this small shows the Bayes estimate
+    # An end on a whole minute: the input's value drops ":00", the window keeps it.
+    minute = (first + timedelta(minutes=2)).replace(second=0).astimezone(UTC)
+    whole = minute.strftime("%Y-%m-%dT%H:%M:%S")
+    assert whole.endswith(":00")
+    page.fill("#custom-end", whole)
+    page.dispatch_event("#custom-end", "change")
+    wait_for_summary(page, start=f"{start}Z", end=f"{whole}Z", group="site:north")
 
     page.select_option("#window", "all")
     page.select_option("#group", "")

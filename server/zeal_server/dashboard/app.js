@@ -828,8 +828,11 @@ function streamView(main, name, params) {
     }
     changed();
   });
-  startInput.addEventListener("change", () => { state.start = startInput.value; changed(); });
-  endInput.addEventListener("change", () => { state.end = endInput.value; changed(); });
+  // A datetime-local input drops ":00" seconds from its value; the window keeps them, so the
+  // address and the figures name the same instant whatever the seconds are.
+  const withSeconds = (value) => (value.length === 16 ? `${value}:00` : value);
+  startInput.addEventListener("change", () => { state.start = withSeconds(startInput.value); changed(); });
+  endInput.addEventListener("change", () => { state.end = withSeconds(endInput.value); changed(); });
   intervalSelect.addEventListener("change", () => { state.interval = intervalSelect.value; changed(); });
   groupSelect.addEventListener("change", () => { state.group = groupSelect.value; changed(); });
   groupA.addEventListener("change", () => { state.a = groupA.value; changed(); });
