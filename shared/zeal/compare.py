@@ -166,16 +166,8 @@ def cluster_weighted(
         residual = group.sums - group.counts * mean
         g = len(group)
         parts.append((mean, g / (g - 1) * float(residual @ residual) / (total * total), g - 1))
-    (ma, va, dfa), (mb, vb, dfb) = parts
-    df = _satterthwaite(va, dfa, vb, dfb)
-    return _result(
-        "cluster",
-        ma - mb,
-        va + vb,
-        df,
-        confidence=confidence,
-        groups=(a, b),
-        warnings=warnings or [],
+    return _difference(
+        "cluster", a, b, parts[0], parts[1], confidence=confidence, warnings=warnings
     )
 
 
@@ -185,18 +177,9 @@ def device_means(
     """The mean of device means in each group (every device counts once), Welch's t."""
     _need(a, "A")
     _need(b, "B")
-    xa, xb = a.means, b.means
-    va, vb = float(np.var(xa, ddof=1)) / xa.size, float(np.var(xb, ddof=1)) / xb.size
-    df = _satterthwaite(va, xa.size - 1, vb, xb.size - 1)
-    estimate = float(xa.mean() - xb.mean())
-    return _result(
-        "device_means",
-        estimate,
-        va + vb,
-        df,
-        confidence=confidence,
-        groups=(a, b),
-        warnings=warnings or [],
+    found_a, found_b = _one_sample(a.means), _one_sample(b.means)
+    return _difference(
+        "device_means", a, b, found_a, found_b, confidence=confidence, warnings=warnings
     )
 
 
@@ -292,17 +275,35 @@ def _robust(
 ) -> Comparison:
     """A one-sample estimator applied to the paired block differences, or to each group's
     device means (the difference then has Satterthwaite's degrees of freedom)."""
+    if not paired:
+        found_a, found_b = estimator(a.means), estimator(b.means)
+        return _difference(method, a, b, found_a, found_b, confidence=confidence)
+    if len(a) != len(b):
+        raise ParameterError("paired blocks need the same blocks in both groups")
+    centre, variance, df = estimator(a.means - b.means)
     groups = (a, b)
-    if paired:
-        if len(a) != len(b):
-            raise ParameterError("paired blocks need the same blocks in both groups")
-        centre, variance, df = estimator(a.means - b.means)
-        method = f"{method}_blocks"
-    else:
-        ca, va, dfa = estimator(a.means)
-        cb, vb, dfb = estimator(b.means)
-        centre, variance, df = ca - cb, va + vb, _satterthwaite(va, dfa, vb, dfb)
-    return _result(method, centre, variance, df, confidence=confidence, groups=groups, warnings=[])
+    return _result(
+        f"{method}_blocks", centre, variance, df, confidence=confidence, groups=groups, warnings=[]
+    )
+
+
+def _difference(
+    method: str,
+    a: Partitions,
+    b: Partitions,
+    found_a: tuple[float, float, float],
+    found_b: tuple[float, float, float],
+    *,
+    confidence: float,
+    warnings: list[str] | None = None,
+) -> Comparison:
+    """A minus B from each group's (centre, squared SE, df); Satterthwaite's df."""
+    (ca, va, dfa), (cb, vb, dfb) = found_a, found_b
+    df = _satterthwaite(va, dfa, vb, dfb)
+    notes = warnings or []
+    return _result(
+        method, ca - cb, va + vb, df, confidence=confidence, groups=(a, b), warnings=notes
+    )
 
 
 def trimmed(
@@ -325,16 +326,8 @@ def trimmed(
         return _robust("trimmed", a, b, estimator, paired=True, confidence=confidence)
     _need(a, "A")
     _need(b, "B")
-    (ma, va, dfa), (mb, vb, dfb) = _cut_at_pooled_quantiles(a.means, b.means, proportion)
-    return _result(
-        "trimmed",
-        ma - mb,
-        va + vb,
-        _satterthwaite(va, dfa, vb, dfb),
-        confidence=confidence,
-        groups=(a, b),
-        warnings=[],
-    )
+    cut_a, cut_b = _cut_at_pooled_quantiles(a.means, b.means, proportion)
+    return _difference("trimmed", a, b, cut_a, cut_b, confidence=confidence)
 
 
 def _cut_at_pooled_quantiles(

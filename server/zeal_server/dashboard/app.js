@@ -647,17 +647,16 @@ function streamView(main, name, params) {
     const bounds = windowBounds();
     const interval = intervalSeconds(bounds);
     const common = { start: bounds.start, end: bounds.end, group: state.group };
-    const [first, series] = await Promise.all([
-      api(`${streamPath(name)}/average${query(common)}`),
+    // estimator=bayes (model mean) reads what AVG* reads: with few readings AVG* can leave
+    // the range and its interval can be wider than it, so the page shows the Bayes
+    // estimate of the window's mean beside it then (docs/bayes.md).
+    const [avg, series] = await Promise.all([
+      api(`${streamPath(name)}/average${query({ ...common, estimator: "bayes" })}`),
       api(`${streamPath(name)}/series${query({ ...common, interval, estimator: "bayes" })}`),
     ]);
-    // With few readings AVG* can leave the range and its interval can be wider than it:
-    // ask for the Bayes estimate of the window's mean beside it (docs/bayes.md).
-    const few = first.n > 0 && first.n <= FEW_READINGS;
-    const avg = few ? await api(`${streamPath(name)}/average${query({ ...common, estimator: "bayes" })}`) : first;
     if (mine !== windowAsked) return; // a newer choice is on its way
     const e = avg.estimate;
-    const b = avg.bayes;
+    const b = avg.n <= FEW_READINGS ? avg.bayes : null;
     summary.dataset.bayes = b ? String(b.mean) : "";
     set("window-bayes", b ? withUnit(`${fmt(b.mean)} (${fmt(b.interval[0])} – ${fmt(b.interval[1])})`, stream.unit)
       : (avg.n ? "– (enough readings: the average is the estimate)" : "–"));
