@@ -56,7 +56,9 @@ def fill_devices(url: str) -> None:
     engine = make_engine(url)
     migrate(engine)
     with session_factory(engine)() as session, session.begin():
-        stream = store.create_stream(session, name="temps", lower=0, upper=110, epsilon=1)
+        stream = store.create_stream(
+            session, name="temps", lower=0, upper=110, epsilon=1, max_epsilon_per_day=1e6
+        )
         sid = stream.id
         session.execute(
             insert(Device),

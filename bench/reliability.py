@@ -29,7 +29,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_bench import private_broker
+from server_bench import private_broker, stream_body
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 except httpx.TransportError:
                     pass
                 time.sleep(0.1)
-            body = {"name": "load", "lower": 0, "upper": 110, "epsilon": 1}
-            http.post("/api/v1/streams", json=body).raise_for_status()
+            http.post("/api/v1/streams", json=stream_body("load")).raise_for_status()
             began = time.monotonic()
             fleet = subprocess.Popen(
                 [

@@ -25,6 +25,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +76,8 @@ def ingest_rate(
     app = create_app(settings)
     with TestClient(app) as client:
         client.post(
-            "/api/v1/streams", json={"name": "bench-e2e", "lower": 0, "upper": 110, "epsilon": 1}
+            "/api/v1/streams",
+            json=stream_body("bench-e2e"),
         )
         if not app.state.collector.subscribed.wait(30):
             raise SystemExit(f"the collector could not subscribe at {broker}")
@@ -123,14 +125,22 @@ def ingest_rate(
     return total / seconds
 
 
+def stream_body(name: str) -> dict[str, Any]:
+    """A 0-110 stream at epsilon 1 whose many readings a day need a raised privacy policy."""
+    return {"name": name, "lower": 0, "upper": 110, "epsilon": 1, "max_epsilon_per_day": 1e6}
+
+
 def average_latency(tmp: str) -> tuple[float, float]:
-    params = Zeal(lower=0, upper=110, epsilon=1)
+    params = Zeal(lower=0, upper=110, epsilon=1, max_epsilon_per_day=1e6)
     settings = ServerSettings.from_env(
         {"ZEAL_DATABASE_URL": f"sqlite:///{tmp}/big.sqlite", "ZEAL_MQTT_URL": "off"}
     )
     app = create_app(settings)
     with TestClient(app) as client:
-        client.post("/api/v1/streams", json={"name": "big", "lower": 0, "upper": 110, "epsilon": 1})
+        client.post(
+            "/api/v1/streams",
+            json=stream_body("big"),
+        )
         rng = np.random.default_rng(0)
         ingest, t0, batch, devices, per_device = store.Ingest(), 1767225600000, 600, 100, 100_000
         started = time.time()

@@ -51,7 +51,7 @@ def measure(
     with dataset.open(newline="") as handle:
         data = np.array([float(r["temp"]) for r in csv.DictReader(handle)])
     values = np.resize(data, readings)
-    params = Zeal(lower=0, upper=110, epsilon=1, payload_bits=payload_bits)
+    params = Zeal(lower=0, upper=110, epsilon=1, payload_bits=payload_bits, max_epsilon_per_day=1e6)
     rng = np.random.default_rng(seed)
     codes = params.perturb(values, rng=rng)
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,6 +70,7 @@ def measure(
                 epsilon=1,
                 payload_bits=payload_bits,
                 bucket_seconds=3600,
+                max_epsilon_per_day=1e6,
             )
             messages = []
             for d in range(devices):

@@ -1,18 +1,17 @@
 """The edge agent: readings in, privatized and encoded batches out over MQTT, nothing lost.
 
-Life of a reading: a source yields it; the agent charges its epsilon against the budget (or
-skips it at the cap, never perturbing it); up to ``batch`` readings wait in memory (at most
-``interval`` seconds); then they are perturbed with the CSPRNG, encoded with the next
-sequence number, and committed to the outbox together with the budget spend ("queued").
+Life of a reading: a source yields it; the agent charges its epsilon against the stream's
+policy per UTC day and its own cap (or skips it, never perturbing it); up to ``batch``
+readings wait in memory (at most ``interval`` s); then they are perturbed with the CSPRNG,
+encoded with the next sequence number, and committed to the outbox with the spend ("queued").
 Only then is the batch published (QoS 1); it leaves the outbox on PUBACK ("confirmed by
 the broker"). A crash before the commit loses the in-memory readings (never released);
-after it, the same bytes are sent again on restart.
-
-The agent stops (:class:`AgentError`, exit status 3) rather than spend budget in vain:
-when another agent already runs this device id (``zeal_edge.presence``), or when the
-server that configured the stream withdraws its configuration or reports that it no
-longer has it (``zeal_edge.notices``). The halt is kept in the outbox, so a restart
-refuses too, until the stream is created anew or ``zeal-edge resume`` clears it.
+after it, the same bytes are sent again on restart. The agent stops (:class:`AgentError`,
+exit status 3) rather than spend budget in vain: when another agent already runs this
+device id (``zeal_edge.presence``), or when the server that configured the stream
+withdraws its configuration or reports that it no longer has it (``zeal_edge.notices``).
+The halt is kept in the outbox, so a restart refuses too, until the stream is created anew
+or ``zeal-edge resume`` clears it.
 """
 
 from __future__ import annotations
@@ -181,13 +180,13 @@ class Agent:
                 halt.reason,
             )
             self.outbox.set_halt(self.namespace, None)
-        self.config = config
-        policy = self.options.budget
+        self.config, policy = config, self.options.budget
         self.outbox.set_policy(
             self.namespace,
             cost_micro=micro_epsilon(config.params.epsilon),
             cap_micro=policy.cap_micro,
             window_s=policy.window_s,
+            max_epsilon_per_day=config.params.max_epsilon_per_day,
         )
 
     def _check_presence(self) -> None:
@@ -281,11 +280,12 @@ class Agent:
             "" if self.connection.connected else f"; not connected to {self.broker.url}",
         )
 
-    def _book_invalid(self, source: Source) -> None:
+    def _book_invalid(self, source: Source, *, final: bool = False) -> None:
         skipped = getattr(source, "skipped", 0)
         if skipped > self._invalid_booked:
             self.outbox.record_invalid(self.namespace, skipped - self._invalid_booked)
             self._invalid_booked = skipped
+        self.holding.book_skips(final=final)
 
     # -- main loop --------------------------------------------------------------------------
 
@@ -334,7 +334,7 @@ class Agent:
             return self._finish()
         finally:
             if source is not None:
-                self._book_invalid(source)
+                self._book_invalid(source, final=True)
             self._close()
 
     def _tick(self, inbox: queue.Queue[Any], source: Source, *, ended: bool) -> bool:

@@ -11,14 +11,9 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+from zeal.policy import MICRO, micro_epsilon
+
 __all__ = ["MICRO", "BudgetPolicy", "micro_epsilon"]
-
-MICRO = 10**6
-
-
-def micro_epsilon(epsilon: float) -> int:
-    """epsilon in integer micro-epsilon, rounded up."""
-    return math.ceil(Fraction(epsilon) * MICRO)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from zeal import ParameterError
+from zeal.policy import MICRO, day_of
 from zeal_edge.budget import BudgetPolicy
 from zeal_edge.errors import AgentError
 from zeal_edge.mqtt import parse_broker_url
@@ -99,8 +100,6 @@ def _run(args: argparse.Namespace) -> int:
         max_epsilon=values["max_epsilon"],
         pin=values["pin"],
     )
-    if options.budget.cap_micro is None:
-        logging.getLogger("zeal_edge").warning("no privacy budget cap set (--budget-cap)")
 
     def source(offset: int) -> Source:
         return open_source(
@@ -119,6 +118,10 @@ def _when(ms: int | None) -> str:
     if ms is None:
         return "never"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _day(day: int) -> str:
+    return datetime.fromtimestamp(day * 86_400, UTC).strftime("%Y-%m-%d")
 
 
 def _status_record(outbox: Outbox, st: NamespaceStatus, now_ms: int) -> dict[str, Any]:
@@ -140,6 +143,15 @@ def _status_record(outbox: Outbox, st: NamespaceStatus, now_ms: int) -> dict[str
         if st.halt is None
         else {"reason": st.halt.reason, "since": _when(st.halt.since_ms), "why": st.halt.message},
     }
+    if st.day_cap_micro is not None:
+        today = day_of(now_ms)
+        days = outbox.spent_by_day(st.namespace, today - 6)
+        record.update(
+            policy_epsilon_per_day=st.day_cap_micro / MICRO,
+            policy_spent_today=days.get(today, 0) / MICRO,
+            policy_spent_by_day={_day(d): m / MICRO for d, m in sorted(days.items())},
+            skipped_for_policy=st.skipped_policy,
+        )
     if st.window_s is not None:
         spent = outbox.spent(st.namespace, now_ms=now_ms, window_s=st.window_s)
         record.update(
@@ -220,25 +232,38 @@ def _status(args: argparse.Namespace) -> int:
             print(f"  server rejected   {counts}")
         if r["skipped_invalid"]:
             print(f"  skipped           {r['skipped_invalid']} reading(s) not a finite number")
-        if "budget_spent" in r:
-            cap = "no cap" if r["budget_cap"] is None else f"cap {r['budget_cap']:.6f}"
-            print(
-                f"  budget            {r['budget_spent']:.6f} epsilon spent in the last "
-                f"{r['budget_window_s']} s ({cap}; {r['epsilon_per_reading']:.6f} per reading)"
-            )
-            if "budget_remaining" in r:
-                print(f"  budget remaining  {r['budget_remaining']:.6f} epsilon")
-            if r.get("budget_exhausted"):
-                print(
-                    f"  BUDGET EXHAUSTED  {r['skipped_for_budget']} reading(s) not perturbed or "
-                    f"sent (last {r['last_skip']}); sending resumes {r['resumes']}"
-                )
-            elif r["skipped_for_budget"]:
-                print(
-                    f"  skipped           {r['skipped_for_budget']} reading(s) at the budget cap "
-                    f"(last {r['last_skip']})"
-                )
+        _print_budgets(r)
     return 0
+
+
+def _print_budgets(r: dict[str, Any]) -> None:
+    """The stream policy's and the agent's own cap's lines of `zeal-edge status`."""
+    if "policy_epsilon_per_day" in r:
+        print(
+            f"  stream policy     {r['policy_spent_today']:.6f} of "
+            f"{r['policy_epsilon_per_day']:.6f} epsilon spent on today's readings (UTC); "
+            f"{r['skipped_for_policy']} reading(s) skipped at the policy so far"
+        )
+        for day, spent in r["policy_spent_by_day"].items():
+            print(f"                    {day}: {spent:.6f} epsilon spent on its readings")
+    if "budget_spent" in r:
+        cap = "no cap" if r["budget_cap"] is None else f"cap {r['budget_cap']:.6f}"
+        print(
+            f"  budget            {r['budget_spent']:.6f} epsilon spent in the last "
+            f"{r['budget_window_s']} s ({cap}; {r['epsilon_per_reading']:.6f} per reading)"
+        )
+        if "budget_remaining" in r:
+            print(f"  budget remaining  {r['budget_remaining']:.6f} epsilon")
+        if r.get("budget_exhausted"):
+            print(
+                f"  BUDGET EXHAUSTED  {r['skipped_for_budget']} reading(s) not perturbed or "
+                f"sent (last {r['last_skip']}); sending resumes {r['resumes']}"
+            )
+        elif r["skipped_for_budget"]:
+            print(
+                f"  skipped           {r['skipped_for_budget']} reading(s) at the budget cap "
+                f"(last {r['last_skip']})"
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
+from datetime import UTC, datetime
 
 import numpy as np
 
 from zeal import Zeal
+from zeal.policy import MICRO, cap_micro, day_of
 from zeal_edge.budget import micro_epsilon
 from zeal_edge.options import AgentOptions, Throttle
 from zeal_edge.outbox import Outbox
@@ -32,13 +35,35 @@ class Holding:
         self.options, self.throttle = options, throttle
         self._readings: list[Reading] = []
         self._since = 0.0
+        self._last = 0  # the latest stamp held (reset when the batch leaves)
+        self._days: dict[int, int] = {}  # readings held per UTC day
+        self._skipped, self._skip_ms, self._booked = 0, 0, 0.0  # skips at the stream policy
 
     def __len__(self) -> int:
         return len(self._readings)
 
     def admit(self, reading: Reading, params: Zeal, *, now_ms: int) -> None:
-        """Charge a reading against the budget, or skip it at the cap (never perturbed)."""
+        """Charge a reading against the stream's policy (per UTC day of its timestamp) and
+        the agent's own cap, or skip it (never perturbed). It is stamped now if its source
+        gave no time, and never before the readings held with it (a clock stepping back is
+        held level), so the day charged is the day the collector counts."""
         policy, cost = self.options.budget, micro_epsilon(params.epsilon)
+        stamp = max(self._last, now_ms if reading.timestamp_ms is None else reading.timestamp_ms)
+        if params.max_epsilon_per_day is not None:
+            day = day_of(stamp)
+            held = self._days.get(day, 0)
+            spent = self.outbox.spent_by_day(self.namespace, day).get(day, 0) + cost * held
+            if spent + cost > cap_micro(params.max_epsilon_per_day):
+                self._skipped, self._skip_ms = self._skipped + 1, now_ms
+                if self.throttle.ready("policy"):
+                    log.warning(
+                        "stream policy reached: %.6f of %g epsilon spent on readings of UTC "
+                        "day %s; readings of that day are neither perturbed nor sent",
+                        spent / MICRO,
+                        params.max_epsilon_per_day,
+                        datetime.fromtimestamp(day * 86_400, UTC).date(),
+                    )
+                return
         if policy.cap_micro is not None:  # without a cap, no query per reading
             spent = self.outbox.spent(self.namespace, now_ms=now_ms, window_s=policy.window_s)
             spent += cost * len(self._readings)
@@ -49,7 +74,18 @@ class Holding:
                 return
         if not self._readings:
             self._since = time.monotonic()
-        self._readings.append(reading)
+        self._readings.append(replace(reading, timestamp_ms=stamp))
+        self._last = stamp
+        self._days[day_of(stamp)] = self._days.get(day_of(stamp), 0) + 1
+
+    def book_skips(self, *, final: bool = False) -> None:
+        """Count the readings skipped at the stream's policy in the outbox (for `zeal-edge
+        status`): at most once a second, since a day's excess can be many readings."""
+        if self._skipped and (final or time.monotonic() - self._booked >= 1.0):
+            self.outbox.record_skips(
+                self.namespace, self._skipped, now_ms=self._skip_ms, policy=True
+            )
+            self._skipped, self._booked = 0, time.monotonic()
 
     def due(self, *, ended: bool) -> bool:
         """A batch is due: it is full, its oldest reading waited ``interval`` seconds, or the
@@ -63,6 +99,7 @@ class Holding:
         """The held readings perturbed, with their timestamps (a clock that steps back is
         held level within a batch) and the source position they reach; None if none."""
         readings, self._readings = self._readings, []
+        self._last, self._days = 0, {}
         if not readings:
             return None
         stamps, last = [], 0
@@ -76,3 +113,4 @@ class Holding:
     def drop(self) -> None:
         """Forget the held readings (a halt): never perturbed, so nothing was spent."""
         self._readings = []
+        self._last, self._days = 0, {}

@@ -3,6 +3,7 @@ configuration must pass before it is adopted, and the text of a halt."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +107,7 @@ def screened(message: Message, options: AgentOptions) -> StreamConfig | str:
     why = refusal(config, options)
     if why is not None:
         return f"refused the configuration on {message.topic}: {why}"
-    return config
+    return _warn_if_unbounded(config, options)
 
 
 def config_from_file(options: AgentOptions) -> StreamConfig:
@@ -121,4 +122,14 @@ def config_from_file(options: AgentOptions) -> StreamConfig:
     why = refusal(config, options)
     if why is not None:
         raise ParameterError(f"refusing --params {options.params_file}: {why}")
+    return _warn_if_unbounded(config, options)
+
+
+def _warn_if_unbounded(config: StreamConfig, options: AgentOptions) -> StreamConfig:
+    if config.params.max_epsilon_per_day is None and options.budget.cap_micro is None:
+        logging.getLogger("zeal_edge").warning(
+            "stream %s has no privacy policy (it was made before policies) and no "
+            "--budget-cap is set: what this device spends per day is not bounded",
+            config.stream,
+        )
     return config

@@ -24,6 +24,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from zeal.policy import cap_micro as policy_cap
 from zeal_edge.errors import OutboxError
 from zeal_edge.records import Halt, NamespaceStatus, PendingBatch, SealedBatch
 
@@ -61,6 +62,12 @@ CREATE TABLE IF NOT EXISTS batches (
     created_ms INTEGER NOT NULL,
     PRIMARY KEY (namespace, sequence)
 );
+CREATE TABLE IF NOT EXISTS day_spend (
+    namespace TEXT NOT NULL,
+    day INTEGER NOT NULL,
+    micro INTEGER NOT NULL,
+    PRIMARY KEY (namespace, day)
+);
 CREATE TABLE IF NOT EXISTS spend (
     namespace TEXT NOT NULL,
     second INTEGER NOT NULL,
@@ -76,6 +83,8 @@ _ADDED_COLUMNS = {
     "instance": "TEXT",
     "skipped_invalid": "INTEGER NOT NULL DEFAULT 0",
     "halt": "TEXT",
+    "day_cap_micro": "INTEGER",
+    "skipped_policy": "INTEGER NOT NULL DEFAULT 0",
 }
 
 
@@ -239,6 +248,12 @@ class Outbox:
                             "ON CONFLICT (namespace, second) DO UPDATE SET micro = micro + ?",
                             (ns, second, micro, micro),
                         )
+                    for day, day_micro in batch.days:
+                        self._db.execute(
+                            "INSERT INTO day_spend (namespace, day, micro) VALUES (?, ?, ?) "
+                            "ON CONFLICT (namespace, day) DO UPDATE SET micro = micro + ?",
+                            (ns, day, day_micro, day_micro),
+                        )
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -316,25 +331,42 @@ class Outbox:
             ).fetchall()
         return [(int(s), int(m)) for s, m in rows]
 
+    def spent_by_day(self, namespace: str, since_day: int) -> dict[int, int]:
+        """Micro-epsilon booked per UTC day of the readings' stamps, from `since_day` on."""
+        query = "SELECT day, micro FROM day_spend WHERE namespace = ? AND day >= ?"
+        with self._lock:
+            return {int(d): int(m) for d, m in self._db.execute(query, (namespace, since_day))}
+
     def prune_spend(self, *, now_ms: int, window_s: int) -> None:
         with self._lock:
             self._db.execute("DELETE FROM spend WHERE second <= ?", (now_ms // 1000 - window_s,))
 
     def set_policy(
-        self, namespace: str, *, cost_micro: int, cap_micro: int | None, window_s: int
+        self,
+        namespace: str,
+        *,
+        cost_micro: int,
+        cap_micro: int | None,
+        window_s: int,
+        max_epsilon_per_day: float | None = None,
     ) -> None:
         """Record the budget policy in force, for ``zeal-edge status``."""
+        day_cap_micro = None if max_epsilon_per_day is None else policy_cap(max_epsilon_per_day)
         with self._lock:
             self._db.execute(
-                "UPDATE namespaces SET cost_micro = ?, cap_micro = ?, window_s = ? "
-                "WHERE namespace = ?",
-                (cost_micro, cap_micro, window_s, namespace),
+                "UPDATE namespaces SET cost_micro = ?, cap_micro = ?, window_s = ?, "
+                "day_cap_micro = ? WHERE namespace = ?",
+                (cost_micro, cap_micro, window_s, day_cap_micro, namespace),
             )
 
-    def record_skips(self, namespace: str, count: int, *, now_ms: int) -> None:
+    def record_skips(
+        self, namespace: str, count: int, *, now_ms: int, policy: bool = False
+    ) -> None:
+        """Count readings skipped at the agent's own cap, or at the stream's policy."""
+        column = "skipped_policy" if policy else "skipped_budget"
         with self._lock:
             self._db.execute(
-                "UPDATE namespaces SET skipped_budget = skipped_budget + ?, last_skip_ms = ? "
+                f"UPDATE namespaces SET {column} = {column} + ?, last_skip_ms = ? "
                 "WHERE namespace = ?",
                 (count, now_ms, namespace),
             )
@@ -345,7 +377,7 @@ class Outbox:
                 "SELECT n.namespace, stream, device, next_sequence, last_acked, "
                 "COUNT(b.sequence), COALESCE(SUM(b.readings), 0), sent_batches, sent_readings, "
                 "skipped_budget, last_skip_ms, fingerprint, cost_micro, cap_micro, window_s, "
-                "skipped_invalid, halt "
+                "skipped_invalid, halt, day_cap_micro, skipped_policy "
                 "FROM namespaces n "
                 "LEFT JOIN batches b ON b.namespace = n.namespace GROUP BY n.namespace "
                 "ORDER BY n.namespace"
@@ -361,6 +393,8 @@ class Outbox:
                 **dict(zip(names, row[:16], strict=True)),
                 halt=None if row[16] is None else Halt.from_json(row[16]),
                 server_rejects=rejects.get(row[0], {}),
+                day_cap_micro=row[17],
+                skipped_policy=int(row[18]),
             )
             for row in rows
         ]

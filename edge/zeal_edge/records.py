@@ -21,6 +21,7 @@ class SealedBatch:
     readings: int
     spend_micro: int  # integer micro-epsilon: readings times the stream's cost per reading
     offset: int | None = None  # the file source's replay position after its last reading
+    days: tuple[tuple[int, int], ...] = ()  # (UTC day of the timestamps, micro-epsilon)
 
 
 @dataclass(frozen=True)
@@ -74,3 +75,5 @@ class NamespaceStatus:
     skipped_invalid: int = 0
     halt: Halt | None = None
     server_rejects: dict[str, int] | None = None
+    day_cap_micro: int | None = None  # the stream's policy per UTC day (None: no policy)
+    skipped_policy: int = 0  # readings skipped at it

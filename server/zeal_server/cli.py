@@ -117,6 +117,9 @@ def _parser() -> argparse.ArgumentParser:
         help="delete whole buckets older than this many days [keep everything]",
     )
     create.add_argument("--description", default="", help="free text, at most 500 characters")
+    create.add_argument(
+        "--max-epsilon-per-day", type=float, default=8.0, help="privacy policy per device [8]"
+    )
     listing = _command(sub, "list", "list the streams")
     listing.add_argument("--json", action="store_true", help="names as a JSON array (for scripts)")
     delete = _command(
@@ -355,10 +358,12 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
         unit=args.unit,
         enrolled_only=args.enrolled_only,
         retention_days=args.retention_days,
+        max_epsilon_per_day=args.max_epsilon_per_day,
     )
     session.commit()
     print(
-        f"created stream {stream.name}: {stream.payload_bits} payload bits, fingerprint "
+        f"created stream {stream.name}: {stream.payload_bits} payload bits, at most "
+        f"{stream.max_epsilon_per_day:g} epsilon per device per day, fingerprint "
         f"{stream.fingerprint} (a running server retains its configuration on the broker "
         "within seconds)"
     )

@@ -110,6 +110,7 @@ class Collector:
         self._synced_connects = 0
         self._last_sync = self._last_compact = time.monotonic()
         self._backoff, self._retried = 0.5, False
+        self._reload_streams = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="zeal-writer", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -137,6 +138,7 @@ class Collector:
         """A stream was created or deleted through this process: sync the configurations now
         (the API publishes or withdraws the one concerned first, through ``configs``)."""
         self.configs.changed.set()
+        self._reload_streams.set()
 
     def devices_changed(self) -> None:
         """A device's data was deleted through this process: the writer drops the ids it
@@ -261,6 +263,9 @@ class Collector:
                 if not pending:
                     self._idle()
                     continue
+                if self._reload_streams.is_set():  # changed while it waited: applies to these
+                    self._reload_streams.clear()
+                    self.ingest.reload_streams()
             outcome = self._commit(pending)
             if outcome == "stopped":
                 return

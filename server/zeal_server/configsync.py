@@ -53,7 +53,7 @@ class ConfigSync:
         self._warned: dict[str, float] = {}
         # Documents by stream id: the writer thread syncs every few seconds, and building
         # a document derives the stream's mechanism again.
-        self._documents: dict[int, dict[str, Any]] = {}
+        self._documents: dict[tuple[int, str], dict[str, Any]] = {}
 
     def publish(self, document: dict[str, Any]) -> None:
         """Retain a stream's configuration document."""
@@ -87,9 +87,9 @@ class ConfigSync:
             self._on_broker[stream] = document
         self.changed.set()
 
-    def sync(self, *, force: bool) -> dict[str, int] | None:
+    def sync(self, *, force: bool) -> dict[str, tuple[int, str]] | None:
         """Make the broker match the database (module docstring); returns the database's
-        stream ids by name, or None when the database could not be read.
+        stream ids and fingerprints by name, or None when the database could not be read.
 
         ``force`` (after a connect) publishes every stream's configuration, since the broker
         may have lost them.
@@ -99,12 +99,13 @@ class ConfigSync:
             with self.sessions() as session:
                 self.server_id = server = store.installation_id(session)
                 streams = store.list_streams(session)
-                ids = {s.name: s.id for s in streams}
+                ids = {s.name: (s.id, s.fingerprint) for s in streams}
                 self._documents = {
-                    s.id: self._documents.get(s.id) or store.config_of(session, s, server)
+                    ids[s.name]: self._documents.get(ids[s.name])
+                    or store.config_of(session, s, server)
                     for s in streams
                 }
-                ours = {s.name: self._documents[s.id] for s in streams}
+                ours = {s.name: self._documents[ids[s.name]] for s in streams}
         except SQLAlchemyError as exc:
             log.error("could not read the streams to publish their configurations: %s", exc)
             return None

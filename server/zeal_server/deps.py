@@ -112,6 +112,8 @@ def stream_out(stream: Stream) -> StreamOut:
         unit=stream.unit,
         enrolled_only=stream.enrolled_only,
         retention_days=stream.retention_days,
+        max_epsilon_per_day=params.max_epsilon_per_day,
+        readings_per_day=params.readings_per_day,
         created=as_datetime(stream.created_ms),
     )
 

@@ -6,15 +6,19 @@ the session and the transaction.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from sqlalchemy import Select, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from zeal import ParameterError
+from zeal.policy import DAY_MS
 from zeal.protocol import check_name
-from zeal_server.models import BatchSeen, Device, DeviceTag, Stream
+from zeal_server.models import BatchSeen, Device, DeviceDay, DeviceTag, Stream
 from zeal_server.streams import StoreError, now_ms
 
 __all__ = [
@@ -218,3 +222,50 @@ def stream_totals(session: Session, stream: Stream) -> StreamTotals:
         duplicates=int(duplicates),
         sequence_resets=int(resets),
     )
+
+
+def readings_on_day(session: Session, device_ids: list[int], day: int) -> dict[int, int]:
+    """Readings stored per device (of `device_ids`) stamped in UTC day `day`: the ledger of
+    the stream's privacy policy."""
+    if not device_ids:
+        return {}
+    rows = session.execute(
+        select(DeviceDay.device_id, DeviceDay.readings).where(
+            DeviceDay.device_id.in_(device_ids), DeviceDay.day == day
+        )
+    )
+    return {int(d): int(n) for d, n in rows}
+
+
+def charge_days(
+    session: Session,
+    allowed: int,
+    device_id: int,
+    timestamps: npt.NDArray[np.int64],
+    statement: Callable[[Session, str], Any],
+) -> bool:
+    """Book a batch's readings on its device's privacy ledger, per UTC day of their
+    timestamps, if every day stays within `allowed` readings (the stream's policy); else
+    book nothing (False). Each day is one conditional upsert (compiled once: `statement`
+    is the ingest's cache), so collectors sharing the database cannot together let a
+    device past its cap."""
+    first, last = int(timestamps[0]) // DAY_MS, int(timestamps[-1]) // DAY_MS
+    if first == last:  # stamps never decrease: the usual batch lies in one day
+        days, counts = [first], [len(timestamps)]
+    else:
+        found, tally = np.unique(
+            np.asarray(timestamps, dtype=np.int64) // DAY_MS, return_counts=True
+        )
+        days, counts = found.tolist(), tally.tolist()
+    if max(counts) > allowed:
+        return False
+    booked: list[tuple[int, int]] = []
+    for day, count in zip(days, counts, strict=True):
+        row = {"did": device_id, "dday": day, "n": count, "allowed": allowed}
+        if session.execute(statement(session, "charge"), row).first() is None:
+            for done, k in booked:  # the batch is refused whole
+                undo = {"did": device_id, "dday": done, "n": k}
+                session.execute(statement(session, "uncharge"), undo)
+            return False
+        booked.append((day, count))
+    return True

@@ -6,7 +6,8 @@ only its reject count. A batch is stored once: its dedup row, its aggregate incr
 its raw segment part go in together, so a redelivery changes nothing. A redelivery is the
 same device, sequence number *and content* (a digest of the payload); the same sequence
 with other content comes from an outbox that started again (a reinstalled device) and is
-stored, counted as a sequence reset, never dropped.
+stored, counted as a sequence reset, never dropped. A batch that would take its device past
+the stream's privacy policy (readings per UTC day) is refused whole as ``over_budget``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import (
+    delete,
     func,
     select,
 )
@@ -31,7 +33,7 @@ from zeal import (
 )
 from zeal.protocol import REJECT_REASONS, check_name
 from zeal.topics import parse_data_topic
-from zeal_server.fleet import new_device_row
+from zeal_server.fleet import charge_days, new_device_row
 from zeal_server.models import (
     BatchSeen,
     Device,
@@ -41,6 +43,8 @@ from zeal_server.models import (
 from zeal_server.streams import StoreError, insert_for, params_of, stream_by_name
 from zeal_server.writes import StreamEntry, Writes, build_statement, collect, write
 
+#: The wire reason of a payload made with other parameters (or for another topic).
+FOREIGN = "fingerprint_mismatch"
 #: The rejects table keeps at most about this many (stream, device, reason) rows.
 MAX_REJECT_ROWS = 10_000
 
@@ -104,18 +108,29 @@ class Ingest:
         self._streams.clear()
         self._devices.clear()
 
+    def reload_streams(self) -> None:
+        """Read every stream's parameters again when next used (one changed here)."""
+        self._streams.clear()
+
     def refresh(self, streams: list[Stream]) -> None:
-        """Take up changed retentions of cached streams (the collector's housekeeping)."""
+        """Take up changed retentions of cached streams, and drop those whose policy changed
+        (the collector's housekeeping)."""
         for stream in streams:
             entry = self._streams.get(stream.name)
-            if entry is not None and entry.id == stream.id:
+            if entry is not None and entry.params.fingerprint.hex() != stream.fingerprint:
+                del self._streams[stream.name]
+            elif entry is not None and entry.id == stream.id:
                 days = stream.retention_days
                 entry.retention_ms = None if days is None else days * 86_400_000
 
-    def forget_streams(self, current: dict[str, int]) -> None:
-        """Drop what is cached of streams deleted (or created anew) since: `current` maps
-        the streams that exist now to their ids."""
-        gone = [n for n, e in self._streams.items() if e is not None and current.get(n) != e.id]
+    def forget_streams(self, current: dict[str, tuple[int, str]]) -> None:
+        """Drop what is cached of streams deleted, created anew or given a new policy since:
+        `current` maps the streams that exist now to their ids and fingerprints."""
+        gone = [
+            n
+            for n, e in self._streams.items()
+            if e is not None and current.get(n) != (e.id, e.params.fingerprint.hex())
+        ]
         if gone:
             for name in gone:
                 del self._streams[name]
@@ -144,6 +159,16 @@ class Ingest:
             )
             self._streams[name] = entry
         return entry
+
+    def _changed(self, session: Session, name: str, entry: StreamEntry) -> StreamEntry | None:
+        """The stream's entry read again if another process gave it a new policy (so a new
+        fingerprint) since it was cached, else None: devices that took the new
+        configuration are not refused until this process syncs."""
+        fingerprint = session.scalar(select(Stream.fingerprint).where(Stream.id == entry.id))
+        if fingerprint in (None, entry.params.fingerprint.hex()):
+            return None
+        del self._streams[name]
+        return self._stream(session, name)
 
     def _device(self, session: Session, stream_id: int, name: str, when: int) -> int:
         key = (stream_id, name)
@@ -235,7 +260,10 @@ class Ingest:
         try:
             batch = decode_batch(payload, entry.params, stream=stream_name, device=device_name)
         except WireError as exc:
-            return self.reject(session, stream_name, device_name, exc.reason, when=received_ms)
+            entry = self._changed(session, stream_name, entry) if exc.reason == FOREIGN else None
+            if entry is None:
+                return self.reject(session, stream_name, device_name, exc.reason, when=received_ms)
+            return self._one(session, topic, payload, received_ms, writes)
         reason = self._implausible(entry, batch, received_ms)
         if (
             reason is None
@@ -270,6 +298,21 @@ class Ingest:
             dev[5] += 1
             last_sequence = session.scalar(
                 select(func.max(BatchSeen.sequence)).where(BatchSeen.device_id == device_id)
+            )
+        allowed = entry.params.readings_per_day
+        if allowed is not None and not charge_days(
+            session, allowed, device_id, batch.timestamps, self._statement
+        ):
+            session.execute(
+                delete(BatchSeen).where(
+                    BatchSeen.device_id == device_id,
+                    BatchSeen.sequence == row["sequence"],
+                    BatchSeen.generation == row["generation"],
+                )
+            )
+            return replace(
+                self.reject(session, stream_name, device_name, "over_budget", when=received_ms),
+                sequence=batch.sequence,
             )
         collect(entry, device_id, batch, writes)
         dev[1] += len(batch)

@@ -33,6 +33,7 @@ __all__ = [
     "BatchSeen",
     "BucketTotal",
     "Device",
+    "DeviceDay",
     "DeviceTag",
     "Installation",
     "Reject",
@@ -72,6 +73,9 @@ class Stream(Base):
     #: Whole buckets older than this many days are deleted by the collector's housekeeping
     #: (and readings older than that are refused); None keeps everything.
     retention_days: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
+    #: The privacy policy (zeal.policy): epsilon one device may spend per UTC day of its
+    #: readings' timestamps. None only for streams made before policies existed.
+    max_epsilon_per_day: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
 
 
 class Device(Base):
@@ -92,6 +96,17 @@ class Device(Base):
     #: Batches stored although their sequence number was taken by other content: the
     #: device's outbox was reset (or two agents share its id).
     sequence_resets: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class DeviceDay(Base):
+    """Readings stored per device and UTC day of their timestamps: the collector's privacy
+    ledger (times the stream's micro-epsilon per reading, the loss spent that day)."""
+
+    __tablename__ = "device_days"
+
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
+    day: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    readings: Mapped[int] = mapped_column(BigInteger)
 
 
 class DeviceTag(Base):

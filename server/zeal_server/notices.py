@@ -38,6 +38,10 @@ NOTICES = {
     "the agent",
     "before_stream": "the batch holds readings stamped before stream {stream} was created: "
     "check the device's clock",
+    "over_budget": "the batch would take device {device} past stream {stream}'s privacy "
+    "policy (its max_epsilon_per_day, counted per UTC day of the readings' timestamps): "
+    "nothing of it was stored; the agent's ledger should have held it back (was its outbox "
+    "reset, or does another agent use this device id?)",
     "sequence_reset": "stored; but this server had already stored sequence {sequence} of "
     "device {device} with other content (its highest stored sequence is {last}): the "
     "device's outbox is new (reinstalled?), or another agent uses this device id",

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY, MAX_EPSILON_PER_DAY
 from zeal.protocol import BUCKET_SECONDS, EPSILON_MAX, EXPONENT, PAYLOAD_BITS
 from zeal_server import store
 
@@ -66,15 +67,30 @@ class StreamIn(BaseModel):
         le=36_500,
         description="delete whole buckets older than this many days (default: keep all)",
     )
+    max_epsilon_per_day: float = Field(
+        DEFAULT_MAX_EPSILON_PER_DAY,
+        gt=0,
+        le=MAX_EPSILON_PER_DAY,
+        description="privacy policy: the privacy loss one device may spend per UTC day of its "
+        "readings' timestamps (each reading costs epsilon; the agent and the collector both "
+        "enforce it, the collector refusing excess batches as over_budget). The default, 8, "
+        "allows 8 readings a day at epsilon 1: raise it knowingly (docs/privacy.md)",
+    )
 
 
 class StreamPatch(BaseModel):
-    """What may change on an existing stream (its privacy parameters never do)."""
+    """What may change on an existing stream: its retention, and its privacy policy (a new
+    policy gives the stream a new fingerprint: devices are refused until they take the new
+    configuration). Its mechanism never changes. Fields left out stay as they are."""
 
     retention_days: int | None = Field(
+        None,
         description="delete whole buckets older than this many days; null keeps everything",
         ge=1,
         le=36_500,
+    )
+    max_epsilon_per_day: float | None = Field(
+        None, gt=0, le=MAX_EPSILON_PER_DAY, description="the new privacy policy (see StreamIn)"
     )
 
 
@@ -97,6 +113,13 @@ class StreamOut(BaseModel):
     unit: str
     enrolled_only: bool
     retention_days: int | None
+    max_epsilon_per_day: float | None = Field(
+        description="privacy policy: loss one device may spend per UTC day (null: none, a "
+        "stream made before policies)"
+    )
+    readings_per_day: int | None = Field(
+        description="readings one device may send per UTC day under the policy"
+    )
     created: datetime
 
 
@@ -229,7 +252,14 @@ class DeviceOut(BaseModel):
     last_seen: datetime
     readings: int
     batches: int
-    epsilon_spent: float
+    epsilon_spent: float = Field(
+        description="privacy loss spent since first seen: readings stored times epsilon "
+        "(counted in integer micro-epsilon, each reading rounded up)"
+    )
+    epsilon_today: float = Field(
+        description="privacy loss spent on readings stamped in the current UTC day, the "
+        "period of the stream's policy (max_epsilon_per_day)"
+    )
     duplicates: int = Field(description="batches received again and dropped (a lost PUBACK)")
     sequence_resets: int = Field(
         description="batches stored although their sequence number had been used before "
@@ -315,6 +345,15 @@ class PreviewOut(BaseModel):
     guaranteed_half_width: float | None = Field(
         description="half width of the guaranteed (Bernstein, Theorem 3) interval for n "
         "readings (null when it exceeds the float64 range)"
+    )
+    max_epsilon_per_day: float = Field(description="the privacy policy previewed")
+    readings_per_day: int = Field(description="readings one device may send per UTC day")
+    epsilon_per_day: float | None = Field(
+        description="privacy loss per device per day at reading_every (null without it)"
+    )
+    within_policy: bool | None = Field(
+        description="whether a device reading every reading_every seconds stays within the "
+        "policy (null without reading_every); beyond it, readings are skipped at the agent"
     )
 
 

@@ -29,6 +29,7 @@ from zeal_server.fleet import (
     enroll,
     group_devices,
     groups,
+    readings_on_day,
     set_tags,
     stream_totals,
 )
@@ -47,6 +48,7 @@ from zeal_server.streams import (
     now_ms,
     params_of,
     rejects,
+    set_policy,
     set_retention,
     stream_by_name,
 )
@@ -106,9 +108,11 @@ __all__ = [
     "now_ms",
     "params_of",
     "payload_digest",
+    "readings_on_day",
     "rejects",
     "segment_columns",
     "series_sums",
+    "set_policy",
     "set_retention",
     "set_tags",
     "storage_bytes",

@@ -22,6 +22,7 @@ from zeal import (
     Zeal,
     ZealWarning,
 )
+from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
 from zeal.protocol import BUCKET_SECONDS, check_name
 from zeal.streamconfig import config_document
 from zeal_server.errors import ServerError
@@ -30,6 +31,7 @@ from zeal_server.models import (
     BatchSeen,
     BucketTotal,
     Device,
+    DeviceDay,
     DeviceTag,
     Installation,
     Reject,
@@ -58,6 +60,7 @@ def params_of(stream: Stream) -> Zeal:
             epsilon=stream.epsilon,
             exponent=stream.exponent,
             sampler=stream.sampler,
+            max_epsilon_per_day=stream.max_epsilon_per_day,
         )
 
 
@@ -70,12 +73,19 @@ def derive_params(
     upper: float,
     epsilon: float,
     payload_bits: int | None = None,
+    *,
     exponent: int | None = None,
+    max_epsilon_per_day: float | None = DEFAULT_MAX_EPSILON_PER_DAY,
 ) -> Zeal:
     """The mechanism a stream with these parameters gets; StoreError names what is wrong."""
     try:
         params = Zeal(
-            lower=lower, upper=upper, epsilon=epsilon, payload_bits=payload_bits, exponent=exponent
+            lower=lower,
+            upper=upper,
+            epsilon=epsilon,
+            payload_bits=payload_bits,
+            exponent=exponent,
+            max_epsilon_per_day=max_epsilon_per_day,
         )
     except ParameterError as exc:
         raise StoreError(str(exc)) from exc
@@ -100,14 +110,22 @@ def create_stream(
     unit: str = "",
     enrolled_only: bool = False,
     retention_days: int | None = None,
+    max_epsilon_per_day: float = DEFAULT_MAX_EPSILON_PER_DAY,
 ) -> Stream:
-    """Create a stream; its parameters are fixed for good (a change is a new stream). Its
-    retention (not a privacy parameter) may change later (set_retention)."""
+    """Create a stream; its mechanism is fixed for good (a change is a new stream). Its
+    retention (set_retention) and its privacy policy (set_policy) may change later."""
     try:
         check_name("stream", name)
     except ParameterError as exc:
         raise StoreError(str(exc)) from exc
-    params = derive_params(lower, upper, epsilon, payload_bits, exponent)
+    params = derive_params(
+        lower,
+        upper,
+        epsilon,
+        payload_bits,
+        exponent=exponent,
+        max_epsilon_per_day=max_epsilon_per_day,
+    )
     least, most = BUCKET_SECONDS
     if isinstance(bucket_seconds, bool) or not least <= bucket_seconds <= most:
         raise StoreError(f"bucket_seconds must be in [{least}, {most}], got {bucket_seconds!r}")
@@ -133,6 +151,7 @@ def create_stream(
         created_ms=now_ms(),
         enrolled_only=bool(enrolled_only),
         retention_days=retention_days,
+        max_epsilon_per_day=params.max_epsilon_per_day,
     )
     session.add(stream)
     session.flush()
@@ -153,6 +172,23 @@ def set_retention(session: Session, stream: Stream, days: int | None) -> None:
     minute; what is older is then deleted for good)."""
     stream.retention_days = check_retention(days)
     session.flush()
+
+
+def set_policy(session: Session, stream: Stream, max_epsilon_per_day: float) -> Zeal:
+    """Change the stream's privacy policy. Its fingerprint changes with it: devices are
+    refused (fingerprint_mismatch) until they take the new configuration; what is stored
+    stays as it is (the mechanism is the same)."""
+    params = derive_params(
+        stream.lower,
+        stream.upper,
+        stream.epsilon,
+        exponent=stream.exponent,
+        max_epsilon_per_day=max_epsilon_per_day,
+    )
+    stream.max_epsilon_per_day = params.max_epsilon_per_day
+    stream.fingerprint = params.fingerprint.hex()
+    session.flush()
+    return params
 
 
 def check_unit(unit: object) -> str:
@@ -177,6 +213,7 @@ def delete_stream(session: Session, stream: Stream) -> int:
     devices = select(Device.id).where(Device.stream_id == stream.id).scalar_subquery()
     session.execute(delete(BatchSeen).where(BatchSeen.device_id.in_(devices)))
     session.execute(delete(DeviceTag).where(DeviceTag.device_id.in_(devices)))
+    session.execute(delete(DeviceDay).where(DeviceDay.device_id.in_(devices)))
     for table in (Aggregate, BucketTotal, Segment):
         session.execute(delete(table).where(table.stream_id == stream.id))
     session.execute(delete(Device).where(Device.stream_id == stream.id))

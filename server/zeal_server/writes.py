@@ -32,6 +32,7 @@ from zeal_server.models import (
     BatchSeen,
     BucketTotal,
     Device,
+    DeviceDay,
     Segment,
 )
 from zeal_server.segments import Columns, encode_columns
@@ -112,6 +113,22 @@ def build_statement(session: Session, name: str) -> Any:
                 sequence_resets=devices.c.sequence_resets + bindparam("rst"),
             )
         )
+    elif name in ("charge", "uncharge"):
+        days = typing.cast(Table, DeviceDay.__table__)
+        if name == "uncharge":
+            return (
+                update(days)
+                .where(days.c.device_id == bindparam("did"), days.c.day == bindparam("dday"))
+                .values(readings=days.c.readings - bindparam("n"))
+            )
+        base = insert_(days).values(
+            device_id=bindparam("did"), day=bindparam("dday"), readings=bindparam("n")
+        )
+        stmt = base.on_conflict_do_update(
+            index_elements=["device_id", "day"],
+            set_={"readings": days.c.readings + base.excluded.readings},
+            where=days.c.readings + base.excluded.readings <= bindparam("allowed"),
+        ).returning(days.c.readings)
     elif name == "segments":
         stmt = insert(typing.cast(Table, Segment.__table__))
     else:

@@ -24,11 +24,12 @@ from zeal.aggregate import Aggregation
 from zeal.distribution import OutputDistribution
 from zeal.errors import ParameterError, ReadingError, ZealWarning
 from zeal.estimate import check_integer, check_real
-from zeal.grid import GridSampler, build_grid_sampler
+from zeal.grid import GridSampler
 from zeal.paper import PaperSampler
+from zeal.policy import check_policy, readings_per_day
 from zeal.protocol import EPSILON_MAX, EXPONENT, PAYLOAD_BITS
 from zeal.randomness import Randomness
-from zeal.width import bits_at, default_bits, exponent_for_bits, smallest_exponent
+from zeal.width import bits_at, default_bits, exact_grid, exponent_for_bits, smallest_exponent
 
 if TYPE_CHECKING:
     from zeal.privacy_audit import AuditReport
@@ -59,6 +60,11 @@ class Zeal(Aggregation):
     (ulp(2**exponent)), ``realized_epsilon`` (the loss the grid sampler actually realizes:
     ``ln(w_hi/w_lo) <= epsilon``; ``None`` for the paper sampler, whose loss only
     :meth:`audit` can tell) and ``fingerprint`` (8 bytes identifying all of the above).
+
+    ``max_epsilon_per_day`` is the stream's privacy policy (zeal.policy), enforced by agent
+    and collector alike; the mechanism ignores it, but it is in the fingerprint, so a device
+    without a changed policy is refused. ``readings_per_day`` is what it allows; None (no
+    policy) keeps the fingerprints of parameters made before policies existed.
     """
 
     __slots__ = (
@@ -79,8 +85,10 @@ class Zeal(Aggregation):
         "grid_step",
         "half_width",
         "lower",
+        "max_epsilon_per_day",
         "p",
         "payload_bits",
+        "readings_per_day",
         "realized_epsilon",
         "sampler",
         "shared_bits",
@@ -102,6 +110,8 @@ class Zeal(Aggregation):
     grid_step: float
     abar: float
     fingerprint: bytes
+    max_epsilon_per_day: float | None
+    readings_per_day: int | None
     realized_epsilon: float | None
     sampler: str
     code_min: int
@@ -120,16 +130,23 @@ class Zeal(Aggregation):
         payload_bits: int | None = None,
         exponent: int | None = None,
         sampler: str = "grid",
+        max_epsilon_per_day: float | None = None,
     ) -> None:
         try:
             self._setup(
                 lower, upper, epsilon, payload_bits=payload_bits, exponent=exponent, sampler=sampler
             )
+            cap = check_policy(self.epsilon, max_epsilon_per_day)
         except (OverflowError, ZeroDivisionError) as exc:
             raise ParameterError(
                 f"lower={lower!r}, upper={upper!r}, epsilon={epsilon!r} are too extreme for "
                 f"float64 arithmetic ({exc})"
             ) from exc
+        object.__setattr__(self, "max_epsilon_per_day", cap)
+        object.__setattr__(
+            self, "readings_per_day", None if cap is None else readings_per_day(self.epsilon, cap)
+        )
+        object.__setattr__(self, "fingerprint", self._fingerprint())
 
     def _setup(  # noqa: PLR0915 (the derivation, Eqs. (9), (10), (21), (31), (28), in order)
         self,
@@ -205,7 +222,16 @@ class Zeal(Aggregation):
         set_("_prefix", ((1023 + chosen) << 52) | ((1 << 52) - (1 << k)))
 
         if sampler == "grid":
-            grid = self._build_grid(k)
+            grid = exact_grid(
+                c=self.C,
+                e_enc=self.e_enc,
+                bits=k,
+                exponent=chosen,
+                lower=lo,
+                upper=hi,
+                top=top,
+                epsilon=eps,
+            )
             q_min, q_max = grid.depth_range
             set_("_grid", grid)
             set_("_paper", None)
@@ -229,46 +255,8 @@ class Zeal(Aggregation):
             set_("realized_epsilon", None)
             set_("code_min", 0)
             set_("code_max", (1 << k) - 1)
-        set_("fingerprint", self._fingerprint())
 
     # -- construction helpers --------------------------------------------------------------
-
-    def _build_grid(self, bits: int) -> GridSampler:
-        def build(k: int) -> GridSampler:
-            e = exponent_for_bits(self.C, k, smallest_exponent(self.C, self.e_enc))
-            return build_grid_sampler(
-                payload_bits=bits_at(self.C, e),
-                lower=self.lower,
-                upper=self.upper,
-                top_value=self._top,
-                grid_step=math.ldexp(1.0, e - 52),
-                epsilon=self.epsilon,
-            )
-
-        try:
-            return build_grid_sampler(
-                payload_bits=bits,
-                lower=self.lower,
-                upper=self.upper,
-                top_value=self._top,
-                grid_step=self.grid_step,
-                epsilon=self.epsilon,
-            )
-        except ParameterError as exc:
-            supported = []
-            for k in range(bits - 1, _MIN_BITS - 1, -1):
-                try:
-                    build(k)
-                except ParameterError:
-                    continue
-                supported.append(k)
-                break
-            limit = f"at most {supported[0]} payload bits" if supported else "no payload width"
-            raise ParameterError(
-                f"payload_bits={bits} (exponent={self.exponent}) cannot be realized exactly by "
-                f"the grid sampler for lower={self.lower!r}, upper={self.upper!r}, "
-                f"epsilon={self.epsilon!r}: it supports {limit} here ({exc})"
-            ) from exc
 
     def _fingerprint(self) -> bytes:
         text = "|".join(
@@ -282,12 +270,15 @@ class Zeal(Aggregation):
                 str(self.payload_bits),
             )
         )
+        if self.max_epsilon_per_day is not None:
+            text += f"|day/{self.max_epsilon_per_day.hex()}"
         return hashlib.sha256(text.encode()).digest()[:8]
 
     # -- value semantics -------------------------------------------------------------------
 
-    def _key(self) -> tuple[float, float, float, int, str]:
-        return (self.lower, self.upper, self.epsilon, self.exponent, self.sampler)
+    def _key(self) -> tuple[float, float, float, int, str, float | None]:
+        cap = self.max_epsilon_per_day
+        return (self.lower, self.upper, self.epsilon, self.exponent, self.sampler, cap)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Zeal parameters are immutable (tried to set {name!r})")
@@ -305,10 +296,12 @@ class Zeal(Aggregation):
         return (_rebuild, self._key())
 
     def __repr__(self) -> str:
+        cap = self.max_epsilon_per_day
+        policy = "" if cap is None else f", max_epsilon_per_day={cap!r}"
         return (
             f"Zeal(lower={self.lower!r}, upper={self.upper!r}, epsilon={self.epsilon!r}, "
             f"exponent={self.exponent}, sampler={self.sampler!r}; "
-            f"payload_bits={self.payload_bits})"
+            f"payload_bits={self.payload_bits}{policy})"
         )
 
     # -- derived quantities ----------------------------------------------------------------
@@ -389,7 +382,9 @@ class Zeal(Aggregation):
         return audit(self, **options)
 
 
-def _rebuild(lower: float, upper: float, epsilon: float, exponent: int, sampler: str) -> Zeal:
+def _rebuild(*key: Any) -> Zeal:
+    """A Zeal from the fields of Zeal._key, in order (unpickling)."""
+    names = ("lower", "upper", "epsilon", "exponent", "sampler", "max_epsilon_per_day")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ZealWarning)
-        return Zeal(lower=lower, upper=upper, epsilon=epsilon, exponent=exponent, sampler=sampler)
+        return Zeal(**dict(zip(names, key, strict=False)))

@@ -76,6 +76,8 @@ COLLECTOR_REASONS: Final[Mapping[str, str]] = MappingProxyType(
         "too_old": "a reading is stamped before arrival - ZEAL_MAX_AGE_SECONDS",
         "before_stream": "a reading is stamped before the stream was created "
         "(less ZEAL_BACKFILL_SECONDS)",
+        "over_budget": "the batch would take its device past the stream's privacy policy "
+        "(max_epsilon_per_day: readings per UTC day of their timestamps)",
     }
 )
 

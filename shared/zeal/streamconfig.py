@@ -3,11 +3,13 @@
 The collector publishes one per stream; agents read it (or a local copy given with
 ``--params``) and refuse to send until they have it. The document states the parameters and
 the fingerprint they produce, so an agent whose library would derive different parameters
-(another version) refuses instead of sending codes the collector cannot decode::
+(another version) refuses instead of sending codes the collector cannot decode.
+``max_epsilon_per_day`` is the stream's privacy policy (zeal.policy; absent for streams
+made before policies, which have none); it is part of the fingerprint::
 
     {"format": "zeal-stream/1", "stream": "temps", "lower": 0.0, "upper": 110.0,
      "epsilon": 1.0, "exponent": 56, "payload_bits": 5, "sampler": "grid",
-     "fingerprint": "…16 hex digits…", "unit": "degF",
+     "max_epsilon_per_day": 8.0, "fingerprint": "…16 hex digits…", "unit": "degF",
      "server": "…installation id…", "created_ms": 1767225600000}
 
 ``server`` and ``created_ms`` say which server (its database's installation id) created
@@ -56,6 +58,11 @@ def config_document(
         "exponent": params.exponent,
         "payload_bits": params.payload_bits,
         "sampler": params.sampler,
+        **(
+            {}
+            if params.max_epsilon_per_day is None
+            else {"max_epsilon_per_day": params.max_epsilon_per_day}
+        ),
         "fingerprint": params.fingerprint.hex(),
         "unit": unit,
     }
@@ -130,6 +137,7 @@ def params_from_config(
             epsilon=data["epsilon"],
             exponent=data["exponent"],
             sampler=data.get("sampler", "grid"),
+            max_epsilon_per_day=data.get("max_epsilon_per_day"),
         )
     if params.fingerprint.hex() != data["fingerprint"] or (
         "payload_bits" in data and data["payload_bits"] != params.payload_bits

@@ -9,12 +9,14 @@ from typing import Final
 
 from zeal._exact import ceil_log2
 from zeal.errors import ParameterError
+from zeal.grid import GridSampler, build_grid_sampler
 from zeal.protocol import EXPONENT, PAYLOAD_BITS
 
 __all__ = [
     "DEFAULT_GRID_VARIANCE_SHARE",
     "bits_at",
     "default_bits",
+    "exact_grid",
     "exponent_for_bits",
     "smallest_exponent",
 ]
@@ -58,3 +60,47 @@ def default_bits(c: float, epsilon: float, half_width: float, e_min: int) -> int
     max_step = 2 * math.sqrt(DEFAULT_GRID_VARIANCE_SHARE) * smallest_sd
     _mantissa, exp2 = math.frexp(max_step)  # max_step = mantissa * 2**exp2, mantissa in [.5,1)
     return bits_at(c, max(e_min, exp2 - 1 + 52))
+
+
+def exact_grid(
+    *,
+    c: float,
+    e_enc: int,
+    bits: int,
+    exponent: int,
+    lower: float,
+    upper: float,
+    top: Fraction,
+    epsilon: float,
+) -> GridSampler:
+    """The grid sampler at `bits` payload bits (exponent `exponent`), or a ParameterError
+    that names the widest width the grid can realize exactly for these parameters."""
+
+    def build(k: int, e: int) -> GridSampler:
+        return build_grid_sampler(
+            payload_bits=k,
+            lower=lower,
+            upper=upper,
+            top_value=top,
+            grid_step=math.ldexp(1.0, e - 52),
+            epsilon=epsilon,
+        )
+
+    try:
+        return build(bits, exponent)
+    except ParameterError as exc:
+        supported = None
+        for k in range(bits - 1, PAYLOAD_BITS[0] - 1, -1):
+            e = exponent_for_bits(c, k, smallest_exponent(c, e_enc))
+            try:
+                build(bits_at(c, e), e)
+            except ParameterError:
+                continue
+            supported = k
+            break
+        limit = "no payload width" if supported is None else f"at most {supported} payload bits"
+        raise ParameterError(
+            f"payload_bits={bits} (exponent={exponent}) cannot be realized exactly by "
+            f"the grid sampler for lower={lower!r}, upper={upper!r}, "
+            f"epsilon={epsilon!r}: it supports {limit} here ({exc})"
+        ) from exc

@@ -27,6 +27,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tools.testbed.broker import Mosquitto, fleet_command, free_port, wait_for_port
+from tools.testbed.server import stream_body
 from zeal import encode_batch
 from zeal.streamconfig import params_from_config
 
@@ -97,8 +98,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         wait_until(
             lambda: srv.call("/healthz", token=TOKEN).get("broker") == "ok", 30, "the collector"
         )
-        body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "bucket_seconds": 1}
-        body["unit"] = UNIT
+        body = stream_body(bucket_seconds=1, unit=UNIT)
         srv.call("/api/v1/streams", method="POST", body=body, token=TOKEN)
         fleet = subprocess.run(
             fleet_command(
@@ -596,6 +596,32 @@ def test_tags_are_edited_in_the_devices_table_with_the_operator_token(
     )
 
 
+def test_stream_page_shows_the_privacy_policy_and_each_devices_spend_today(
+    page: Any, server: Server
+) -> None:
+    """The stream's policy in its parameters, and each device's epsilon spent since first
+    seen and on today's readings, as the API gives them."""
+    page.goto(server.origin + "/#/stream/temps?window=all")
+    wait_for_summary(page)
+    stream = server.get("/api/v1/streams/temps")
+    policy = page.locator("#stream-params dt", has_text="Privacy policy").locator(
+        "xpath=following-sibling::dd[1]"
+    )
+    cap = f"{stream['max_epsilon_per_day']:,.6f}".rstrip("0").rstrip(".")
+    assert policy.inner_text() == (
+        f"at most {cap} ε per device per UTC day ({stream['readings_per_day']:,} readings)"
+    )
+    page.locator("#devices-body tr[data-device=sim-00000]").wait_for(timeout=15000)
+    device = next(
+        d
+        for d in server.get("/api/v1/streams/temps/devices", limit=1000)["devices"]
+        if d["name"] == "sim-00000"
+    )
+    row = page.locator("#devices-body tr[data-device=sim-00000]")
+    assert row.locator("td.today").inner_text() == f"{device['epsilon_today']:.2f}"
+    assert device["epsilon_spent"] == device["readings"] * stream["epsilon"]
+
+
 def test_resets_duplicates_raw_store_and_clipped_bands_read_right(
     page: Any, server: Server
 ) -> None:
@@ -605,7 +631,7 @@ def test_resets_duplicates_raw_store_and_clipped_bands_read_right(
     yet, so the store rows say so and claim no saving; and the bands of so few readings,
     far wider than the stream's range, are clipped at the plot instead of stretching its
     axis: the axis covers the average and at most a quarter of the range beyond it."""
-    body = {"name": "few", "lower": 0, "upper": 110, "epsilon": 1, "bucket_seconds": 3600}
+    body = stream_body("few", bucket_seconds=3600)
     server.call("/api/v1/streams", method="POST", body={**body, "unit": "kWh"}, token=TOKEN)
     params = params_from_config(server.call("/api/v1/streams/few/config"))
     now = int(time.time() * 1000)

@@ -17,7 +17,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tools.testbed.broker import Mosquitto, free_port, wait_for_port
-from tools.testbed.server import READ, TOKEN, Server, batches, client, wait_until
+from tools.testbed.server import READ, TOKEN, Server, batches, client, stream_body, wait_until
 from zeal.streamconfig import params_from_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +94,7 @@ def test_prometheus_scrapes_the_server_and_every_dashboard_query_evaluates(
     stack = contextlib.ExitStack()
     reader = {"Authorization": f"Bearer {READ}"}
     try:
-        body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "bucket_seconds": 1}
+        body = stream_body(bucket_seconds=1)
         operator = {"Authorization": f"Bearer {TOKEN}"}
         assert server.http.post("/api/v1/streams", json=body, headers=operator).status_code == 201
         config = server.http.get("/api/v1/streams/temps/config", headers=reader).text

@@ -28,7 +28,10 @@ from zeal_server.settings import ServerSettings, SettingsError
 
 OPERATOR, READER = "operator-token-0123456789", "reader-token-0123456789"
 T0 = 1767225600000  # 2026-01-01T00:00:00Z
-PARAMS = Zeal(lower=0, upper=110, epsilon=1, payload_bits=6)
+#: Test streams hold many readings per device and day: their operator raised the privacy
+#: policy (the default, 8 readings a day at epsilon 1, is tested in test_policy).
+RAISED_POLICY = 1e6
+PARAMS = Zeal(lower=0, upper=110, epsilon=1, payload_bits=6, max_epsilon_per_day=RAISED_POLICY)
 
 
 def settings(url: str, **extra: str) -> ServerSettings:
@@ -55,6 +58,7 @@ def create(client: TestClient, **overrides: Any) -> dict[str, Any]:
         "epsilon": 1,
         "payload_bits": 6,
         "bucket_seconds": 60,
+        "max_epsilon_per_day": RAISED_POLICY,
         **overrides,
     }
     response = client.post("/api/v1/streams", json=body)
@@ -485,6 +489,33 @@ def test_preview_is_what_creating_the_stream_gives(client: TestClient) -> None:
     narrow = client.get("/api/v1/preview", params={**query, "payload_bits": 3}).json()
     assert narrow["payload_bits"] == 3
     assert narrow["std_error"] > preview["std_error"]
+
+
+def test_preview_shows_the_loss_per_day_against_the_policy(client: TestClient) -> None:
+    """A device reading every minute at epsilon 1 spends 1,440 a day: over the default
+    policy (8 readings a day), within a raised one; a policy below one reading is refused
+    with the reason, at the preview as at creation."""
+    query = {"lower": 0, "upper": 110, "epsilon": 1, "reading_every": 60}
+    default = client.get("/api/v1/preview", params=query).json()
+    assert (default["max_epsilon_per_day"], default["readings_per_day"]) == (8.0, 8)
+    assert (default["epsilon_per_day"], default["within_policy"]) == (1440.0, False)
+    raised = client.get("/api/v1/preview", params={**query, "max_epsilon_per_day": 1440}).json()
+    assert (raised["readings_per_day"], raised["within_policy"]) == (1440, True)
+    bare = client.get("/api/v1/preview", params={"lower": 0, "upper": 1, "epsilon": 2}).json()
+    assert (bare["epsilon_per_day"], bare["within_policy"]) == (None, None)
+    low = client.get("/api/v1/preview", params={**query, "max_epsilon_per_day": 0.5})
+    assert low.status_code == 422
+    assert "allows no reading" in low.text
+    body = {"name": "few", "lower": 0, "upper": 1, "epsilon": 1, "max_epsilon_per_day": 0.5}
+    refused = client.post("/api/v1/streams", json=body)
+    assert refused.status_code == 422
+    assert "allows no reading" in refused.text
+    created = create(client, name="hourly", max_epsilon_per_day=24)
+    assert (created["max_epsilon_per_day"], created["readings_per_day"]) == (24.0, 24)
+    patch = client.patch("/api/v1/streams/hourly", json={"max_epsilon_per_day": None})
+    assert patch.status_code == 422
+    assert "cannot be removed" in patch.text
+    assert client.get("/api/v1/streams/hourly").json()["fingerprint"] == created["fingerprint"]
 
 
 def test_devices_sort_groups_and_activity(client: TestClient) -> None:

@@ -57,9 +57,22 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, what: str =
 
 
 def create_stream(client: TestClient, **extra: Any) -> Zeal:
-    body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, **extra}
+    body = {
+        "name": "temps",
+        "lower": 0,
+        "upper": 110,
+        "epsilon": 1,
+        "max_epsilon_per_day": 1e6,
+        **extra,
+    }
     out = client.post("/api/v1/streams", json=body).json()
-    return Zeal(lower=0, upper=110, epsilon=1, exponent=out["exponent"])
+    return Zeal(
+        lower=0,
+        upper=110,
+        epsilon=1,
+        exponent=out["exponent"],
+        max_epsilon_per_day=out["max_epsilon_per_day"],
+    )
 
 
 def stats(client: TestClient, stream: str = "temps") -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tools.testbed.broker import Mosquitto
-from tools.testbed.server import Server, create_temps, start_fleet, verify, wait_for
+from tools.testbed.server import Server, create_temps, start_fleet, stream_body, verify, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +103,8 @@ def test_postgresql_outage_is_waited_out(
     try:
         assert (
             server.http.post(
-                "/api/v1/streams", json={"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
+                "/api/v1/streams",
+                json=stream_body(),
             ).status_code
             == 201
         )

@@ -22,7 +22,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tests.server.test_collector_mqtt import create_stream, server_app, stats, wait_until
 from tools.testbed.broker import Mosquitto, agent_status
-from tools.testbed.server import Server
+from tools.testbed.server import Server, stream_body
 from zeal import encode_batch
 from zeal.streamconfig import params_from_config
 
@@ -246,8 +246,7 @@ def test_two_servers_on_one_machine_run_side_by_side(broker: Mosquitto, tmp_path
         began = time.monotonic()
         results = []
         for name, server in zip(("north", "south"), servers, strict=True):
-            body = {"name": name, "lower": 0, "upper": 110, "epsilon": 1}
-            assert server.http.post("/api/v1/streams", json=body).status_code == 201
+            assert server.http.post("/api/v1/streams", json=stream_body(name)).status_code == 201
             params = save_config(server.http, tmp_path / f"{name}.json", name)
             results.append(run_agent(tmp_path / f"agent-{name}", broker, params, 30, stream=name))
         for result in results:

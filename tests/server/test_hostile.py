@@ -35,6 +35,7 @@ from tools.testbed.server import (
     serve,
     serve_collector,
     stats,
+    stream_body,
     wait_until,
 )
 from zeal import Zeal, encode_batch
@@ -120,11 +121,19 @@ def fill(database_url: str, devices: int, per_device: int) -> None:
     """A stream `temps` (1 s buckets) with devices x per_device readings, written directly."""
     engine = make_engine(database_url)
     migrate(engine)
-    params = Zeal(lower=0, upper=110, epsilon=1)
+    params = Zeal(lower=0, upper=110, epsilon=1, max_epsilon_per_day=1e6)
     ingest = store.Ingest()
     t0 = int(time.time() * 1000) - 3_600_000
     with session_factory(engine)() as session, session.begin():
-        store.create_stream(session, name="temps", lower=0, upper=110, epsilon=1, bucket_seconds=60)
+        store.create_stream(
+            session,
+            name="temps",
+            lower=0,
+            upper=110,
+            epsilon=1,
+            bucket_seconds=60,
+            max_epsilon_per_day=1e6,
+        )
     rng = np.random.default_rng(1)
     for start in range(0, per_device, 600):
         with session_factory(engine)() as session, session.begin():
@@ -475,7 +484,7 @@ def test_schemathesis_cli_finds_no_server_error(tmp_path: Path) -> None:
     )
     server.start()
     try:
-        body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
+        body = stream_body()
         auth = {"Authorization": f"Bearer {TOKEN}"}
         assert server.http.post("/api/v1/streams", json=body, headers=auth).status_code == 201
         st = Path(sys.executable).with_name("schemathesis")

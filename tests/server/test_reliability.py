@@ -18,13 +18,13 @@ from fastapi.testclient import TestClient
 
 from tools.testbed.broker import Mosquitto, Subscriber
 from tools.testbed.flood import flood_trial, limit_packet_size
-from tools.testbed.server import Server, create_temps, start_fleet, verify, wait_for
+from tools.testbed.server import Server, create_temps, start_fleet, stream_body, verify, wait_for
 from zeal import Zeal, decode_batch, encode_batch
 from zeal_server import store
 from zeal_server.api import create_app
 from zeal_server.settings import ServerSettings, SettingsError
 
-PARAMS = Zeal(lower=0, upper=110, epsilon=1, payload_bits=6)
+PARAMS = Zeal(lower=0, upper=110, epsilon=1, payload_bits=6, max_epsilon_per_day=1e6)
 DAY_MS = 86_400_000
 
 
@@ -49,7 +49,7 @@ def test_implausible_timestamps_are_rejected_with_a_reason(database_url: str) ->
     limits = (settings.max_future_seconds, settings.max_age_seconds, settings.backfill_seconds)
     assert limits == (600, 7 * 86_400, 300)
     with TestClient(create_app(settings)) as client:
-        body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "payload_bits": 6}
+        body = stream_body(payload_bits=6)
         assert client.post("/api/v1/streams", json=body).status_code == 201
         app: Any = client.app
         ingest = store.Ingest(
@@ -135,7 +135,7 @@ def test_agent_clock_stepping_back_loses_and_duplicates_nothing(
     watcher = Subscriber(broker.port)
     try:
         with TestClient(create_app(settings)) as client:
-            body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "payload_bits": 6}
+            body = stream_body(payload_bits=6)
             assert client.post("/api/v1/streams", json=body).status_code == 201
             config = client.get("/api/v1/streams/temps/config").json()
             params_file = tmp_path / "params.json"
@@ -265,7 +265,7 @@ def test_every_route_is_guarded_and_tokens_never_logged(broker: Mosquitto, tmp_p
     server.start()
     try:
         good = {"Authorization": f"Bearer {OPERATOR}"}
-        body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
+        body = stream_body()
         assert server.http.post("/api/v1/streams", json=body, headers=good).status_code == 201
         spec = server.http.get("/openapi.json").json()
         checked = 0

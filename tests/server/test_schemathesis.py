@@ -18,6 +18,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from tools.testbed.server import stream_body
 from zeal import Zeal, encode_batch
 from zeal_server import store
 from zeal_server.api import create_app
@@ -43,9 +44,9 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         client.post(
             "/api/v1/streams",
             headers={"Authorization": f"Bearer {TOKEN}"},
-            json={"name": "temps", "lower": 0, "upper": 110, "epsilon": 1},
+            json=stream_body(),
         )
-        params = Zeal(lower=0, upper=110, epsilon=1)
+        params = Zeal(lower=0, upper=110, epsilon=1, max_epsilon_per_day=1e6)
         ingest = store.Ingest()
         with app.state.sessions() as session, session.begin():
             for d in range(3):

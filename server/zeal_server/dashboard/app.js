@@ -517,6 +517,10 @@ function streamView(main, name, params) {
       ["Range", withUnit(`[${stream.lower}, ${stream.upper}]`, stream.unit)],
       ["Unit", stream.unit || "– (not declared)"],
       ["ε per reading", String(stream.epsilon)],
+      ["Privacy policy", stream.max_epsilon_per_day === null
+        ? "none (a stream made before policies)"
+        : `at most ${stream.max_epsilon_per_day.toLocaleString("en-US", { maximumFractionDigits: 6 })} ε ` +
+          `per device per UTC day (${fmtInt(stream.readings_per_day)} readings)`],
       ["Realized ε", stream.realized_epsilon === null ? "– (paper sampler)" : stream.realized_epsilon.toPrecision(12)],
       ["Payload bits", String(stream.payload_bits)],
       ["Shared bits", String(stream.shared_bits)],
@@ -535,7 +539,7 @@ function streamView(main, name, params) {
   const columns = [
     ["name", "Device", false], [null, "Tags", false], ["first_seen", "First seen", false],
     ["last_seen", "Last seen", false], ["readings", "Readings", true], ["epsilon_spent", "ε spent", true],
-    [null, "Sequence resets", true],
+    [null, "ε today", true], [null, "Sequence resets", true],
   ];
 
   function drawDeviceHead() {
@@ -572,10 +576,12 @@ function streamView(main, name, params) {
       el("td", { text: fmtTime(d.last_seen) }),
       el("td", { class: "num", text: fmtInt(d.readings) }),
       el("td", { class: "num", text: fmt(d.epsilon_spent, 2) }),
+      el("td", { class: "num today", text: fmt(d.epsilon_today, 2),
+        title: "ε spent on readings stamped in the current UTC day, the period of the stream's policy" }),
       el("td", { class: "num", text: fmtInt(d.sequence_resets),
         title: "batches stored although their sequence number had been used before: the " +
           "device's outbox started again, or two agents share its id" }))));
-    if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 7, text: "No devices yet." })));
+    if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 8, text: "No devices yet." })));
     const first = out.total ? out.offset + 1 : 0;
     pagerText.textContent = `${fmtInt(first)}–${fmtInt(out.offset + out.devices.length)} of ${fmtInt(out.total)}`;
     prev.disabled = state.page === 0;

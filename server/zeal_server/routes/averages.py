@@ -10,6 +10,7 @@ import numpy as np
 from fastapi import APIRouter, Query
 
 from zeal.estimate import bernstein_half_width
+from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY, MAX_EPSILON_PER_DAY
 from zeal.protocol import EXPONENT
 from zeal_server import store
 from zeal_server.bayesian import (
@@ -58,12 +59,30 @@ def preview(
     exponent: Annotated[int | None, Query(ge=EXPONENT[0], le=EXPONENT[1])] = None,
     n: Annotated[int, Query(ge=1, le=10**15, description="readings averaged")] = 10_000,
     confidence: Confidence = 0.95,
+    max_epsilon_per_day: Annotated[
+        float,
+        Query(gt=0, le=MAX_EPSILON_PER_DAY, description="the privacy policy (see POST /streams)"),
+    ] = DEFAULT_MAX_EPSILON_PER_DAY,
+    reading_every: Annotated[
+        float | None,
+        Query(gt=0, le=86_400, description="seconds between two readings of one device"),
+    ] = None,
 ) -> PreviewOut:
-    """The derived parameters of a stream and the error of an average of n readings."""
+    """The derived parameters of a stream, the error of an average of n readings, and the
+    privacy loss per device and day: what the policy allows, and what a device reading
+    every `reading_every` seconds would spend."""
     try:
-        params = store.derive_params(lower, upper, epsilon, payload_bits, exponent)
+        params = store.derive_params(
+            lower,
+            upper,
+            epsilon,
+            payload_bits,
+            exponent=exponent,
+            max_epsilon_per_day=max_epsilon_per_day,
+        )
     except store.StoreError as exc:
         raise invalid("query", None, str(exc)) from exc
+    daily = None if reading_every is None else math.ceil(86_400 / reading_every)
     variance = params.variance_bound()
     std_error = math.sqrt(variance / n)
     half = bernstein_half_width(confidence, n=n, variance=variance, bound=params.error_bound())
@@ -81,6 +100,10 @@ def preview(
         confidence=confidence,
         std_error=std_error if math.isfinite(std_error) else None,
         guaranteed_half_width=half if math.isfinite(half) else None,
+        max_epsilon_per_day=max_epsilon_per_day,
+        readings_per_day=params.readings_per_day or 0,
+        epsilon_per_day=None if daily is None else daily * params.epsilon,
+        within_policy=None if daily is None else daily <= (params.readings_per_day or 0),
     )
 
 

@@ -257,7 +257,7 @@ def preview_compare(
     Give the spread of readings within a device as within_sd, or as zero_share,
     positive_mean and cv (then mean defaults to the readings' mean)."""
     try:
-        params = store.derive_params(lower, upper, epsilon, payload_bits, None)
+        params = store.derive_params(lower, upper, epsilon, payload_bits, max_epsilon_per_day=None)
     except store.StoreError as exc:
         raise invalid("query", None, str(exc)) from exc
     if within_sd is None:

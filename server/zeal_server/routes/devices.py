@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
+from zeal.policy import MICRO, day_of, micro_epsilon
 from zeal_server import retention, store
 from zeal_server.deps import (
     API,
@@ -29,7 +30,9 @@ log = logging.getLogger("zeal_server.api")
 router = APIRouter()
 
 
-def device_out(device: Device, epsilon: float) -> DeviceOut:
+def device_out(device: Device, epsilon: float, today: int = 0) -> DeviceOut:
+    """`today`: the device's readings stamped in the current UTC day."""
+    cost = micro_epsilon(epsilon)
     return DeviceOut(
         name=device.name,
         tags=json.loads(device.tags),
@@ -37,7 +40,8 @@ def device_out(device: Device, epsilon: float) -> DeviceOut:
         last_seen=as_datetime(device.last_seen_ms),
         readings=device.readings,
         batches=device.batches,
-        epsilon_spent=device.readings * epsilon,
+        epsilon_spent=device.readings * cost / MICRO,
+        epsilon_today=today * cost / MICRO,
         duplicates=device.duplicates,
         sequence_resets=device.sequence_resets,
     )
@@ -86,11 +90,12 @@ def devices(
     rows = store.device_page(
         db, stream, sort=sort, descending=descending, limit=limit, offset=offset
     )
+    today = store.readings_on_day(db, [d.id for d in rows], day_of(store.now_ms()))
     return DevicesOut(
         total=total,
         limit=limit,
         offset=offset,
-        devices=[device_out(d, stream.epsilon) for d in rows],
+        devices=[device_out(d, stream.epsilon, today.get(d.id, 0)) for d in rows],
     )
 
 

@@ -67,13 +67,39 @@ def get_stream(name: str, db: Db) -> StreamOut:
 
 
 @router.patch(f"{API}/streams/{{name}}", dependencies=WRITE, response_model=StreamOut)
-def patch_stream(name: str, body: StreamPatch, db: Db) -> StreamOut:
-    """Change a stream's retention (operator token). A shorter one deletes what is
-    older at the collector's next housekeeping, within a minute, for good."""
+def patch_stream(name: str, body: StreamPatch, request: Request, db: Db) -> StreamOut:
+    """Change a stream's retention or privacy policy (operator token; fields left out stay).
+    A shorter retention deletes what is older at the collector's next housekeeping, within
+    a minute, for good. A new policy gives the stream a new fingerprint and configuration:
+    devices are refused (fingerprint_mismatch) until they take it, which agents do by
+    themselves from the retained configuration."""
     stream = stream_or_404(db, name)
-    store.set_retention(db, stream, body.retention_days)
+    given = body.model_fields_set
+    if "retention_days" in given:
+        store.set_retention(db, stream, body.retention_days)
+    if "max_epsilon_per_day" in given:
+        if body.max_epsilon_per_day is None:
+            raise invalid(
+                "body", "max_epsilon_per_day", "a stream's privacy policy cannot be removed"
+            )
+        try:
+            store.set_policy(db, stream, body.max_epsilon_per_day)
+        except store.StoreError as exc:
+            db.rollback()
+            raise invalid("body", "max_epsilon_per_day", str(exc)) from exc
     db.commit()
-    log.warning("stream %s: retention set to %s days", name, body.retention_days)
+    if "retention_days" in given:
+        log.warning("stream %s: retention set to %s days", name, body.retention_days)
+    if "max_epsilon_per_day" in given:
+        log.warning(
+            "stream %s: privacy policy set to %s epsilon per device per day (fingerprint %s)",
+            name,
+            stream.max_epsilon_per_day,
+            stream.fingerprint,
+        )
+        if request.app.state.collector is not None:
+            request.app.state.collector.configs.publish(store.config_of(db, stream))
+            request.app.state.collector.streams_changed()
     return stream_out(stream)
 
 

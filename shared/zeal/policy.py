@@ -1,0 +1,79 @@
+"""A stream's privacy policy: how much privacy loss one device may spend per UTC day.
+
+Each reading privatized with epsilon costs epsilon (sequential composition, so a device's
+loss over a day is the sum over its readings). The policy caps that sum per device and per
+UTC day of the readings' timestamps, and the agent and the collector enforce it with the
+same integer arithmetic: a reading costs ``micro_epsilon(epsilon)`` (rounded up), the cap is
+``cap_micro(max_epsilon_per_day)`` (rounded down), so a device may send
+``readings_per_day`` = cap // cost readings stamped in one day and never more, whichever end
+counts. No floats are summed anywhere.
+
+The default, DEFAULT_MAX_EPSILON_PER_DAY = 8, is of the order of the daily budgets of
+deployed local differential privacy (docs/privacy.md says why, and what raising it costs).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Final
+
+from zeal.errors import ParameterError
+
+__all__ = [
+    "DAY_MS",
+    "DEFAULT_MAX_EPSILON_PER_DAY",
+    "MAX_EPSILON_PER_DAY",
+    "MICRO",
+    "cap_micro",
+    "check_policy",
+    "day_of",
+    "micro_epsilon",
+    "readings_per_day",
+]
+
+MICRO: Final = 10**6
+DAY_MS: Final = 86_400_000
+DEFAULT_MAX_EPSILON_PER_DAY: Final = 8.0
+#: The largest cap a stream may declare (a reading a millisecond at epsilon 1, about).
+MAX_EPSILON_PER_DAY: Final = 1e8
+
+
+def micro_epsilon(epsilon: float) -> int:
+    """epsilon in integer micro-epsilon, rounded up: a ledger never under-counts."""
+    return math.ceil(Fraction(epsilon) * MICRO)
+
+
+def cap_micro(max_epsilon_per_day: float) -> int:
+    """A cap in integer micro-epsilon, rounded down: a ledger never allows more."""
+    return math.floor(Fraction(max_epsilon_per_day) * MICRO)
+
+
+def day_of(timestamp_ms: int) -> int:
+    """The UTC day (days since 1970-01-01) a reading's timestamp falls in."""
+    return timestamp_ms // DAY_MS
+
+
+def readings_per_day(epsilon: float, max_epsilon_per_day: float) -> int:
+    """How many readings one device may have stamped in one UTC day."""
+    return cap_micro(max_epsilon_per_day) // micro_epsilon(epsilon)
+
+
+def check_policy(epsilon: float, max_epsilon_per_day: object) -> float | None:
+    """The checked cap: None (no policy) or a number in [epsilon, MAX_EPSILON_PER_DAY]."""
+    if max_epsilon_per_day is None:
+        return None
+    if isinstance(max_epsilon_per_day, bool) or not isinstance(max_epsilon_per_day, int | float):
+        raise ParameterError(f"max_epsilon_per_day must be a number, got {max_epsilon_per_day!r}")
+    cap = float(max_epsilon_per_day)
+    if not (math.isfinite(cap) and 0 < cap <= MAX_EPSILON_PER_DAY):
+        raise ParameterError(
+            f"max_epsilon_per_day must be in (0, {MAX_EPSILON_PER_DAY:g}], got "
+            f"{max_epsilon_per_day!r}"
+        )
+    if readings_per_day(epsilon, cap) < 1:
+        raise ParameterError(
+            f"max_epsilon_per_day={cap:g} allows no reading at epsilon={epsilon!r} per "
+            "reading: raise the cap or lower epsilon"
+        )
+    return cap

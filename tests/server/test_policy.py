@@ -1,0 +1,175 @@
+"""The stream's privacy policy end to end: a real Mosquitto, the real server and the real
+agent. A device reading once a second for one simulated day never spends more than the
+policy allows, at the agent (it skips, and says so in `zeal-edge status`) and at the
+collector (a modified agent that ignores its ledger is refused as over_budget); a policy
+change gives the stream a new fingerprint, and devices are refused until they take it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.server.test_collector_mqtt import publish_all, stats, wait_until
+from tests.server.test_field import agent_command, save_config
+from tools.testbed.broker import Mosquitto, agent_status
+from zeal import Zeal, encode_batch
+from zeal.policy import DAY_MS, day_of
+from zeal.streamconfig import params_from_config
+from zeal_server.api import create_app
+from zeal_server.settings import ServerSettings
+
+pytestmark = pytest.mark.integration
+
+DAY = day_of(int(time.time() * 1000)) - 1  # yesterday (UTC): every reading is in the past
+START = DAY * DAY_MS
+SECONDS = 86_400
+
+
+def day_of_readings() -> str:
+    """One simulated day at one reading a second: `TIMESTAMP_MS,VALUE` lines for the agent."""
+    return "".join(f"{START + 1000 * i},{40 + i % 30}\n" for i in range(SECONDS))
+
+
+@pytest.fixture
+def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
+    """The real server on the broker; readings of yesterday are accepted (backfill 2 days)."""
+    settings = ServerSettings.from_env(
+        {
+            "ZEAL_DATABASE_URL": database_url,
+            "ZEAL_MQTT_URL": broker.url,
+            "ZEAL_BACKFILL_SECONDS": str(2 * 86_400),
+        }
+    )
+    with TestClient(create_app(settings)) as c:
+        wait_until(lambda: c.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        yield c
+
+
+def run_agent(data_dir: Path, broker: Mosquitto, params: Path) -> dict[str, Any]:
+    result = subprocess.run(
+        agent_command(data_dir, broker, params, "--batch", "60", "--interval", "1"),
+        input=day_of_readings(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stream policy reached" in result.stderr
+    (status,) = agent_status(data_dir)
+    return status
+
+
+def device(client: TestClient, name: str) -> dict[str, Any]:
+    devices = client.get("/api/v1/streams/temps/devices").json()["devices"]
+    return next(d for d in devices if d["name"] == name)
+
+
+def modified_agent_batches(params: Zeal, name: str) -> list[tuple[str, bytes]]:
+    """A device that ignores its ledger: the whole day, its first ten minutes in batches of
+    4 readings, the rest in batches of 60."""
+    stamps = [START + 1000 * i for i in range(SECONDS)]
+    cuts = [*range(0, 600, 4), *range(600, SECONDS, 60), SECONDS]
+    codes = params.perturb([50.0] * SECONDS)
+    return [
+        (
+            f"zeal/v1/temps/{name}/up",
+            encode_batch(
+                params,
+                stream="temps",
+                device=name,
+                sequence=k,
+                timestamps=stamps[a:b],
+                codes=codes[a:b],
+            ),
+        )
+        for k, (a, b) in enumerate(itertools.pairwise(cuts))
+    ]
+
+
+def test_the_default_policy_holds_a_day_of_readings_at_the_agent_and_the_collector(
+    client: TestClient, broker: Mosquitto, tmp_path: Path
+) -> None:
+    created = client.post(
+        "/api/v1/streams", json={"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
+    ).json()
+    assert (created["max_epsilon_per_day"], created["readings_per_day"]) == (8.0, 8)
+    params_file = save_config(client, tmp_path / "params.json")
+    params = params_from_config(params_file.read_text())
+
+    # The real agent: 86,400 readings of one day; 8 leave the device, the rest are skipped.
+    began = time.monotonic()
+    status = run_agent(tmp_path / "agent", broker, params_file)
+    print(f"agent: one simulated day in {time.monotonic() - began:.1f} s: {status}")
+    day = dt.datetime.fromtimestamp(DAY * 86_400, dt.UTC).strftime("%Y-%m-%d")
+    assert status["sent_readings"] == 8
+    assert status["skipped_for_policy"] == SECONDS - 8
+    assert status["policy_spent_by_day"] == {day: 8.0}
+    assert status["policy_epsilon_per_day"] == 8.0
+    wait_until(lambda: stats(client)["readings"] == 8, what="the agent's 8 readings")
+
+    # A modified agent ignoring its ledger: the collector stores 8 readings of it and
+    # refuses every other batch whole as over_budget (after 100 rejects in a burst, the
+    # door sheds the device's messages undecoded as rate_limited: nothing stored either).
+    messages = modified_agent_batches(params, "rogue")
+    publish_all(broker.port, messages)
+    refused = len(messages) - 2  # two batches of 4 fit in the day's 8 readings
+
+    def counted() -> int:
+        rejects = stats(client)["rejects"]
+        return int(rejects.get("over_budget", 0) + rejects.get("rate_limited", 0))
+
+    wait_until(lambda: counted() == refused, timeout=60, what=f"{refused} rejects")
+    assert stats(client)["rejects"]["over_budget"] >= 100
+    assert stats(client)["readings"] == 16
+    for name in ("dev1", "rogue"):
+        assert device(client, name)["readings"] == 8
+        assert device(client, name)["epsilon_spent"] == 8.0
+    print(f"collector: {refused} of {len(messages)} batches refused: {stats(client)['rejects']}")
+
+
+def test_a_policy_change_gives_a_new_fingerprint_and_old_devices_are_refused(
+    client: TestClient, broker: Mosquitto, tmp_path: Path
+) -> None:
+    client.post("/api/v1/streams", json={"name": "temps", "lower": 0, "upper": 110, "epsilon": 1})
+    old_file = save_config(client, tmp_path / "old.json")
+    old = params_from_config(old_file.read_text())
+    status = run_agent(tmp_path / "agent", broker, old_file)
+    assert status["sent_readings"] == 8
+
+    patched = client.patch("/api/v1/streams/temps", json={"max_epsilon_per_day": 24})
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["readings_per_day"] == 24
+    assert patched.json()["fingerprint"] != old.fingerprint.hex()
+    new_file = save_config(client, tmp_path / "new.json")
+    assert json.loads(new_file.read_text())["max_epsilon_per_day"] == 24.0
+    assert client.patch("/api/v1/streams/temps", json={"max_epsilon_per_day": 0.5}).status_code == (
+        422
+    )
+
+    # A device still on the old configuration is refused with the reason.
+    stale = encode_batch(
+        old, stream="temps", device="old", sequence=0, timestamps=[START], codes=old.perturb([50.0])
+    )
+    publish_all(broker.port, [("zeal/v1/temps/old/up", stale)])
+    wait_until(
+        lambda: stats(client)["rejects"].get("fingerprint_mismatch", 0) == 1,
+        what="the stale device's batch refused",
+    )
+    # The agent with the new configuration spends the rest of the raised policy on that day.
+    status = run_agent(tmp_path / "agent", broker, new_file)
+    assert status["sent_readings"] == 24
+    assert status["policy_spent_by_day"] == {
+        dt.datetime.fromtimestamp(DAY * 86_400, dt.UTC).strftime("%Y-%m-%d"): 24.0
+    }
+    wait_until(lambda: stats(client)["readings"] == 24, what="24 readings of the day")
+    assert device(client, "dev1")["epsilon_spent"] == 24.0
