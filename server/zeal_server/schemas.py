@@ -165,6 +165,9 @@ class AverageOut(BaseModel):
     bayes: BayesOut | None = Field(
         default=None, description="with estimator=bayes: the posterior summary beside AVG*"
     )
+    excluded: list[str] = Field(
+        default=[], description="with exclude=implausible: the devices left out, by name"
+    )
 
 
 class PointOut(BaseModel):
@@ -184,6 +187,11 @@ class SeriesOut(BaseModel):
     device: str | None = None
     confidence: float
     points: list[PointOut]
+    excluded: list[str] = Field(
+        default=[],
+        description="with exclude=implausible: the devices left out of every point (flagged "
+        "over the whole window), by name",
+    )
 
 
 class CompareOut(BaseModel):
@@ -259,6 +267,13 @@ class DeviceOut(BaseModel):
     epsilon_today: float = Field(
         description="privacy loss spent on readings stamped in the current UTC day, the "
         "period of the stream's policy (max_epsilon_per_day)"
+    )
+    flags: list[str] = Field(
+        default=[],
+        description="implausible: its readings prove it dishonest (its guaranteed interval at "
+        "level 1 - 1e-9 lies wholly outside the range; exclude=implausible leaves it out of "
+        "averages); over_budget: batches of it were refused at the policy; at_cap: today's "
+        "readings reached what the policy allows",
     )
     duplicates: int = Field(description="batches received again and dropped (a lost PUBACK)")
     sequence_resets: int = Field(

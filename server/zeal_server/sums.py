@@ -125,6 +125,8 @@ class DeviceSums:
     n: int
     total_codes: int
     total_squares: int | None
+    #: The device ids in the order of `counts` and `sum_codes`.
+    order: tuple[int, ...] = ()
 
     @property
     def total(self) -> Sums:
@@ -174,6 +176,7 @@ def device_sums(
         n=columns[0],
         total_codes=from_limbs(columns[1 : 1 + SUM_LIMBS]),
         total_squares=from_limbs(columns[1 + SUM_LIMBS :]) if squares else None,
+        order=tuple(table[:, 0].tolist()),
     )
 
 

@@ -619,6 +619,7 @@ def test_stream_page_shows_the_privacy_policy_and_each_devices_spend_today(
     )
     row = page.locator("#devices-body tr[data-device=sim-00000]")
     assert row.locator("td.today").inner_text() == f"{device['epsilon_today']:.2f}"
+    assert row.locator("td.flags").inner_text() == (", ".join(device["flags"]) or "–")
     assert device["epsilon_spent"] == device["readings"] * stream["epsilon"]
 
 

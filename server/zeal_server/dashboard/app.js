@@ -539,7 +539,7 @@ function streamView(main, name, params) {
   const columns = [
     ["name", "Device", false], [null, "Tags", false], ["first_seen", "First seen", false],
     ["last_seen", "Last seen", false], ["readings", "Readings", true], ["epsilon_spent", "ε spent", true],
-    [null, "ε today", true], [null, "Sequence resets", true],
+    [null, "ε today", true], [null, "Sequence resets", true], [null, "Flags", false],
   ];
 
   function drawDeviceHead() {
@@ -580,8 +580,12 @@ function streamView(main, name, params) {
         title: "ε spent on readings stamped in the current UTC day, the period of the stream's policy" }),
       el("td", { class: "num", text: fmtInt(d.sequence_resets),
         title: "batches stored although their sequence number had been used before: the " +
-          "device's outbox started again, or two agents share its id" }))));
-    if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 8, text: "No devices yet." })));
+          "device's outbox started again, or two agents share its id" }),
+      el("td", { class: d.flags.length ? "flags flagged" : "flags", text: d.flags.join(", ") || "–",
+        title: "implausible: its readings prove it dishonest (exclude=implausible leaves it out " +
+          "of averages); over_budget: batches refused at the privacy policy; at_cap: today's " +
+          "readings reached the policy" }))));
+    if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 9, text: "No devices yet." })));
     const first = out.total ? out.offset + 1 : 0;
     pagerText.textContent = `${fmtInt(first)}–${fmtInt(out.offset + out.devices.length)} of ${fmtInt(out.total)}`;
     prev.disabled = state.page === 0;

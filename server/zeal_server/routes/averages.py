@@ -4,7 +4,7 @@ parameters (two groups compared: routes/compare.py)."""
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 from fastapi import APIRouter, Query
@@ -42,6 +42,7 @@ from zeal_server.deps import (
     stream_or_404,
     window,
 )
+from zeal_server.influence import without_implausible
 from zeal_server.models import Stream
 from zeal_server.schemas import AverageOut, PointOut, PreviewOut, SeriesOut
 
@@ -113,6 +114,16 @@ Device = Annotated[
 ]
 
 
+Exclude = Annotated[
+    Literal["none", "implausible"],
+    Query(
+        description="implausible: leave out the devices whose own readings in the window "
+        "prove them dishonest (their guaranteed interval at level 1 - 1e-9 lies wholly "
+        "outside [lower, upper]; docs/privacy.md); the answer names them in `excluded`"
+    ),
+]
+
+
 def _devices(db: Db, stream: Stream, group: str | None, device: str | None) -> store.Devices:
     if group is not None and device is not None:
         raise invalid("query", "device", "give a group or a device, not both")
@@ -131,6 +142,7 @@ def average(
     estimator: Estimator = "avg",
     model: BayesModel = "mean",
     prior: PriorText = None,
+    exclude: Exclude = "none",
 ) -> AverageOut:
     """The debiased average AVG* over whole buckets in [start, end), with its intervals;
     with estimator=bayes, a Bayes estimate beside it (docs/bayes.md)."""
@@ -139,6 +151,9 @@ def average(
     params = store.params_of(stream)
     read = bayes_reader(params, model, prior, confidence) if estimator == "bayes" else None
     devices = _devices(db, stream, group, device)
+    excluded: list[str] = []
+    if exclude == "implausible":
+        devices, excluded = without_implausible(db, stream, params, first, stop, devices)
     sums = store.window_sums(db, stream, first, stop, devices)
     found = store.estimate(params, sums, confidence)
     lo, hi = bounds_out(stream, first, stop)
@@ -161,6 +176,7 @@ def average(
         payload_bits=stream.payload_bits,
         estimate=estimate_out(found),
         bayes=bayes,
+        excluded=excluded,
     )
 
 
@@ -184,6 +200,7 @@ def series(
     estimator: Estimator = "avg",
     model: BayesModel = "mean",
     prior: PriorText = None,
+    exclude: Exclude = "none",
 ) -> SeriesOut:
     """The average per interval (for charts); intervals without readings are omitted. With
     estimator=bayes, each point's Bayes estimate beside its AVG* (docs/bayes.md)."""
@@ -200,7 +217,10 @@ def series(
     params = store.params_of(stream)
     read = bayes_reader(params, model, prior, confidence) if estimator == "bayes" else None
     devices = _devices(db, stream, group, device)
+    excluded: list[str] = []
     first, stop = window(stream, start, end)
+    if exclude == "implausible":
+        devices, excluded = without_implausible(db, stream, params, first, stop, devices)
     span = store.closed_window(db, stream, first, stop)
     empty = SeriesOut(
         stream=name,
@@ -209,6 +229,7 @@ def series(
         device=device,
         confidence=confidence,
         points=[],
+        excluded=excluded,
     )
     if span is None:
         return empty

@@ -7,6 +7,7 @@ import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
+from sqlalchemy import select
 
 from zeal.policy import MICRO, day_of, micro_epsilon
 from zeal_server import retention, store
@@ -21,7 +22,8 @@ from zeal_server.deps import (
     invalid,
     stream_or_404,
 )
-from zeal_server.models import Device
+from zeal_server.influence import ALL_TIME, implausible
+from zeal_server.models import Device, Reject, Stream
 from zeal_server.schemas import DeletedOut, DeviceOut, DevicesOut, GroupOut, TagsIn
 
 __all__ = ["router"]
@@ -30,7 +32,9 @@ log = logging.getLogger("zeal_server.api")
 router = APIRouter()
 
 
-def device_out(device: Device, epsilon: float, today: int = 0) -> DeviceOut:
+def device_out(
+    device: Device, epsilon: float, today: int = 0, flags: list[str] | None = None
+) -> DeviceOut:
     """`today`: the device's readings stamped in the current UTC day."""
     cost = micro_epsilon(epsilon)
     return DeviceOut(
@@ -42,6 +46,7 @@ def device_out(device: Device, epsilon: float, today: int = 0) -> DeviceOut:
         batches=device.batches,
         epsilon_spent=device.readings * cost / MICRO,
         epsilon_today=today * cost / MICRO,
+        flags=flags or [],
         duplicates=device.duplicates,
         sequence_resets=device.sequence_resets,
     )
@@ -91,12 +96,46 @@ def devices(
         db, stream, sort=sort, descending=descending, limit=limit, offset=offset
     )
     today = store.readings_on_day(db, [d.id for d in rows], day_of(store.now_ms()))
+    flags = _flags(db, stream, rows, today)
     return DevicesOut(
         total=total,
         limit=limit,
         offset=offset,
-        devices=[device_out(d, stream.epsilon, today.get(d.id, 0)) for d in rows],
+        devices=[device_out(d, stream.epsilon, today.get(d.id, 0), flags[d.id]) for d in rows],
     )
+
+
+def _flags(
+    db: Db, stream: Stream, rows: list[Device], today: dict[int, int]
+) -> dict[int, list[str]]:
+    """Per device of the page: `implausible` (its readings so far prove it dishonest),
+    `over_budget` (batches of it were refused at the policy), `at_cap` (today's readings
+    reached what the policy allows)."""
+    params = store.params_of(stream)
+    sums = store.device_sums(db, stream, *ALL_TIME, [d.id for d in rows])
+    bad = {i for i, no in zip(sums.order, implausible(params, sums), strict=True) if no}
+    refused = set(
+        db.scalars(
+            select(Reject.device).where(
+                Reject.stream == stream.name,
+                Reject.reason == "over_budget",
+                Reject.device.in_([d.name for d in rows]),
+            )
+        )
+    )
+    allowed = params.readings_per_day
+    return {
+        d.id: [
+            flag
+            for flag, raised in (
+                ("implausible", d.id in bad),
+                ("over_budget", d.name in refused),
+                ("at_cap", allowed is not None and today.get(d.id, 0) >= allowed),
+            )
+            if raised
+        ]
+        for d in rows
+    }
 
 
 @router.get(f"{API}/streams/{{name}}/groups", dependencies=READ, response_model=list[GroupOut])

@@ -1,0 +1,96 @@
+"""Data poisoning by one device (Cao, Jia and Gong 2021): a device that sends only the
+maximal code among 50 honest ones moves the average by its weight times its distance; its
+own readings prove it dishonest, so /devices flags it and exclude=implausible leaves it
+out, while no honest device is flagged."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from tests.server.test_api import PARAMS, T0, client, create, feed
+from zeal import encode_batch
+from zeal_server import store
+
+__all__ = ["client"]  # the fixture, on SQLite and PostgreSQL
+
+HONEST, READINGS = 50, 600  # 50 devices, 10 minutes at one reading a second
+
+
+def rogue(client: TestClient, name: str, code: int, count: int) -> None:
+    payload = encode_batch(
+        PARAMS,
+        stream="temps",
+        device=name,
+        sequence=0,
+        codes=np.full(count, code, dtype=np.uint64),
+        timestamps=T0 + 1000 * np.arange(count),
+    )
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        outcome = store.Ingest().add(session, f"zeal/v1/temps/{name}/up", payload, T0)
+    assert outcome.status == "stored", outcome
+
+
+def average(client: TestClient, **query: Any) -> dict[str, Any]:
+    result: dict[str, Any] = client.get("/api/v1/streams/temps/average", params=query).json()
+    return result
+
+
+def test_a_device_sending_the_maximal_code_is_flagged_and_left_out(client: TestClient) -> None:
+    create(client)
+    rng = np.random.default_rng(17)
+    truth = []
+    for d in range(HONEST):
+        readings = np.clip(rng.normal(50 + (d % 10) - 4.5, 8, READINGS), 0, 110)
+        truth.append(readings)
+        feed(client, f"honest{d:02d}", 0, readings, T0, rng=d)
+    honest = average(client)
+    rogue(client, "rogue", PARAMS.code_max, READINGS)  # 2 % of the readings, at the top
+    poisoned = average(client)
+    shift = poisoned["estimate"]["mean"] - honest["estimate"]["mean"]
+    weight = READINGS / (HONEST * READINGS + READINGS)
+    top = float(PARAMS.decode(np.array([PARAMS.code_max], dtype=np.uint64))[0])
+    bound = weight * (top - PARAMS.lower)  # what its weight allows: at most this far
+    print(f"honest {honest['estimate']['mean']:.3f}, poisoned {poisoned['estimate']['mean']:.3f}")
+    print(f"shift {shift:.3f}; bound weight x (max decoded - lower) = {weight:.4f} x {top:.1f}")
+    assert 0 < shift <= bound
+    mean_truth = float(np.mean(np.concatenate(truth)))
+    lo, hi = poisoned["estimate"]["guaranteed"]
+    assert not lo <= mean_truth <= hi  # the guaranteed interval no longer holds the truth
+
+    devices = client.get("/api/v1/streams/temps/devices", params={"limit": 100}).json()
+    flags = {d["name"]: d["flags"] for d in devices["devices"]}
+    assert flags.pop("rogue") == ["implausible"]
+    assert all(f == [] for f in flags.values()), flags  # no honest device flagged
+
+    cleaned = average(client, exclude="implausible")
+    assert cleaned["excluded"] == ["rogue"]
+    assert cleaned["n"] == HONEST * READINGS
+    assert cleaned["estimate"]["mean"] == honest["estimate"]["mean"]  # the same sums, exactly
+    lo, hi = cleaned["estimate"]["guaranteed"]
+    assert lo <= mean_truth <= hi
+    series = client.get(
+        "/api/v1/streams/temps/series", params={"interval": 600, "exclude": "implausible"}
+    ).json()
+    assert series["excluded"] == ["rogue"]
+    assert sum(p["n"] for p in series["points"]) == HONEST * READINGS
+    # A device at the bottom of the code range is caught the same way; a group query
+    # leaves out only its own flagged devices.
+    rogue(client, "sunk", PARAMS.code_min, READINGS)
+    assert average(client, exclude="implausible")["excluded"] == ["rogue", "sunk"]
+    assert average(client, exclude="implausible", device="honest00")["excluded"] == []
+
+
+def test_honest_devices_with_few_readings_are_not_flagged(client: TestClient) -> None:
+    """Readings at both ends of the range (the worst case for an honest device), from 1 to
+    300 per device: none is flagged (the test's false-alarm rate is at most 1e-9 each)."""
+    create(client)
+    for d, count in enumerate([1, 2, 5, 20, 100, 300]):
+        for end, value in (("low", 0.0), ("high", 110.0)):
+            feed(client, f"{end}{d}", 0, np.full(count, value), T0, rng=d)
+    devices = client.get("/api/v1/streams/temps/devices", params={"limit": 100}).json()
+    assert all(d["flags"] == [] for d in devices["devices"])
+    assert math.isfinite(average(client, exclude="implausible")["estimate"]["mean"])
