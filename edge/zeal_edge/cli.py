@@ -30,7 +30,7 @@ from zeal_edge.mqtt import parse_broker_url
 from zeal_edge.outbox import Outbox
 from zeal_edge.records import NamespaceStatus
 from zeal_edge.settings import SETTINGS, SettingsError, add_arguments, resolve
-from zeal_edge.sources import Source, open_source
+from zeal_edge.sources import Source, WindowMeans, open_source
 
 __all__ = ["main"]
 
@@ -102,9 +102,13 @@ def _run(args: argparse.Namespace) -> int:
     )
 
     def source(offset: int) -> Source:
-        return open_source(
+        opened = open_source(
             values["source"], column=values["column"], speedup=values["speedup"], start=offset
         )
+        if values["window_mean"] is None or agent.params is None:
+            return opened
+        bounds = (agent.params.lower, agent.params.upper)
+        return WindowMeans(opened, values["window_mean"], bounds)
 
     open_source(values["source"], column=values["column"])  # fail fast on a bad spec
     agent = Agent(options, broker)

@@ -146,6 +146,14 @@ SETTINGS: tuple[Setting, ...] = (
         "rolling window of the budget cap, in seconds",
     ),
     Setting(
+        "window_mean",
+        _positive_int,
+        None,
+        "ZEAL_WINDOW_MEAN",
+        "report one privatized mean per window of this many seconds (UTC-aligned) instead "
+        "of every reading: one reading's privacy loss per window (docs/privacy.md)",
+    ),
+    Setting(
         "max_epsilon",
         _positive,
         5.0,

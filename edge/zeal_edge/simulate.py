@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zeal import Zeal
+from zeal.policy import DAY_MS
 from zeal.protocol import check_name
 from zeal.streamconfig import params_from_config
 from zeal.topics import config_topic
@@ -105,6 +106,50 @@ def _params(values: dict[str, object], connection: Connection, stream: str, wait
     )
 
 
+def _progress(last_report: float, committed: int, pipeline: Pipeline) -> float:
+    """Log the figures every 5 s; returns when they were last logged."""
+    if time.monotonic() - last_report < 5:
+        return last_report
+    log.info(
+        "%d readings committed, %d batches acknowledged, %d waiting",
+        committed,
+        pipeline.acknowledged,
+        pipeline.unacknowledged,
+    )
+    return time.monotonic()
+
+
+class _Ledger:
+    """The stream's policy for the simulated devices (which all read on one schedule): a
+    round whose readings would take a UTC day past the policy is skipped whole, never
+    privatized (the agent's rule; the collector would refuse it as over_budget)."""
+
+    def __init__(self, allowed: int | None) -> None:
+        self.allowed, self.skipped = allowed, 0
+        self.days: dict[int, int] = {}
+
+    def report(self, devices: int) -> None:
+        if self.skipped:
+            print(
+                f"skipped {self.skipped * devices} readings at the stream's privacy policy "
+                f"({self.allowed} readings per device per UTC day): never privatized or sent"
+            )
+
+    def admit(self, stamps: npt.NDArray[np.int64]) -> bool:
+        if self.allowed is None:
+            return True
+        days, counts = np.unique(stamps // DAY_MS, return_counts=True)
+        pairs = list(zip(days.tolist(), counts.tolist(), strict=True))
+        if any(self.days.get(d, 0) + k > self.allowed for d, k in pairs):
+            if not self.skipped:
+                log.warning("stream policy reached: rounds of readings are skipped from now on")
+            self.skipped += len(stamps)
+            return False
+        for d, k in pairs:
+            self.days[d] = self.days.get(d, 0) + k
+        return True
+
+
 def _drain_and_report(
     pipeline: Pipeline, devices: int, batch: int, committed: int, began: float
 ) -> int:
@@ -159,6 +204,7 @@ def run_simulation(args: argparse.Namespace) -> int:
         pipeline = Pipeline(outbox, connection, window=max(100, 2 * args.devices))
         batcher = Batcher(outbox, pipeline)
         began, rounds, committed_readings = time.time(), 0, 0
+        ledger = _Ledger(params.readings_per_day)
         period_ms = 0 if args.rate == 0 else 1000.0 / args.rate
         last_report = time.monotonic()
         max_rounds = None if args.readings is None else -(-args.readings // batch)
@@ -176,26 +222,22 @@ def run_simulation(args: argparse.Namespace) -> int:
             )
             due = paced and (max_rounds is None or rounds < max_rounds)
             if due:
-                index = (starts[:, None] + rounds * batch + np.arange(batch)) % data.size
-                codes = params.perturb(data[index])
                 now_ms = int(time.time() * 1000)
                 base = now_ms if args.rate == 0 else int(began * 1000 + rounds * batch * period_ms)
                 stamps = base + np.round(np.arange(batch) * period_ms).astype(np.int64)
+                rounds += 1
+                if not ledger.admit(stamps):  # every device has the same schedule
+                    continue
+                index = (starts[:, None] + (rounds - 1) * batch + np.arange(batch)) % data.size
+                codes = params.perturb(data[index])
                 drafts = [Draft(ns, stamps, codes[d]) for d, ns in enumerate(names)]
                 batcher.commit(params, drafts, now_ms=now_ms)
-                rounds += 1
                 committed_readings += batch * args.devices
             pipeline.pump()
             if not due:
                 time.sleep(0.002)
-            if time.monotonic() - last_report >= 5:
-                last_report = time.monotonic()
-                log.info(
-                    "%d readings committed, %d batches acknowledged, %d waiting",
-                    committed_readings,
-                    pipeline.acknowledged,
-                    pipeline.unacknowledged,
-                )
+            last_report = _progress(last_report, committed_readings, pipeline)
+        ledger.report(args.devices)
         return _drain_and_report(pipeline, args.devices, batch, committed_readings, began)
     finally:
         connection.stop()

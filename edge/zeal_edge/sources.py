@@ -198,6 +198,36 @@ class CommandSource:
             log.warning("%s exited with status %d", self.description, process.returncode)
 
 
+class WindowMeans:
+    """Window-mean reporting: the mean of each window's readings (windows of `seconds`,
+    aligned to UTC), stamped at the window's start, instead of every reading. A window
+    costs one reading's privacy loss, whatever it holds. Each reading is clipped to the
+    stream's range first, as the mechanism would, so the value privatized is the mean of
+    what per-reading mode would privatize. A window is reported once a reading of a later
+    window arrives, or the source ends. Raw readings and their sum stay in memory."""
+
+    def __init__(self, source: Source, seconds: int, bounds: tuple[float, float]) -> None:
+        self.source, self.window_ms, self.bounds = source, seconds * 1000, bounds
+        self.description = f"{source.description}, one mean per {seconds} s window"
+        self.skipped = 0  # the source's, followed as it reads
+
+    def __iter__(self) -> Iterator[Reading]:
+        low, high = self.bounds
+        current, total, count, offset = 0, 0.0, 0, None
+        for r in self.source:
+            self.skipped = self.source.skipped
+            stamp = int(time.time() * 1000) if r.timestamp_ms is None else r.timestamp_ms
+            window = stamp // self.window_ms
+            if count and window != current:
+                yield Reading(total / count, current * self.window_ms, offset)
+                total, count = 0.0, 0
+            current, offset = window, r.offset
+            total, count = total + min(max(r.value, low), high), count + 1
+        self.skipped = self.source.skipped
+        if count:
+            yield Reading(total / count, current * self.window_ms, offset)
+
+
 def open_source(
     spec: str,
     *,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.server.test_collector_mqtt import publish_all, stats, wait_until
+from tests.server.test_collector_mqtt import publish_all, simulate, stats, wait_until
 from tests.server.test_field import agent_command, save_config
 from tools.testbed.broker import Mosquitto, agent_status
 from zeal import Zeal, encode_batch
@@ -173,3 +173,48 @@ def test_a_policy_change_gives_a_new_fingerprint_and_old_devices_are_refused(
     }
     wait_until(lambda: stats(client)["readings"] == 24, what="24 readings of the day")
     assert device(client, "dev1")["epsilon_spent"] == 24.0
+
+
+def test_the_simulator_keeps_the_policy_too(
+    client: TestClient, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """`zeal-edge simulate` (3 devices, batches of 4, 32 readings each, as fast as it can) on
+    a stream with the default policy: each device privatizes and sends 8, skips the rest."""
+    client.post("/api/v1/streams", json={"name": "temps", "lower": 0, "upper": 110, "epsilon": 1})
+    result = simulate(
+        broker, tmp_path, "--devices", "3", "--rate", "0", "--readings", "32", "--batch", "4"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "skipped 72 readings at the stream's privacy policy" in result.stdout, result.stdout
+    wait_until(lambda: stats(client)["readings"] == 24, what="8 readings per device")
+    time.sleep(1)
+    assert stats(client)["readings"] == 24
+    assert stats(client)["rejects"] == {}
+
+
+def test_an_agent_in_window_mean_mode_spends_one_reading_per_window(
+    client: TestClient, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """The real agent with --window-mean 3600, one reading a minute over a simulated day:
+    24 means leave the device (1/60 of the readings, 24 epsilon against 1,440), each
+    stamped at its hour, and fit a policy of 24 a day exactly."""
+    body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "max_epsilon_per_day": 24}
+    client.post("/api/v1/streams", json=body)
+    params_file = save_config(client, tmp_path / "params.json")
+    lines = "".join(f"{START + 60_000 * m},{40 + m % 30}\n" for m in range(1440))
+    command = agent_command(tmp_path / "agent", broker, params_file, "--window-mean", "3600")
+    result = subprocess.run(
+        command, input=lines, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stream policy reached" not in result.stderr
+    (status,) = agent_status(tmp_path / "agent")
+    day = dt.datetime.fromtimestamp(DAY * 86_400, dt.UTC).strftime("%Y-%m-%d")
+    assert (status["sent_readings"], status["skipped_for_policy"]) == (24, 0)
+    assert status["policy_spent_by_day"] == {day: 24.0}
+    wait_until(lambda: stats(client)["readings"] == 24, what="24 hourly means")
+    points = client.get(
+        "/api/v1/streams/temps/series", params={"interval": 3600, "start": "2000-01-01T00:00:00Z"}
+    ).json()["points"]
+    assert [p["n"] for p in points] == [1] * 24
+    assert points[0]["start"].startswith(day)
