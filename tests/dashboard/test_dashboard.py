@@ -468,13 +468,28 @@ def test_creating_a_stream_needs_the_operator_token(page: Any, server: Server) -
     page.fill("#lower", "10")
     page.fill("#upper", "30")
     page.fill("#epsilon", "0.5")
-    preview = server.get("/api/v1/preview", lower=10, upper=30, epsilon=0.5, n=10000)
+    page.fill("#max_epsilon_per_day", "12")
+    page.fill("#reading_every", "600")
+    preview = server.get(
+        "/api/v1/preview",
+        lower=10,
+        upper=30,
+        epsilon=0.5,
+        n=10000,
+        max_epsilon_per_day=12,
+        reading_every=600,
+    )
     page.wait_for_function(
         f"() => document.getElementById('preview').dataset.payloadBits === "
         f"'{preview['payload_bits']}' && document.getElementById('preview').textContent"
         f".includes('{preview['std_error']:.4g}')",
         timeout=10000,
     )
+    # The policy's figures: 24 readings a day at 0.5; 144 a day every 10 minutes is over it.
+    assert (preview["readings_per_day"], preview["epsilon_per_day"]) == (24, 72.0)
+    shown = page.locator("#preview").inner_text()
+    assert "Readings per device per day (policy)\n24" in shown, shown
+    assert "72.00 (over the policy: the excess is skipped)" in shown, shown
 
     page.click("#create-button")
     message = page.locator("#create-message")
@@ -496,6 +511,7 @@ def test_creating_a_stream_needs_the_operator_token(page: Any, server: Server) -
     created = server.get("/api/v1/streams/from-browser")
     assert (created["lower"], created["upper"], created["epsilon"]) == (10, 30, 0.5)
     assert created["payload_bits"] == preview["payload_bits"]
+    assert (created["max_epsilon_per_day"], created["readings_per_day"]) == (12.0, 24)
     # A bad value gets the server's own explanation.
     page.fill("#name", "bad name with spaces")
     page.click("#create-button")

@@ -1012,6 +1012,8 @@ function createView(main) {
     field("payload_bits", "Payload bits (blank: library default)", { type: "number", min: "2", max: "28", step: "1" }),
     field("bucket_seconds", "Bucket (seconds)", { type: "number", min: "1", max: "86400", step: "1", value: "60" }),
     field("unit", "Unit (e.g. degF, kWh)", { maxlength: "32", placeholder: "degF" }),
+    field("max_epsilon_per_day", "Privacy policy: ε per device per UTC day", { type: "number", step: "any", min: "0", required: true, value: "8" }),
+    field("reading_every", "Seconds between a device's readings (for the preview)", { type: "number", step: "any", min: "0", placeholder: "60" }),
     field("preview_n", "Readings in an average (for the preview)", { type: "number", min: "1", step: "1", value: "10000" }),
     el("label", { for: "description", class: "wide" }, "Description",
       el("input", { id: "description", name: "description", maxlength: "500" })),
@@ -1036,7 +1038,8 @@ function createView(main) {
   async function updatePreview() {
     const mine = ++asked;
     const params = { lower: value("lower"), upper: value("upper"), epsilon: value("epsilon"),
-      payload_bits: value("payload_bits"), n: value("preview_n") || 10000 };
+      payload_bits: value("payload_bits"), n: value("preview_n") || 10000,
+      max_epsilon_per_day: value("max_epsilon_per_day"), reading_every: value("reading_every") };
     try {
       const p = await api(`${API}/preview${query(params)}`);
       if (mine !== asked) return;
@@ -1051,7 +1054,12 @@ function createView(main) {
         [`Standard error, ${fmtInt(p.n)} readings`, p.std_error === null ? "beyond float64" : `≤ ${p.std_error.toPrecision(4)}`],
         [`Guaranteed ±, ${fmtInt(p.n)} readings`, p.guaranteed_half_width === null ? "beyond float64"
           : `${p.guaranteed_half_width.toPrecision(4)} (${Math.round(p.confidence * 100)} %)`],
+        ["Readings per device per day (policy)", fmtInt(p.readings_per_day)],
       ];
+      if (p.epsilon_per_day !== null) {
+        rows.push(["ε per device per day at that rate",
+          `${fmt(p.epsilon_per_day, 2)} (${p.within_policy ? "within the policy" : "over the policy: the excess is skipped"})`]);
+      }
       preview.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
       preview.dataset.payloadBits = String(p.payload_bits);
       previewNote.textContent = "The standard error is the worst case over all readings in the range.";
@@ -1076,6 +1084,7 @@ function createView(main) {
       lower: Number(value("lower")),
       upper: Number(value("upper")),
       epsilon: Number(value("epsilon")),
+      max_epsilon_per_day: Number(value("max_epsilon_per_day")),
       bucket_seconds: Number(value("bucket_seconds") || 60),
       description: value("description"),
       unit: value("unit"),
