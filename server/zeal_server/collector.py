@@ -388,6 +388,7 @@ class Collector:
             with self.sessions() as session, session.begin():
                 streams = store.list_streams(session)
                 self.ingest.refresh(streams)
+                self.ingest.prune_ledger(session, store.now_ms())
                 retention.housekeep(session, streams, store.now_ms(), clock_lead_ms=lead)
         except SQLAlchemyError as exc:
             log.error("housekeeping failed (will retry): %s", db_error_text(exc))

@@ -31,12 +31,14 @@ from zeal import (
     WireError,
     decode_batch,
 )
+from zeal.policy import DAY_MS
 from zeal.protocol import REJECT_REASONS, check_name
 from zeal.topics import parse_data_topic
 from zeal_server.fleet import charge_days, new_device_row
 from zeal_server.models import (
     BatchSeen,
     Device,
+    DeviceDay,
     Reject,
     Stream,
 )
@@ -107,6 +109,13 @@ class Ingest:
         """Drop caches (after a rollback, ids created in it are gone)."""
         self._streams.clear()
         self._devices.clear()
+
+    def prune_ledger(self, session: Session, now_ms: int) -> None:
+        """Delete the privacy ledger's days that no batch can be charged to any more (all
+        before the import window, ``max_age_ms``)."""
+        if self.max_age_ms is not None:
+            before = (now_ms - self.max_age_ms) // DAY_MS
+            session.execute(delete(DeviceDay).where(DeviceDay.day < before))
 
     def reload_streams(self) -> None:
         """Read every stream's parameters again when next used (one changed here)."""

@@ -23,7 +23,7 @@ from zeal.streamconfig import config_document
 from zeal_server import efficiency, store
 from zeal_server.api import create_app
 from zeal_server.db import make_engine
-from zeal_server.models import BatchSeen, Segment
+from zeal_server.models import BatchSeen, DeviceDay, Segment
 from zeal_server.settings import ServerSettings, SettingsError
 
 OPERATOR, READER = "operator-token-0123456789", "reader-token-0123456789"
@@ -516,6 +516,24 @@ def test_preview_shows_the_loss_per_day_against_the_policy(client: TestClient) -
     assert patch.status_code == 422
     assert "cannot be removed" in patch.text
     assert client.get("/api/v1/streams/hourly").json()["fingerprint"] == created["fingerprint"]
+
+
+def test_the_privacy_ledger_keeps_the_days_a_batch_can_still_be_charged_to(
+    client: TestClient,
+) -> None:
+    """Housekeeping deletes ledger days before the import window (no batch stamped then is
+    accepted any more) and keeps the rest; what a device spent since first seen stays."""
+    create(client)
+    feed(client, "dev0", 0, np.full(5, 50.0), T0)
+    ingest = store.Ingest(max_age_ms=7 * 86_400_000)
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        ingest.prune_ledger(session, T0 + 7 * 86_400_000)  # T0's day is still in the window
+        assert session.scalar(select(func.count()).select_from(DeviceDay)) == 1
+        ingest.prune_ledger(session, T0 + 8 * 86_400_000)
+        assert session.scalar(select(func.count()).select_from(DeviceDay)) == 0
+        store.Ingest().prune_ledger(session, T0 + 10**12)  # no import window: keeps all
+    device = client.get("/api/v1/streams/temps/devices").json()["devices"][0]
+    assert (device["readings"], device["epsilon_spent"]) == (5, 5.0)
 
 
 def test_devices_sort_groups_and_activity(client: TestClient) -> None:
