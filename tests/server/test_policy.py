@@ -34,9 +34,10 @@ START = DAY * DAY_MS
 SECONDS = 86_400
 
 
-def day_of_readings() -> str:
-    """One simulated day at one reading a second: `TIMESTAMP_MS,VALUE` lines for the agent."""
-    return "".join(f"{START + 1000 * i},{40 + i % 30}\n" for i in range(SECONDS))
+def day_of_readings(seconds: int = SECONDS) -> str:
+    """One simulated day at one reading a second (or its first `seconds`): `TIMESTAMP_MS,VALUE`
+    lines for the agent."""
+    return "".join(f"{START + 1000 * i},{40 + i % 30}\n" for i in range(seconds))
 
 
 @pytest.fixture
@@ -54,10 +55,12 @@ def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
         yield c
 
 
-def run_agent(data_dir: Path, broker: Mosquitto, params: Path) -> dict[str, Any]:
+def run_agent(
+    data_dir: Path, broker: Mosquitto, params: Path, seconds: int = SECONDS
+) -> dict[str, Any]:
     result = subprocess.run(
         agent_command(data_dir, broker, params, "--batch", "60", "--interval", "1"),
-        input=day_of_readings(),
+        input=day_of_readings(seconds),
         capture_output=True,
         text=True,
         timeout=600,
@@ -143,7 +146,7 @@ def test_a_policy_change_gives_a_new_fingerprint_and_old_devices_are_refused(
     client.post("/api/v1/streams", json={"name": "temps", "lower": 0, "upper": 110, "epsilon": 1})
     old_file = save_config(client, tmp_path / "old.json")
     old = params_from_config(old_file.read_text())
-    status = run_agent(tmp_path / "agent", broker, old_file)
+    status = run_agent(tmp_path / "agent", broker, old_file, seconds=600)  # the day's start
     assert status["sent_readings"] == 8
 
     patched = client.patch("/api/v1/streams/temps", json={"max_epsilon_per_day": 24})
@@ -166,7 +169,7 @@ def test_a_policy_change_gives_a_new_fingerprint_and_old_devices_are_refused(
         what="the stale device's batch refused",
     )
     # The agent with the new configuration spends the rest of the raised policy on that day.
-    status = run_agent(tmp_path / "agent", broker, new_file)
+    status = run_agent(tmp_path / "agent", broker, new_file, seconds=600)
     assert status["sent_readings"] == 24
     assert status["policy_spent_by_day"] == {
         dt.datetime.fromtimestamp(DAY * 86_400, dt.UTC).strftime("%Y-%m-%d"): 24.0
