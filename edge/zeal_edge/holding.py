@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from zeal import Zeal
-from zeal.policy import MICRO, cap_micro, day_of
+from zeal.policy import DAY_MS, HOUR_MS, MICRO, cap_micro
 from zeal_edge.budget import micro_epsilon
 from zeal_edge.options import AgentOptions, Throttle
 from zeal_edge.outbox import Outbox
@@ -36,32 +36,41 @@ class Holding:
         self._readings: list[Reading] = []
         self._since = 0.0
         self._last = 0  # the latest stamp held (reset when the batch leaves)
-        self._days: dict[int, int] = {}  # readings held per UTC day
+        self._held: dict[tuple[str, int], int] = {}  # readings held per UTC day and hour
+        self._booked_in: dict[tuple[str, int], int] = {}  # the outbox's ledgers, as read
         self._skipped, self._skip_ms, self._booked = 0, 0, 0.0  # skips at the stream policy
 
     def __len__(self) -> int:
         return len(self._readings)
 
     def admit(self, reading: Reading, params: Zeal, *, now_ms: int) -> None:
-        """Charge a reading against the stream's policy (per UTC day of its timestamp) and
-        the agent's own cap, or skip it (never perturbed). It is stamped now if its source
-        gave no time, and never before the readings held with it (a clock stepping back is
-        held level), so the day charged is the day the collector counts."""
+        """Charge a reading against the stream's policy (per UTC day and per UTC hour of its
+        timestamp) and the agent's own cap, or skip it (never perturbed). It is stamped now
+        if its source gave no time, and never before the readings held with it (a clock
+        stepping back is held level), so the periods charged are those the collector
+        counts."""
         policy, cost = self.options.budget, micro_epsilon(params.epsilon)
         stamp = max(self._last, now_ms if reading.timestamp_ms is None else reading.timestamp_ms)
-        if params.max_epsilon_per_day is not None:
-            day = day_of(stamp)
-            held = self._days.get(day, 0)
-            spent = self.outbox.spent_by_day(self.namespace, day).get(day, 0) + cost * held
-            if spent + cost > cap_micro(params.max_epsilon_per_day):
+        if params.max_epsilon_per_day is not None and params.readings_per_hour is not None:
+            caps = (
+                ("day", DAY_MS, cap_micro(params.max_epsilon_per_day)),
+                ("hour", HOUR_MS, cost * params.readings_per_hour),
+            )
+            over = self._over(caps, stamp, cost)
+            if over is not None:
                 self._skipped, self._skip_ms = self._skipped + 1, now_ms
                 if self.throttle.ready("policy"):
+                    kind, period, spent, cap = over
+                    when = datetime.fromtimestamp(
+                        period * (DAY_MS if kind == "day" else HOUR_MS) / 1000, UTC
+                    )
                     log.warning(
-                        "stream policy reached: %.6f of %g epsilon spent on readings of UTC "
-                        "day %s; readings of that day are neither perturbed nor sent",
+                        "stream policy reached: %.6f of %g epsilon spent on readings of the "
+                        "UTC %s from %s; its readings are neither perturbed nor sent",
                         spent / MICRO,
-                        params.max_epsilon_per_day,
-                        datetime.fromtimestamp(day * 86_400, UTC).date(),
+                        cap / MICRO,
+                        kind,
+                        when.isoformat(timespec="minutes"),
                     )
                 return
         if policy.cap_micro is not None:  # without a cap, no query per reading
@@ -76,7 +85,25 @@ class Holding:
             self._since = time.monotonic()
         self._readings.append(replace(reading, timestamp_ms=stamp))
         self._last = stamp
-        self._days[day_of(stamp)] = self._days.get(day_of(stamp), 0) + 1
+        for key in (("day", stamp // DAY_MS), ("hour", stamp // HOUR_MS)):
+            self._held[key] = self._held.get(key, 0) + 1
+
+    def _over(
+        self, caps: tuple[tuple[str, int, int], ...], stamp: int, cost: int
+    ) -> tuple[str, int, int, int] | None:
+        """The period a reading stamped `stamp` would take past its cap (kind, number,
+        micro-epsilon spent on it, cap), or None if it fits. What the outbox booked for a
+        period is read once per batch held: only this holding commits to its namespace."""
+        for kind, size, cap in caps:
+            key = (kind, stamp // size)
+            booked = self._booked_in.get(key)
+            if booked is None:
+                found = self.outbox.spent_by_day(self.namespace, key[1], kind=kind)
+                booked = self._booked_in[key] = found.get(key[1], 0)
+            spent = booked + cost * self._held.get(key, 0)
+            if spent + cost > cap:
+                return kind, key[1], spent, cap
+        return None
 
     def book_skips(self, *, final: bool = False) -> None:
         """Count the readings skipped at the stream's policy in the outbox (for `zeal-edge
@@ -99,7 +126,7 @@ class Holding:
         """The held readings perturbed, with their timestamps (a clock that steps back is
         held level within a batch) and the source position they reach; None if none."""
         readings, self._readings = self._readings, []
-        self._last, self._days = 0, {}
+        self._last, self._held, self._booked_in = 0, {}, {}
         if not readings:
             return None
         stamps, last = [], 0
@@ -113,4 +140,4 @@ class Holding:
     def drop(self) -> None:
         """Forget the held readings (a halt): never perturbed, so nothing was spent."""
         self._readings = []
-        self._last, self._days = 0, {}
+        self._last, self._held, self._booked_in = 0, {}, {}

@@ -26,66 +26,10 @@ from typing import Any
 
 from zeal.policy import cap_micro as policy_cap
 from zeal_edge.errors import OutboxError
+from zeal_edge.outbox_schema import ADDED_COLUMNS, BOOK, SCHEMA, SPENT
 from zeal_edge.records import Halt, NamespaceStatus, PendingBatch, SealedBatch
 
 __all__ = ["Outbox"]
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS namespaces (
-    namespace TEXT PRIMARY KEY,
-    stream TEXT NOT NULL,
-    device TEXT NOT NULL,
-    next_sequence INTEGER NOT NULL DEFAULT 0,
-    last_acked INTEGER,
-    sent_batches INTEGER NOT NULL DEFAULT 0,
-    sent_readings INTEGER NOT NULL DEFAULT 0,
-    skipped_budget INTEGER NOT NULL DEFAULT 0,
-    last_skip_ms INTEGER,
-    source_offset INTEGER NOT NULL DEFAULT 0,
-    fingerprint TEXT,
-    cost_micro INTEGER,
-    cap_micro INTEGER,
-    window_s INTEGER
-);
-CREATE TABLE IF NOT EXISTS server_rejects (
-    namespace TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    count INTEGER NOT NULL,
-    last_ms INTEGER NOT NULL,
-    PRIMARY KEY (namespace, reason)
-);
-CREATE TABLE IF NOT EXISTS batches (
-    namespace TEXT NOT NULL,
-    sequence INTEGER NOT NULL,
-    payload BLOB NOT NULL,
-    readings INTEGER NOT NULL,
-    created_ms INTEGER NOT NULL,
-    PRIMARY KEY (namespace, sequence)
-);
-CREATE TABLE IF NOT EXISTS day_spend (
-    namespace TEXT NOT NULL,
-    day INTEGER NOT NULL,
-    micro INTEGER NOT NULL,
-    PRIMARY KEY (namespace, day)
-);
-CREATE TABLE IF NOT EXISTS spend (
-    namespace TEXT NOT NULL,
-    second INTEGER NOT NULL,
-    micro INTEGER NOT NULL,
-    PRIMARY KEY (namespace, second)
-);
-"""
-
-
-#: Columns added to ``namespaces`` after the first release, with their SQL types: an outbox
-#: written by an older agent gains them when it is opened.
-_ADDED_COLUMNS = {
-    "instance": "TEXT",
-    "skipped_invalid": "INTEGER NOT NULL DEFAULT 0",
-    "halt": "TEXT",
-    "day_cap_micro": "INTEGER",
-    "skipped_policy": "INTEGER NOT NULL DEFAULT 0",
-}
 
 
 def namespace_of(stream: str, device: str) -> str:
@@ -103,9 +47,9 @@ class Outbox:
         self._lock = threading.Lock()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(SCHEMA)
         present = {row[1] for row in self._db.execute("PRAGMA table_info(namespaces)")}
-        for column, kind in _ADDED_COLUMNS.items():
+        for column, kind in ADDED_COLUMNS.items():
             if column not in present:
                 self._db.execute(f"ALTER TABLE namespaces ADD COLUMN {column} {kind}")
 
@@ -248,12 +192,9 @@ class Outbox:
                             "ON CONFLICT (namespace, second) DO UPDATE SET micro = micro + ?",
                             (ns, second, micro, micro),
                         )
-                    for day, day_micro in batch.days:
-                        self._db.execute(
-                            "INSERT INTO day_spend (namespace, day, micro) VALUES (?, ?, ?) "
-                            "ON CONFLICT (namespace, day) DO UPDATE SET micro = micro + ?",
-                            (ns, day, day_micro, day_micro),
-                        )
+                    for kind, booked in (("day", batch.days), ("hour", batch.hours)):
+                        for period, spent in booked:  # the policy's ledgers
+                            self._db.execute(BOOK[kind], (ns, period, spent, spent))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -331,15 +272,12 @@ class Outbox:
             ).fetchall()
         return [(int(s), int(m)) for s, m in rows]
 
-    def spent_by_day(self, namespace: str, since_day: int) -> dict[int, int]:
-        """Micro-epsilon booked per UTC day of the readings' stamps, from `since_day` on."""
-        query = "SELECT day, micro FROM day_spend WHERE namespace = ? AND day >= ?"
+    def spent_by_day(self, namespace: str, since: int, *, kind: str = "day") -> dict[int, int]:
+        """Micro-epsilon booked per UTC day (or hour, `kind`) of the readings' stamps, from
+        day (or hour) `since` on."""
+        query = SPENT[kind]
         with self._lock:
-            return {int(d): int(m) for d, m in self._db.execute(query, (namespace, since_day))}
-
-    def prune_spend(self, *, now_ms: int, window_s: int) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM spend WHERE second <= ?", (now_ms // 1000 - window_s,))
+            return {int(p): int(m) for p, m in self._db.execute(query, (namespace, since))}
 
     def set_policy(
         self,

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zeal import Zeal, encode_batch
-from zeal.policy import DAY_MS
+from zeal.policy import DAY_MS, HOUR_MS, tally
 from zeal.topics import data_topic
 from zeal_edge.budget import micro_epsilon
 from zeal_edge.errors import OutboxError
@@ -140,13 +140,18 @@ class Batcher:
                 codes=draft.codes,
             )
             count = len(draft.codes)
-            days, counts = np.unique(np.asarray(draft.timestamps) // DAY_MS, return_counts=True)
-            booked = tuple(
-                (d, cost * k) for d, k in zip(days.tolist(), counts.tolist(), strict=True)
-            )
+            days = tuple((d, cost * k) for d, k in tally(draft.timestamps, DAY_MS))
+            hours = tuple((h, cost * k) for h, k in tally(draft.timestamps, HOUR_MS))
             sealed.append(
                 SealedBatch(
-                    draft.namespace, sequence, payload, count, cost * count, draft.offset, booked
+                    draft.namespace,
+                    sequence,
+                    payload,
+                    count,
+                    cost * count,
+                    draft.offset,
+                    days=days,
+                    hours=hours,
                 )
             )
         self.outbox.commit_batches(sealed, now_ms=now_ms, fingerprint=params.fingerprint.hex())

@@ -22,6 +22,7 @@ class SealedBatch:
     spend_micro: int  # integer micro-epsilon: readings times the stream's cost per reading
     offset: int | None = None  # the file source's replay position after its last reading
     days: tuple[tuple[int, int], ...] = ()  # (UTC day of the timestamps, micro-epsilon)
+    hours: tuple[tuple[int, int], ...] = ()  # (UTC hour of the timestamps, micro-epsilon)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zeal import Zeal
-from zeal.policy import DAY_MS
+from zeal.policy import DAY_MS, HOUR_MS, tally
 from zeal.protocol import check_name
 from zeal.streamconfig import params_from_config
 from zeal.topics import config_topic
@@ -121,12 +121,13 @@ def _progress(last_report: float, committed: int, pipeline: Pipeline) -> float:
 
 class _Ledger:
     """The stream's policy for the simulated devices (which all read on one schedule): a
-    round whose readings would take a UTC day past the policy is skipped whole, never
-    privatized (the agent's rule; the collector would refuse it as over_budget)."""
+    round whose readings would take a UTC day or hour past the policy is skipped whole,
+    never privatized (the agent's rule; the collector would refuse it as over_budget)."""
 
-    def __init__(self, allowed: int | None) -> None:
-        self.allowed, self.skipped = allowed, 0
-        self.days: dict[int, int] = {}
+    def __init__(self, params: Zeal) -> None:
+        self.allowed, self.skipped = params.readings_per_day, 0
+        self.caps = [(DAY_MS, params.readings_per_day), (HOUR_MS, params.readings_per_hour)]
+        self.booked: dict[tuple[int, int], int] = {}  # (period size, period) -> readings
 
     def report(self, devices: int) -> None:
         if self.skipped:
@@ -136,17 +137,19 @@ class _Ledger:
             )
 
     def admit(self, stamps: npt.NDArray[np.int64]) -> bool:
-        if self.allowed is None:
-            return True
-        days, counts = np.unique(stamps // DAY_MS, return_counts=True)
-        pairs = list(zip(days.tolist(), counts.tolist(), strict=True))
-        if any(self.days.get(d, 0) + k > self.allowed for d, k in pairs):
+        entries = [
+            ((size, period), count, cap)
+            for size, cap in self.caps
+            if cap is not None
+            for period, count in tally(stamps, size)
+        ]
+        if any(self.booked.get(key, 0) + count > cap for key, count, cap in entries):
             if not self.skipped:
                 log.warning("stream policy reached: rounds of readings are skipped from now on")
             self.skipped += len(stamps)
             return False
-        for d, k in pairs:
-            self.days[d] = self.days.get(d, 0) + k
+        for key, count, _ in entries:
+            self.booked[key] = self.booked.get(key, 0) + count
         return True
 
 
@@ -204,7 +207,7 @@ def run_simulation(args: argparse.Namespace) -> int:
         pipeline = Pipeline(outbox, connection, window=max(100, 2 * args.devices))
         batcher = Batcher(outbox, pipeline)
         began, rounds, committed_readings = time.time(), 0, 0
-        ledger = _Ledger(params.readings_per_day)
+        ledger = _Ledger(params)
         period_ms = 0 if args.rate == 0 else 1000.0 / args.rate
         last_report = time.monotonic()
         max_rounds = None if args.readings is None else -(-args.readings // batch)

@@ -114,6 +114,7 @@ def stream_out(stream: Stream) -> StreamOut:
         retention_days=stream.retention_days,
         max_epsilon_per_day=params.max_epsilon_per_day,
         readings_per_day=params.readings_per_day,
+        readings_per_hour=params.readings_per_hour,
         created=as_datetime(stream.created_ms),
     )
 

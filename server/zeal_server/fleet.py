@@ -16,9 +16,9 @@ from sqlalchemy import Select, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from zeal import ParameterError
-from zeal.policy import DAY_MS
+from zeal.policy import DAY_MS, HOUR_MS, tally
 from zeal.protocol import check_name
-from zeal_server.models import BatchSeen, Device, DeviceDay, DeviceTag, Stream
+from zeal_server.models import BatchSeen, Device, DeviceDay, DeviceHour, DeviceTag, Stream
 from zeal_server.streams import StoreError, now_ms
 
 __all__ = [
@@ -237,35 +237,50 @@ def readings_on_day(session: Session, device_ids: list[int], day: int) -> dict[i
     return {int(d): int(n) for d, n in rows}
 
 
+def hours_at_cap(session: Session, device_ids: list[int], day: int, cap: int) -> set[int]:
+    """The devices (of `device_ids`) with `cap` readings stamped in some UTC hour of day
+    `day`: the policy's hourly ledger."""
+    if not device_ids:
+        return set()
+    first = day * (DAY_MS // HOUR_MS)
+    rows = session.scalars(
+        select(DeviceHour.device_id).where(
+            DeviceHour.device_id.in_(device_ids),
+            DeviceHour.hour >= first,
+            DeviceHour.hour < first + DAY_MS // HOUR_MS,
+            DeviceHour.readings >= cap,
+        )
+    )
+    return {int(d) for d in rows}
+
+
 def charge_days(
     session: Session,
-    allowed: int,
+    allowed: tuple[int, int],
     device_id: int,
     timestamps: npt.NDArray[np.int64],
     statement: Callable[[Session, str], Any],
 ) -> bool:
-    """Book a batch's readings on its device's privacy ledger, per UTC day of their
-    timestamps, if every day stays within `allowed` readings (the stream's policy); else
-    book nothing (False). Each day is one conditional upsert (compiled once: `statement`
-    is the ingest's cache), so collectors sharing the database cannot together let a
-    device past its cap."""
-    first, last = int(timestamps[0]) // DAY_MS, int(timestamps[-1]) // DAY_MS
-    if first == last:  # stamps never decrease: the usual batch lies in one day
-        days, counts = [first], [len(timestamps)]
-    else:
-        found, tally = np.unique(
-            np.asarray(timestamps, dtype=np.int64) // DAY_MS, return_counts=True
-        )
-        days, counts = found.tolist(), tally.tolist()
-    if max(counts) > allowed:
+    """Book a batch's readings on its device's privacy ledger, per UTC day and per UTC hour
+    of their timestamps, if every day and every hour stays within `allowed` (the stream's
+    readings per day and per hour); else book nothing (False). Each period is one
+    conditional upsert (compiled once: `statement` is the ingest's cache) that takes the
+    period's row lock, so collectors sharing the database cannot together let a device past
+    either cap."""
+    plan = [
+        (kind, tally(timestamps, size), cap)
+        for kind, size, cap in (("day", DAY_MS, allowed[0]), ("hour", HOUR_MS, allowed[1]))
+    ]
+    if any(count > cap for _, pairs, cap in plan for _, count in pairs):
         return False
-    booked: list[tuple[int, int]] = []
-    for day, count in zip(days, counts, strict=True):
-        row = {"did": device_id, "dday": day, "n": count, "allowed": allowed}
-        if session.execute(statement(session, "charge"), row).first() is None:
-            for done, k in booked:  # the batch is refused whole
-                undo = {"did": device_id, "dday": done, "n": k}
-                session.execute(statement(session, "uncharge"), undo)
-            return False
-        booked.append((day, count))
+    booked: list[tuple[str, int, int]] = []
+    for kind, pairs, cap in plan:
+        for period, count in pairs:
+            row = {"did": device_id, "period": period, "n": count, "allowed": cap}
+            if session.execute(statement(session, f"charge_{kind}"), row).first() is None:
+                for done_kind, done, k in booked:  # the batch is refused whole
+                    undo = {"did": device_id, "period": done, "n": k}
+                    session.execute(statement(session, f"uncharge_{done_kind}"), undo)
+                return False
+            booked.append((kind, period, count))
     return True

@@ -7,7 +7,8 @@ its raw segment part go in together, so a redelivery changes nothing. A redelive
 same device, sequence number *and content* (a digest of the payload); the same sequence
 with other content comes from an outbox that started again (a reinstalled device) and is
 stored, counted as a sequence reset, never dropped. A batch that would take its device past
-the stream's privacy policy (readings per UTC day) is refused whole as ``over_budget``.
+the stream's privacy policy (readings per UTC day and per UTC hour) is refused whole as
+``over_budget``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from zeal import (
     WireError,
     decode_batch,
 )
-from zeal.policy import DAY_MS
+from zeal.policy import DAY_MS, HOUR_MS
 from zeal.protocol import REJECT_REASONS, check_name
 from zeal.topics import parse_data_topic
 from zeal_server.fleet import charge_days, new_device_row
@@ -39,6 +40,7 @@ from zeal_server.models import (
     BatchSeen,
     Device,
     DeviceDay,
+    DeviceHour,
     Reject,
     Stream,
 )
@@ -111,11 +113,13 @@ class Ingest:
         self._devices.clear()
 
     def prune_ledger(self, session: Session, now_ms: int) -> None:
-        """Delete the privacy ledger's days that no batch can be charged to any more (all
-        before the import window, ``max_age_ms``)."""
+        """Delete the privacy ledger's days and hours that no batch can be charged to any
+        more (all before the import window, ``max_age_ms``)."""
         if self.max_age_ms is not None:
             before = (now_ms - self.max_age_ms) // DAY_MS
             session.execute(delete(DeviceDay).where(DeviceDay.day < before))
+            hours = before * (DAY_MS // HOUR_MS)
+            session.execute(delete(DeviceHour).where(DeviceHour.hour < hours))
 
     def reload_streams(self) -> None:
         """Read every stream's parameters again when next used (one changed here)."""
@@ -308,9 +312,13 @@ class Ingest:
             last_sequence = session.scalar(
                 select(func.max(BatchSeen.sequence)).where(BatchSeen.device_id == device_id)
             )
-        allowed = entry.params.readings_per_day
-        if allowed is not None and not charge_days(
-            session, allowed, device_id, batch.timestamps, self._statement
+        daily, hourly = entry.params.readings_per_day, entry.params.readings_per_hour
+        if (
+            daily is not None
+            and hourly is not None
+            and not charge_days(
+                session, (daily, hourly), device_id, batch.timestamps, self._statement
+            )
         ):
             session.execute(
                 delete(BatchSeen).where(

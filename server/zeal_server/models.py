@@ -34,6 +34,7 @@ __all__ = [
     "BucketTotal",
     "Device",
     "DeviceDay",
+    "DeviceHour",
     "DeviceTag",
     "Installation",
     "Reject",
@@ -106,6 +107,17 @@ class DeviceDay(Base):
 
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
     day: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    readings: Mapped[int] = mapped_column(BigInteger)
+
+
+class DeviceHour(Base):
+    """Readings stored per device and UTC hour of their timestamps: the ledger of the
+    policy's hourly cap (zeal.policy.readings_per_hour)."""
+
+    __tablename__ = "device_hours"
+
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
+    hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     readings: Mapped[int] = mapped_column(BigInteger)
 
 

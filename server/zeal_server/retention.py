@@ -32,6 +32,7 @@ from zeal_server.models import (
     BucketTotal,
     Device,
     DeviceDay,
+    DeviceHour,
     DeviceTag,
     Segment,
     Stream,
@@ -130,6 +131,7 @@ def delete_device_data(session: Session, stream: Stream, device: Device) -> int:
     session.execute(delete(BatchSeen).where(BatchSeen.device_id == device.id))
     session.execute(delete(DeviceTag).where(DeviceTag.device_id == device.id))
     session.execute(delete(DeviceDay).where(DeviceDay.device_id == device.id))
+    session.execute(delete(DeviceHour).where(DeviceHour.device_id == device.id))
     session.execute(delete(Device).where(Device.id == device.id))
     return readings
 

@@ -120,6 +120,9 @@ class StreamOut(BaseModel):
     readings_per_day: int | None = Field(
         description="readings one device may send per UTC day under the policy"
     )
+    readings_per_hour: int | None = Field(
+        description="readings one device may send per UTC hour: twice the day's even rate"
+    )
     created: datetime
 
 
@@ -273,7 +276,7 @@ class DeviceOut(BaseModel):
         description="implausible: its readings prove it dishonest (its guaranteed interval at "
         "level 1 - 1e-9 lies wholly outside the range; exclude=implausible leaves it out of "
         "averages); over_budget: batches of it were refused at the policy; at_cap: today's "
-        "readings reached what the policy allows",
+        "readings, or those of one of today's UTC hours, reached what the policy allows",
     )
     duplicates: int = Field(description="batches received again and dropped (a lost PUBACK)")
     sequence_resets: int = Field(
@@ -363,12 +366,13 @@ class PreviewOut(BaseModel):
     )
     max_epsilon_per_day: float = Field(description="the privacy policy previewed")
     readings_per_day: int = Field(description="readings one device may send per UTC day")
+    readings_per_hour: int = Field(description="and per UTC hour (twice the day's even rate)")
     epsilon_per_day: float | None = Field(
         description="privacy loss per device per day at reading_every (null without it)"
     )
     within_policy: bool | None = Field(
         description="whether a device reading every reading_every seconds stays within the "
-        "policy (null without reading_every); beyond it, readings are skipped at the agent"
+        "policy, day and hour (null without reading_every); beyond it, the agent skips"
     )
 
 

@@ -32,6 +32,7 @@ from zeal_server.models import (
     BucketTotal,
     Device,
     DeviceDay,
+    DeviceHour,
     DeviceTag,
     Installation,
     Reject,
@@ -214,6 +215,7 @@ def delete_stream(session: Session, stream: Stream) -> int:
     session.execute(delete(BatchSeen).where(BatchSeen.device_id.in_(devices)))
     session.execute(delete(DeviceTag).where(DeviceTag.device_id.in_(devices)))
     session.execute(delete(DeviceDay).where(DeviceDay.device_id.in_(devices)))
+    session.execute(delete(DeviceHour).where(DeviceHour.device_id.in_(devices)))
     for table in (Aggregate, BucketTotal, Segment):
         session.execute(delete(table).where(table.stream_id == stream.id))
     session.execute(delete(Device).where(Device.stream_id == stream.id))

@@ -33,6 +33,7 @@ from zeal_server.models import (
     BucketTotal,
     Device,
     DeviceDay,
+    DeviceHour,
     Segment,
 )
 from zeal_server.segments import Columns, encode_columns
@@ -113,22 +114,27 @@ def build_statement(session: Session, name: str) -> Any:
                 sequence_resets=devices.c.sequence_resets + bindparam("rst"),
             )
         )
-    elif name in ("charge", "uncharge"):
-        days = typing.cast(Table, DeviceDay.__table__)
-        if name == "uncharge":
+    elif name.startswith(("charge", "uncharge")):  # charge_day, uncharge_hour, ...
+        ledger = typing.cast(Table, (DeviceHour if name.endswith("hour") else DeviceDay).__table__)
+        period = ledger.c.hour if name.endswith("hour") else ledger.c.day
+        if name.startswith("uncharge"):
             return (
-                update(days)
-                .where(days.c.device_id == bindparam("did"), days.c.day == bindparam("dday"))
-                .values(readings=days.c.readings - bindparam("n"))
+                update(ledger)
+                .where(ledger.c.device_id == bindparam("did"), period == bindparam("period"))
+                .values(readings=ledger.c.readings - bindparam("n"))
             )
-        base = insert_(days).values(
-            device_id=bindparam("did"), day=bindparam("dday"), readings=bindparam("n")
+        base = insert_(ledger).values(
+            {
+                "device_id": bindparam("did"),
+                period.name: bindparam("period"),
+                "readings": bindparam("n"),
+            }
         )
         stmt = base.on_conflict_do_update(
-            index_elements=["device_id", "day"],
-            set_={"readings": days.c.readings + base.excluded.readings},
-            where=days.c.readings + base.excluded.readings <= bindparam("allowed"),
-        ).returning(days.c.readings)
+            index_elements=["device_id", period.name],
+            set_={"readings": ledger.c.readings + base.excluded.readings},
+            where=ledger.c.readings + base.excluded.readings <= bindparam("allowed"),
+        ).returning(ledger.c.readings)
     elif name == "segments":
         stmt = insert(typing.cast(Table, Segment.__table__))
     else:

@@ -26,7 +26,7 @@ from zeal.errors import ParameterError, ReadingError, ZealWarning
 from zeal.estimate import check_integer, check_real
 from zeal.grid import GridSampler
 from zeal.paper import PaperSampler
-from zeal.policy import check_policy, readings_per_day
+from zeal.policy import check_policy, readings_per_day, readings_per_hour
 from zeal.protocol import EPSILON_MAX, EXPONENT, PAYLOAD_BITS
 from zeal.randomness import Randomness
 from zeal.width import bits_at, default_bits, exact_grid, exponent_for_bits, smallest_exponent
@@ -64,7 +64,8 @@ class Zeal(Aggregation):
     ``max_epsilon_per_day`` is the stream's privacy policy (zeal.policy), enforced by agent
     and collector alike; the mechanism ignores it, but it is in the fingerprint, so a device
     without a changed policy is refused. ``readings_per_day`` is what it allows; None (no
-    policy) keeps the fingerprints of parameters made before policies existed.
+    policy) keeps the fingerprints of parameters made before policies existed;
+    ``readings_per_hour`` the hour's cap derived from it.
     """
 
     __slots__ = (
@@ -89,6 +90,7 @@ class Zeal(Aggregation):
         "p",
         "payload_bits",
         "readings_per_day",
+        "readings_per_hour",
         "realized_epsilon",
         "sampler",
         "shared_bits",
@@ -112,6 +114,7 @@ class Zeal(Aggregation):
     fingerprint: bytes
     max_epsilon_per_day: float | None
     readings_per_day: int | None
+    readings_per_hour: int | None
     realized_epsilon: float | None
     sampler: str
     code_min: int
@@ -143,9 +146,10 @@ class Zeal(Aggregation):
                 f"float64 arithmetic ({exc})"
             ) from exc
         object.__setattr__(self, "max_epsilon_per_day", cap)
-        object.__setattr__(
-            self, "readings_per_day", None if cap is None else readings_per_day(self.epsilon, cap)
-        )
+        daily = None if cap is None else readings_per_day(self.epsilon, cap)
+        object.__setattr__(self, "readings_per_day", daily)
+        hourly = None if daily is None else readings_per_hour(daily)
+        object.__setattr__(self, "readings_per_hour", hourly)
         object.__setattr__(self, "fingerprint", self._fingerprint())
 
     def _setup(  # noqa: PLR0915 (the derivation, Eqs. (9), (10), (21), (31), (28), in order)

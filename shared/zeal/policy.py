@@ -8,6 +8,13 @@ same integer arithmetic: a reading costs ``micro_epsilon(epsilon)`` (rounded up)
 ``readings_per_day`` = cap // cost readings stamped in one day and never more, whichever end
 counts. No floats are summed anywhere.
 
+A day's allowance could all be stamped in one hour, and a device would then weigh far more
+in that hour's averages than its rate allows (LDP data poisoning). So the policy also caps
+each UTC hour at ``readings_per_hour`` = twice the day's allowance spread evenly over its
+24 hours, rounded up (HOUR_SLACK): a device at its full daily rate has room for bursts, and
+no device weighs more in a window of whole hours than twice that rate. Both ends enforce
+the hour cap as they enforce the day's.
+
 The default, DEFAULT_MAX_EPSILON_PER_DAY = 8, is of the order of the daily budgets of
 deployed local differential privacy (docs/privacy.md says why, and what raising it costs).
 """
@@ -15,14 +22,20 @@ deployed local differential privacy (docs/privacy.md says why, and what raising 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import Final
+
+import numpy as np
+import numpy.typing as npt
 
 from zeal.errors import ParameterError
 
 __all__ = [
     "DAY_MS",
     "DEFAULT_MAX_EPSILON_PER_DAY",
+    "HOUR_MS",
+    "HOUR_SLACK",
     "MAX_EPSILON_PER_DAY",
     "MICRO",
     "cap_micro",
@@ -30,10 +43,15 @@ __all__ = [
     "day_of",
     "micro_epsilon",
     "readings_per_day",
+    "readings_per_hour",
+    "tally",
 ]
 
 MICRO: Final = 10**6
 DAY_MS: Final = 86_400_000
+HOUR_MS: Final = 3_600_000
+#: An hour may hold this many times the day's allowance spread evenly over its hours.
+HOUR_SLACK: Final = 2
 DEFAULT_MAX_EPSILON_PER_DAY: Final = 8.0
 #: The largest cap a stream may declare (a reading a millisecond at epsilon 1, about).
 MAX_EPSILON_PER_DAY: Final = 1e8
@@ -57,6 +75,26 @@ def day_of(timestamp_ms: int) -> int:
 def readings_per_day(epsilon: float, max_epsilon_per_day: float) -> int:
     """How many readings one device may have stamped in one UTC day."""
     return cap_micro(max_epsilon_per_day) // micro_epsilon(epsilon)
+
+
+def readings_per_hour(readings_per_day: int) -> int:
+    """How many readings one device may have stamped in one UTC hour: HOUR_SLACK times
+    its day's allowance spread evenly, rounded up (so at least one, at most the day's)."""
+    return min(readings_per_day, -(-HOUR_SLACK * readings_per_day // 24))
+
+
+def tally(
+    timestamps: Sequence[int] | npt.NDArray[np.int64], period_ms: int
+) -> list[tuple[int, int]]:
+    """(period, readings) for each UTC period (DAY_MS, HOUR_MS) the timestamps fall in, in
+    order: the entries a ledger books for one batch."""
+    periods = np.asarray(timestamps, dtype=np.int64) // period_ms
+    if len(periods) == 0:
+        return []
+    if (periods == periods[0]).all():  # the usual batch lies in one period
+        return [(int(periods[0]), len(periods))]
+    found, counts = np.unique(periods, return_counts=True)
+    return list(zip(found.tolist(), counts.tolist(), strict=True))
 
 
 def check_policy(epsilon: float, max_epsilon_per_day: object) -> float | None:

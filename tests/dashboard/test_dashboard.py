@@ -485,10 +485,12 @@ def test_creating_a_stream_needs_the_operator_token(page: Any, server: Server) -
         f".includes('{preview['std_error']:.4g}')",
         timeout=10000,
     )
-    # The policy's figures: 24 readings a day at 0.5; 144 a day every 10 minutes is over it.
+    # The policy's figures: 24 readings a day at 0.5 (2 an hour); 144 a day every 10
+    # minutes is over it.
     assert (preview["readings_per_day"], preview["epsilon_per_day"]) == (24, 72.0)
+    assert preview["readings_per_hour"] == 2
     shown = page.locator("#preview").inner_text()
-    assert "Readings per device per day (policy)\n24" in shown, shown
+    assert "Readings per device per day (policy)\n24\n… and per UTC hour\n2" in shown, shown
     assert "72.00 (over the policy: the excess is skipped)" in shown, shown
 
     page.click("#create-button")
@@ -625,7 +627,8 @@ def test_stream_page_shows_the_privacy_policy_and_each_devices_spend_today(
     )
     cap = f"{stream['max_epsilon_per_day']:,.6f}".rstrip("0").rstrip(".")
     assert policy.inner_text() == (
-        f"at most {cap} ε per device per UTC day ({stream['readings_per_day']:,} readings)"
+        f"at most {cap} ε per device per UTC day ({stream['readings_per_day']:,} readings, "
+        f"at most {stream['readings_per_hour']:,} in one UTC hour)"
     )
     page.locator("#devices-body tr[data-device=sim-00000]").wait_for(timeout=15000)
     device = next(

@@ -12,7 +12,7 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from tests.server.test_api import PARAMS, T0, client, create, feed
-from zeal import encode_batch
+from zeal import Zeal, encode_batch
 from zeal_server import store
 
 __all__ = ["client"]  # the fixture, on SQLite and PostgreSQL
@@ -94,3 +94,57 @@ def test_honest_devices_with_few_readings_are_not_flagged(client: TestClient) ->
     devices = client.get("/api/v1/streams/temps/devices", params={"limit": 100}).json()
     assert all(d["flags"] == [] for d in devices["devices"])
     assert math.isfinite(average(client, exclude="implausible")["estimate"]["mean"])
+
+
+def test_a_device_sending_as_fast_as_it_can_weighs_at_most_its_hourly_cap(
+    client: TestClient,
+) -> None:
+    """A stream whose policy allows a reading a second (86,400 a day at epsilon 1, so 7,200
+    in any UTC hour); 50 honest devices read once a second for an hour. One more device
+    sends the maximal code in batches of 100 as fast as it can (20,000 readings stamped in
+    that hour): the collector stores 7,200 of them and refuses the rest as over_budget, so
+    its weight in the hour, and the shift of the hour's average, are at most what that cap
+    allows; the device is flagged."""
+    params = Zeal(lower=0, upper=110, epsilon=1, payload_bits=6, max_epsilon_per_day=86_400)
+    create(client, max_epsilon_per_day=86_400)
+    assert (params.readings_per_day, params.readings_per_hour) == (86_400, 7_200)
+    rng = np.random.default_rng(29)
+    ingest, stamps = store.Ingest(), T0 + 1000 * np.arange(3600)
+
+    def send(name: str, sequence: int, codes: np.ndarray, timestamps: np.ndarray) -> str:
+        payload = encode_batch(
+            params, stream="temps", device=name, sequence=sequence, codes=codes,
+            timestamps=timestamps,
+        )  # fmt: skip
+        with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+            return ingest.add(session, f"zeal/v1/temps/{name}/up", payload, T0).status
+
+    for d in range(HONEST):
+        readings = np.clip(rng.normal(50 + (d % 10) - 4.5, 8, 3600), 0, 110)
+        assert send(f"honest{d:02d}", 0, params.perturb(readings, rng=rng), stamps) == "stored"
+    honest = average(client)
+    top = params.code_max
+    outcomes = [
+        send("rogue", k, np.full(100, top, dtype=np.uint64), T0 + 100 * k + np.arange(100))
+        for k in range(200)
+    ]
+    assert outcomes.count("stored") == 72  # 7,200 readings: the hour's cap
+    poisoned = average(client)
+    assert poisoned["n"] == HONEST * 3600 + 7200
+    shift = poisoned["estimate"]["mean"] - honest["estimate"]["mean"]
+    weight = 7200 / (HONEST * 3600 + 7200)
+    decoded_top = float(params.decode(np.array([top], dtype=np.uint64))[0])
+    bound = weight * (decoded_top - params.lower)
+    day_only = 20_000 / (HONEST * 3600 + 20_000)  # a daily cap alone would have let all in
+    print(
+        f"honest {honest['estimate']['mean']:.3f} (CI {honest['estimate']['ci']}), "
+        f"poisoned {poisoned['estimate']['mean']:.3f}: shift {shift:.3f} <= bound {bound:.3f} "
+        f"(weight {weight:.4f} x {decoded_top:.1f}); a daily cap alone: weight {day_only:.4f}, "
+        f"shift {day_only * (decoded_top - honest['estimate']['mean']):.3f}"
+    )
+    assert 0 < shift <= bound
+    devices = client.get("/api/v1/streams/temps/devices", params={"limit": 100}).json()
+    flags = {d["name"]: d["flags"] for d in devices["devices"]}
+    assert flags.pop("rogue") == ["implausible", "over_budget"]
+    assert all(f == [] for f in flags.values()), flags
+    assert average(client, exclude="implausible")["estimate"] == honest["estimate"]

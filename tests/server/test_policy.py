@@ -22,7 +22,7 @@ from tests.server.test_collector_mqtt import publish_all, simulate, stats, wait_
 from tests.server.test_field import agent_command, save_config
 from tools.testbed.broker import Mosquitto, agent_status
 from zeal import Zeal, encode_batch
-from zeal.policy import DAY_MS, day_of
+from zeal.policy import DAY_MS, HOUR_MS, day_of
 from zeal.streamconfig import params_from_config
 from zeal_server.api import create_app
 from zeal_server.settings import ServerSettings
@@ -78,11 +78,12 @@ def device(client: TestClient, name: str) -> dict[str, Any]:
 
 
 def modified_agent_batches(params: Zeal, name: str) -> list[tuple[str, bytes]]:
-    """A device that ignores its ledger: the whole day, its first ten minutes in batches of
-    4 readings, the rest in batches of 60."""
-    stamps = [START + 1000 * i for i in range(SECONDS)]
-    cuts = [*range(0, 600, 4), *range(600, SECONDS, 60), SECONDS]
-    codes = params.perturb([50.0] * SECONDS)
+    """A device that ignores its ledger: ten readings at the start of every hour of the
+    day, one per batch, then the whole day again in batches of 60."""
+    stamps = [START + HOUR_MS * h + 1000 * i for h in range(24) for i in range(10)]
+    stamps += [START + 1000 * i for i in range(SECONDS)]
+    cuts = [*range(240), *range(240, len(stamps), 60), len(stamps)]
+    codes = params.perturb([50.0] * len(stamps))
     return [
         (
             f"zeal/v1/temps/{name}/up",
@@ -109,7 +110,8 @@ def test_the_default_policy_holds_a_day_of_readings_at_the_agent_and_the_collect
     params_file = save_config(client, tmp_path / "params.json")
     params = params_from_config(params_file.read_text())
 
-    # The real agent: 86,400 readings of one day; 8 leave the device, the rest are skipped.
+    # The real agent: 86,400 readings of one day; 8 leave the device (the first of each of
+    # the day's first 8 hours: the hour's cap is 1), the rest are skipped.
     began = time.monotonic()
     status = run_agent(tmp_path / "agent", broker, params_file)
     print(f"agent: one simulated day in {time.monotonic() - began:.1f} s: {status}")
@@ -119,13 +121,19 @@ def test_the_default_policy_holds_a_day_of_readings_at_the_agent_and_the_collect
     assert status["policy_spent_by_day"] == {day: 8.0}
     assert status["policy_epsilon_per_day"] == 8.0
     wait_until(lambda: stats(client)["readings"] == 8, what="the agent's 8 readings")
+    hours = client.get(
+        "/api/v1/streams/temps/series", params={"interval": 3600, "start": "2000-01-01T00:00:00Z"}
+    ).json()["points"]
+    assert [p["n"] for p in hours] == [1] * 8  # the hour's cap is 1
+    assert hours[0]["start"].startswith(day)
 
-    # A modified agent ignoring its ledger: the collector stores 8 readings of it and
-    # refuses every other batch whole as over_budget (after 100 rejects in a burst, the
-    # door sheds the device's messages undecoded as rate_limited: nothing stored either).
+    # A modified agent ignoring its ledger: the collector stores 8 readings of it (the
+    # first of each of its first 8 hours) and refuses every other batch whole as
+    # over_budget (after 100 rejects in a burst, the door sheds the device's messages
+    # undecoded as rate_limited: nothing stored either).
     messages = modified_agent_batches(params, "rogue")
     publish_all(broker.port, messages)
-    refused = len(messages) - 2  # two batches of 4 fit in the day's 8 readings
+    refused = len(messages) - 8
 
     def counted() -> int:
         rejects = stats(client)["rejects"]
@@ -146,8 +154,8 @@ def test_a_policy_change_gives_a_new_fingerprint_and_old_devices_are_refused(
     client.post("/api/v1/streams", json={"name": "temps", "lower": 0, "upper": 110, "epsilon": 1})
     old_file = save_config(client, tmp_path / "old.json")
     old = params_from_config(old_file.read_text())
-    status = run_agent(tmp_path / "agent", broker, old_file, seconds=600)  # the day's start
-    assert status["sent_readings"] == 8
+    status = run_agent(tmp_path / "agent", broker, old_file)
+    assert status["sent_readings"] == 8  # one in each of the day's first 8 hours
 
     patched = client.patch("/api/v1/streams/temps", json={"max_epsilon_per_day": 24})
     assert patched.status_code == 200, patched.text
@@ -168,8 +176,10 @@ def test_a_policy_change_gives_a_new_fingerprint_and_old_devices_are_refused(
         lambda: stats(client)["rejects"].get("fingerprint_mismatch", 0) == 1,
         what="the stale device's batch refused",
     )
-    # The agent with the new configuration spends the rest of the raised policy on that day.
-    status = run_agent(tmp_path / "agent", broker, new_file, seconds=600)
+    # The agent with the new configuration spends the rest of the raised policy on that day
+    # (its hours may now hold 2: a second reading in each of the first 8, then 2 in each
+    # of the next 4).
+    status = run_agent(tmp_path / "agent", broker, new_file)
     assert status["sent_readings"] == 24
     assert status["policy_spent_by_day"] == {
         dt.datetime.fromtimestamp(DAY * 86_400, dt.UTC).strftime("%Y-%m-%d"): 24.0
@@ -181,17 +191,23 @@ def test_a_policy_change_gives_a_new_fingerprint_and_old_devices_are_refused(
 def test_the_simulator_keeps_the_policy_too(
     client: TestClient, broker: Mosquitto, tmp_path: Path
 ) -> None:
-    """`zeal-edge simulate` (3 devices, batches of 4, 32 readings each, as fast as it can) on
-    a stream with the default policy: each device privatizes and sends 8, skips the rest."""
-    client.post("/api/v1/streams", json={"name": "temps", "lower": 0, "upper": 110, "epsilon": 1})
+    """`zeal-edge simulate` (3 devices, batches of 2, 32 readings each, as fast as it can) on
+    a stream allowing 24 readings a day and so 2 an hour: each device privatizes and sends
+    one round of 2 in the hour, and skips the rest."""
+    body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "max_epsilon_per_day": 24}
+    client.post("/api/v1/streams", json=body)
     result = simulate(
-        broker, tmp_path, "--devices", "3", "--rate", "0", "--readings", "32", "--batch", "4"
+        broker, tmp_path, "--devices", "3", "--rate", "0", "--readings", "32", "--batch", "2"
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "skipped 72 readings at the stream's privacy policy" in result.stdout, result.stdout
-    wait_until(lambda: stats(client)["readings"] == 24, what="8 readings per device")
+    # Stamped now: the run can straddle an hour, and then each device sends a round more.
+    sent = 6 if "skipped 90 readings" in result.stdout else 12
+    assert f"skipped {96 - sent} readings at the stream's privacy policy" in result.stdout, (
+        result.stdout
+    )
+    wait_until(lambda: stats(client)["readings"] == sent, what="one round of 2 per device")
     time.sleep(1)
-    assert stats(client)["readings"] == 24
+    assert stats(client)["readings"] == sent
     assert stats(client)["rejects"] == {}
 
 

@@ -12,10 +12,13 @@ from zeal import ParameterError, Zeal
 from zeal.policy import (
     DAY_MS,
     DEFAULT_MAX_EPSILON_PER_DAY,
+    HOUR_MS,
     cap_micro,
     day_of,
     micro_epsilon,
     readings_per_day,
+    readings_per_hour,
+    tally,
 )
 from zeal.streamconfig import config_document, params_from_config
 
@@ -40,6 +43,24 @@ def test_accounting_is_integer_and_never_allows_more_than_the_cap() -> None:
     assert day_of(0) == 0
     assert day_of(DAY_MS - 1) == 0
     assert day_of(DAY_MS) == 1
+
+
+def test_an_hour_holds_twice_the_days_even_rate_rounded_up() -> None:
+    """The hour's cap: 2 x readings_per_day / 24, rounded up, never above the day's; the
+    ledgers tally a batch's stamps per UTC period, a batch across a boundary in both."""
+    assert [readings_per_hour(n) for n in (1, 8, 12, 13, 24, 3600, 86_400)] == [
+        1, 1, 1, 2, 2, 300, 7200,
+    ]  # fmt: skip
+    for n in range(1, 2000):
+        hourly = readings_per_hour(n)
+        assert hourly <= n
+        assert 24 * (hourly - 1) < 2 * n <= 24 * hourly
+    assert Zeal(lower=0, upper=1, epsilon=1, max_epsilon_per_day=8).readings_per_hour == 1
+    assert Zeal(lower=0, upper=1, epsilon=1).readings_per_hour is None  # no policy
+    assert tally([], HOUR_MS) == []
+    assert tally([5, 6, HOUR_MS - 1], HOUR_MS) == [(0, 3)]
+    assert tally([HOUR_MS - 1, HOUR_MS, 3 * HOUR_MS], HOUR_MS) == [(0, 1), (1, 1), (3, 1)]
+    assert tally([DAY_MS - 1, DAY_MS], DAY_MS) == [(0, 1), (1, 1)]
 
 
 def test_the_policy_is_a_parameter_and_part_of_the_fingerprint() -> None:

@@ -520,7 +520,8 @@ function streamView(main, name, params) {
       ["Privacy policy", stream.max_epsilon_per_day === null
         ? "none (a stream made before policies)"
         : `at most ${stream.max_epsilon_per_day.toLocaleString("en-US", { maximumFractionDigits: 6 })} ε ` +
-          `per device per UTC day (${fmtInt(stream.readings_per_day)} readings)`],
+          `per device per UTC day (${fmtInt(stream.readings_per_day)} readings, ` +
+          `at most ${fmtInt(stream.readings_per_hour)} in one UTC hour)`],
       ["Realized ε", stream.realized_epsilon === null ? "– (paper sampler)" : stream.realized_epsilon.toPrecision(12)],
       ["Payload bits", String(stream.payload_bits)],
       ["Shared bits", String(stream.shared_bits)],
@@ -584,7 +585,7 @@ function streamView(main, name, params) {
       el("td", { class: d.flags.length ? "flags flagged" : "flags", text: d.flags.join(", ") || "–",
         title: "implausible: its readings prove it dishonest (exclude=implausible leaves it out " +
           "of averages); over_budget: batches refused at the privacy policy; at_cap: today's " +
-          "readings reached the policy" }))));
+          "readings, or those of one of today's UTC hours, reached the policy" }))));
     if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 9, text: "No devices yet." })));
     const first = out.total ? out.offset + 1 : 0;
     pagerText.textContent = `${fmtInt(first)}–${fmtInt(out.offset + out.devices.length)} of ${fmtInt(out.total)}`;
@@ -1055,6 +1056,7 @@ function createView(main) {
         [`Guaranteed ±, ${fmtInt(p.n)} readings`, p.guaranteed_half_width === null ? "beyond float64"
           : `${p.guaranteed_half_width.toPrecision(4)} (${Math.round(p.confidence * 100)} %)`],
         ["Readings per device per day (policy)", fmtInt(p.readings_per_day)],
+        ["… and per UTC hour", fmtInt(p.readings_per_hour)],
       ];
       if (p.epsilon_per_day !== null) {
         rows.push(["ε per device per day at that rate",

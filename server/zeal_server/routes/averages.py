@@ -84,6 +84,7 @@ def preview(
     except store.StoreError as exc:
         raise invalid("query", None, str(exc)) from exc
     daily = None if reading_every is None else math.ceil(86_400 / reading_every)
+    hourly = None if reading_every is None else math.ceil(3_600 / reading_every)
     variance = params.variance_bound()
     std_error = math.sqrt(variance / n)
     half = bernstein_half_width(confidence, n=n, variance=variance, bound=params.error_bound())
@@ -103,8 +104,11 @@ def preview(
         guaranteed_half_width=half if math.isfinite(half) else None,
         max_epsilon_per_day=max_epsilon_per_day,
         readings_per_day=params.readings_per_day or 0,
+        readings_per_hour=params.readings_per_hour or 0,
         epsilon_per_day=None if daily is None else daily * params.epsilon,
-        within_policy=None if daily is None else daily <= (params.readings_per_day or 0),
+        within_policy=None
+        if daily is None or hourly is None
+        else daily <= (params.readings_per_day or 0) and hourly <= (params.readings_per_hour or 0),
     )
 
 

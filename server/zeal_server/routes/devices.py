@@ -109,8 +109,8 @@ def _flags(
     db: Db, stream: Stream, rows: list[Device], today: dict[int, int]
 ) -> dict[int, list[str]]:
     """Per device of the page: `implausible` (its readings so far prove it dishonest),
-    `over_budget` (batches of it were refused at the policy), `at_cap` (today's readings
-    reached what the policy allows)."""
+    `over_budget` (batches of it were refused at the policy), `at_cap` (today's readings,
+    or those of one of today's UTC hours, reached what the policy allows)."""
     params = store.params_of(stream)
     sums = store.device_sums(db, stream, *ALL_TIME, [d.id for d in rows])
     bad = {i for i, no in zip(sums.order, implausible(params, sums), strict=True) if no}
@@ -123,14 +123,16 @@ def _flags(
             )
         )
     )
-    allowed = params.readings_per_day
+    allowed, hourly = params.readings_per_day, params.readings_per_hour
+    ids, day = [d.id for d in rows], day_of(store.now_ms())
+    full = set() if hourly is None else store.hours_at_cap(db, ids, day, hourly)
     return {
         d.id: [
             flag
             for flag, raised in (
                 ("implausible", d.id in bad),
                 ("over_budget", d.name in refused),
-                ("at_cap", allowed is not None and today.get(d.id, 0) >= allowed),
+                ("at_cap", d.id in full or (allowed is not None and today.get(d.id, 0) >= allowed)),
             )
             if raised
         ]

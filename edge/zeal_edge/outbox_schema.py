@@ -1,0 +1,82 @@
+"""The outbox's SQLite schema (zeal_edge.outbox): its tables, the columns added to
+``namespaces`` since the first release, and the statements of the privacy policy's ledgers
+(micro-epsilon booked per UTC day and per UTC hour of the readings' stamps)."""
+
+from __future__ import annotations
+
+__all__ = ["ADDED_COLUMNS", "BOOK", "SCHEMA", "SPENT"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS namespaces (
+    namespace TEXT PRIMARY KEY,
+    stream TEXT NOT NULL,
+    device TEXT NOT NULL,
+    next_sequence INTEGER NOT NULL DEFAULT 0,
+    last_acked INTEGER,
+    sent_batches INTEGER NOT NULL DEFAULT 0,
+    sent_readings INTEGER NOT NULL DEFAULT 0,
+    skipped_budget INTEGER NOT NULL DEFAULT 0,
+    last_skip_ms INTEGER,
+    source_offset INTEGER NOT NULL DEFAULT 0,
+    fingerprint TEXT,
+    cost_micro INTEGER,
+    cap_micro INTEGER,
+    window_s INTEGER
+);
+CREATE TABLE IF NOT EXISTS server_rejects (
+    namespace TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    last_ms INTEGER NOT NULL,
+    PRIMARY KEY (namespace, reason)
+);
+CREATE TABLE IF NOT EXISTS batches (
+    namespace TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    payload BLOB NOT NULL,
+    readings INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL,
+    PRIMARY KEY (namespace, sequence)
+);
+CREATE TABLE IF NOT EXISTS day_spend (
+    namespace TEXT NOT NULL,
+    day INTEGER NOT NULL,
+    micro INTEGER NOT NULL,
+    PRIMARY KEY (namespace, day)
+);
+CREATE TABLE IF NOT EXISTS hour_spend (
+    namespace TEXT NOT NULL,
+    hour INTEGER NOT NULL,
+    micro INTEGER NOT NULL,
+    PRIMARY KEY (namespace, hour)
+);
+CREATE TABLE IF NOT EXISTS spend (
+    namespace TEXT NOT NULL,
+    second INTEGER NOT NULL,
+    micro INTEGER NOT NULL,
+    PRIMARY KEY (namespace, second)
+);
+"""
+
+
+#: Columns added to ``namespaces`` after the first release, with their SQL types: an outbox
+#: written by an older agent gains them when it is opened.
+ADDED_COLUMNS = {
+    "instance": "TEXT",
+    "skipped_invalid": "INTEGER NOT NULL DEFAULT 0",
+    "halt": "TEXT",
+    "day_cap_micro": "INTEGER",
+    "skipped_policy": "INTEGER NOT NULL DEFAULT 0",
+}
+
+
+#: Booking a batch's spend on the policy's ledgers, and reading them back, per period kind.
+BOOK = {
+    kind: f"INSERT INTO {kind}_spend (namespace, {kind}, micro) VALUES (?, ?, ?) "
+    f"ON CONFLICT (namespace, {kind}) DO UPDATE SET micro = micro + ?"
+    for kind in ("day", "hour")
+}
+SPENT = {
+    kind: f"SELECT {kind}, micro FROM {kind}_spend WHERE namespace = ? AND {kind} >= ?"
+    for kind in ("day", "hour")
+}
