@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEPS   := constraints.txt requirements-dev.txt shared/pyproject.toml edge/pyproject.toml server/pyproject.toml
 
-.PHONY: install lint typecheck pytest test demo bench bench-quick reliability clean
+.PHONY: install lint typecheck pytest test demo bench bench-quick reliability firmware clean
 
 $(STAMP): $(DEPS)
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,9 @@ test: lint typecheck pytest
 
 demo: install
 	$(BIN)/python tools/demo.py
+
+firmware:  # the C library's host tool: edge/firmware/build/zeal-host (docs/firmware.md)
+	$(MAKE) -C edge/firmware
 
 bench: install
 	$(BIN)/python -m zeal bench

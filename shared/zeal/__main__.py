@@ -1,4 +1,4 @@
-"""Command line: ``python -m zeal audit ...`` and ``python -m zeal bench``."""
+"""Command line: ``python -m zeal audit ...``, ``bench``, ``demo`` and ``firmware-profile``."""
 
 from __future__ import annotations
 
@@ -48,7 +48,35 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--upper", type=float, required=True, help="upper end of the range")
     demo.add_argument("--epsilon", type=float, default=1.0, help="budget per reading")
     demo.add_argument("--payload-bits", type=int, help="code width (default: chosen)")
+    firmware = commands.add_parser(
+        "firmware-profile",
+        help="a device's profile for the firmware library (edge/firmware)",
+        description="Write the 96-byte profile a device needs to privatize and encode on the "
+        "chip (docs/firmware.md), from the stream's configuration document.",
+    )
+    firmware.add_argument(
+        "--config", required=True, help="the stream's configuration (GET .../config), a file"
+    )
+    firmware.add_argument("--device", required=True, help="the device's name on the stream")
+    firmware.add_argument(
+        "--format", choices=("hex", "header"), default="hex", help="hex (default) or a C header"
+    )
     return parser
+
+
+def _firmware(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from zeal.firmware import c_header, profile_bytes
+    from zeal.protocol import check_name
+    from zeal.streamconfig import read_config
+
+    config = read_config(Path(args.config).read_text())
+    blob = profile_bytes(
+        config.params, stream=config.stream, device=check_name("device", args.device)
+    )
+    print(blob.hex() if args.format == "hex" else c_header(blob), end="\n" * (args.format == "hex"))
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -88,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
+        if args.command == "firmware-profile":
+            return _firmware(args)
         if args.command == "bench":
             from zeal.bench import run
 

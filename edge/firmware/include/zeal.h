@@ -1,0 +1,87 @@
+/*
+ * Zeal on the sensor: privatize and encode readings on the device (docs/firmware.md).
+ *
+ * C99, no dynamic allocation, nothing from libc beyond <stdint.h>, <stddef.h> and
+ * <string.h>. A device loads its profile (96 bytes made by `python -m zeal
+ * firmware-profile`), perturbs each reading into a code with the exact grid sampler
+ * (integer tables; the band's position is the only floating point, as in Python), and
+ * encodes batches in the wire format, byte for byte as zeal.encode_batch.
+ */
+#ifndef ZEAL_H
+#define ZEAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZEAL_PROFILE_BYTES 96u
+#define ZEAL_MAX_BATCH 65535u
+
+/* Error codes: 0 is success; every failure is negative and leaves outputs unwritten. */
+enum zeal_status {
+    ZEAL_OK = 0,
+    ZEAL_E_PROFILE_LENGTH = -1,   /* not 96 bytes, or its length byte disagrees */
+    ZEAL_E_PROFILE_MAGIC = -2,    /* does not start with "ZF" */
+    ZEAL_E_PROFILE_VERSION = -3,  /* a profile version this library does not know */
+    ZEAL_E_PROFILE_CHECKSUM = -4, /* CRC-32 mismatch: corrupted in storage or transit */
+    ZEAL_E_PROFILE_TABLES = -5,   /* tables out of their valid ranges */
+    ZEAL_E_READING = -6,          /* the reading is not a finite number */
+    ZEAL_E_COUNT = -7,            /* a batch holds 1 to 65535 readings */
+    ZEAL_E_TIMESTAMP = -8,        /* timestamps must be below 2^48 and never decrease */
+    ZEAL_E_CODE = -9,             /* a code outside the stream's range */
+    ZEAL_E_BUFFER = -10,          /* the output buffer is too small */
+    ZEAL_E_RANDOM = -11           /* the randomness source failed */
+};
+
+/* A loaded, checked profile (about 100 bytes of RAM). */
+typedef struct zeal_profile {
+    uint64_t w_lo, w_hi, cells, band, top, total, unit_mask;
+    double lower, upper, start_at_upper, slope, start_limit;
+    uint32_t code_min, code_max;
+    uint8_t payload_bits, cell_bits, frac_bits;
+    uint8_t fingerprint[4];
+} zeal_profile;
+
+/*
+ * Fills `n` 64-bit words with uniform random bits from a cryptographically secure source
+ * (a hardware TRNG, getrandom(2)); returns 0, or nonzero if it could not.
+ */
+typedef int (*zeal_random_fn)(void *context, uint64_t *words, size_t n);
+
+/* Check and load a profile. */
+int zeal_profile_load(zeal_profile *profile, const uint8_t *blob, size_t length);
+
+/*
+ * One reading in, one code out. Readings outside [lower, upper] are clipped to it first;
+ * NaN and infinities are refused (ZEAL_E_READING) and nothing is drawn.
+ */
+int zeal_perturb(const zeal_profile *profile, double reading, zeal_random_fn random,
+                 void *context, uint32_t *code);
+
+/*
+ * The band's start for a clipped, finite reading, in fixed point (frac_bits fraction
+ * bits): the one step with floating point (zeal.grid.GridSampler.fixed_starts, bit for
+ * bit). Exposed for tests and diagnostics.
+ */
+uint64_t zeal_band_start(const zeal_profile *profile, double reading);
+
+/* Bytes the payload of `count` readings can take at most (irregular timestamps). */
+size_t zeal_batch_bound(const zeal_profile *profile, size_t count);
+
+/*
+ * One batch in the wire format (docs/wire-format.md): `count` codes with their
+ * timestamps (milliseconds since the Unix epoch, never decreasing). Writes the payload to
+ * `out` (capacity `capacity`) and its length to `*length`.
+ */
+int zeal_encode_batch(const zeal_profile *profile, uint64_t sequence,
+                      const uint64_t *timestamps, const uint32_t *codes, size_t count,
+                      uint8_t *out, size_t capacity, size_t *length);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZEAL_H */

@@ -1,0 +1,271 @@
+/*
+ * The firmware library: profile checks, the exact grid sampler and the wire encoder.
+ * The sampler follows zeal.grid.GridSampler.sample step by step (docs/mechanism.md, "The
+ * grid sampler"; paper 001's piecewise mechanism, Eq. (7), realized on the code grid), so
+ * a reading's code distribution is the Python one, exactly.
+ */
+#include "zeal.h"
+
+#include <string.h>
+
+#define FIELD_MAX ((uint64_t)1 << 61)
+
+static uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p) {
+    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+static double get_double(const uint8_t *p) {
+    uint64_t bits = get64(p);
+    double value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* CRC-32 (IEEE 802.3, reflected, as zlib.crc32), bit by bit: no table in flash. */
+static uint32_t crc32(const uint8_t *data, size_t length) {
+    uint32_t crc = 0xFFFFFFFFu;
+    size_t i;
+    int bit;
+    for (i = 0; i < length; i++) {
+        crc ^= data[i];
+        for (bit = 0; bit < 8; bit++) {
+            crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+        }
+    }
+    return ~crc;
+}
+
+static int finite(double x) {
+    double d = x - x; /* NaN for NaN and for infinities, 0 otherwise */
+    return d == 0.0;
+}
+
+static int bit_length(uint64_t x) {
+    int n = 0;
+    while (x) {
+        n++;
+        x >>= 1;
+    }
+    return n;
+}
+
+static int check_tables(zeal_profile *p) {
+    uint64_t diff, max_start;
+    const unsigned k = p->payload_bits, f = p->cell_bits, g = p->frac_bits;
+    if (k < 1 || k > 32 || f < 1 || f > 40 || g < 1 || g > 40 || g + f + 1 > 62) {
+        return ZEAL_E_PROFILE_TABLES;
+    }
+    if (p->code_min > p->code_max || (uint64_t)p->code_max >= ((uint64_t)1 << k)) {
+        return ZEAL_E_PROFILE_TABLES;
+    }
+    if (p->w_lo < 1 || p->w_hi <= p->w_lo || p->w_hi >= FIELD_MAX || p->cells < 2 ||
+        p->cells >= FIELD_MAX || p->band < 1 || p->band >= p->cells ||
+        p->top > ((uint64_t)1 << f)) {
+        return ZEAL_E_PROFILE_TABLES;
+    }
+    /* Z = w_lo * cells + (w_hi - w_lo) * band must stay below 2^63 (no wrap: checked). */
+    diff = p->w_hi - p->w_lo;
+    if (p->cells > (((uint64_t)1 << 63) - 1) / p->w_lo ||
+        p->band > (((uint64_t)1 << 63) - 1 - p->w_lo * p->cells) / diff) {
+        return ZEAL_E_PROFILE_TABLES;
+    }
+    p->total = p->w_lo * p->cells + diff * p->band;
+    max_start = p->cells - p->band;
+    if (max_start >= ((uint64_t)1 << (61 - g))) {
+        return ZEAL_E_PROFILE_TABLES;
+    }
+    if (!finite(p->lower) || !finite(p->upper) || !(p->lower < p->upper) ||
+        !finite(p->start_at_upper) || !finite(p->slope) || !(p->slope >= 0.0)) {
+        return ZEAL_E_PROFILE_TABLES;
+    }
+    p->start_limit = (double)(max_start << g);
+    p->unit_mask = ((uint64_t)1 << bit_length(p->total)) - 1u;
+    return ZEAL_OK;
+}
+
+int zeal_profile_load(zeal_profile *profile, const uint8_t *blob, size_t length) {
+    zeal_profile p;
+    if (profile == NULL || blob == NULL) {
+        return ZEAL_E_PROFILE_LENGTH;
+    }
+    if (length != ZEAL_PROFILE_BYTES || blob[3] != ZEAL_PROFILE_BYTES) {
+        return ZEAL_E_PROFILE_LENGTH;
+    }
+    if (blob[0] != 'Z' || blob[1] != 'F') {
+        return ZEAL_E_PROFILE_MAGIC;
+    }
+    if (blob[2] != 1) {
+        return ZEAL_E_PROFILE_VERSION;
+    }
+    if (crc32(blob, 92) != get32(blob + 92)) {
+        return ZEAL_E_PROFILE_CHECKSUM;
+    }
+    if (blob[7] != 0) {
+        return ZEAL_E_PROFILE_TABLES;
+    }
+    memset(&p, 0, sizeof p);
+    p.payload_bits = blob[4];
+    p.cell_bits = blob[5];
+    p.frac_bits = blob[6];
+    p.code_min = get32(blob + 8);
+    p.code_max = get32(blob + 12);
+    p.w_lo = get64(blob + 16);
+    p.w_hi = get64(blob + 24);
+    p.cells = get64(blob + 32);
+    p.band = get64(blob + 40);
+    p.top = get64(blob + 48);
+    p.lower = get_double(blob + 56);
+    p.upper = get_double(blob + 64);
+    p.start_at_upper = get_double(blob + 72);
+    p.slope = get_double(blob + 80);
+    memcpy(p.fingerprint, blob + 88, 4);
+    if (check_tables(&p) != ZEAL_OK) {
+        return ZEAL_E_PROFILE_TABLES;
+    }
+    *profile = p;
+    return ZEAL_OK;
+}
+
+/* The band start in fixed point (G fraction bits): GridSampler.fixed_starts, the same
+ * double operations in the same order (build with -ffp-contract=off: no fused multiply). */
+uint64_t zeal_band_start(const zeal_profile *p, double x) {
+    double starts = p->start_at_upper + p->slope * (p->upper - x);
+    double scaled = starts * (double)((uint64_t)1 << p->frac_bits);
+    if (!(scaled >= 0.0)) {
+        return 0; /* floor of a negative value, clipped to 0 */
+    }
+    if (scaled >= p->start_limit) {
+        return (uint64_t)p->start_limit;
+    }
+    return (uint64_t)scaled; /* truncation is floor for values >= 0 */
+}
+
+int zeal_perturb(const zeal_profile *p, double reading, zeal_random_fn random, void *context,
+                 uint32_t *code) {
+    uint64_t word, unit, t, start, left_end, band_end, cell, round_bits, a;
+    uint64_t frac_mask;
+    int64_t depth, value;
+    double x = reading;
+    if (p == NULL || random == NULL || code == NULL) {
+        return ZEAL_E_READING;
+    }
+    if (!finite(x)) {
+        return ZEAL_E_READING;
+    }
+    if (x < p->lower) {
+        x = p->lower;
+    } else if (x > p->upper) {
+        x = p->upper;
+    }
+    t = zeal_band_start(p, x);
+    if (random(context, &word, 1) != 0) {
+        return ZEAL_E_RANDOM;
+    }
+    word &= ((uint64_t)1 << 63) - 1u;
+    frac_mask = ((uint64_t)1 << p->frac_bits) - 1u;
+    start = (t >> p->frac_bits) + ((word & frac_mask) < (t & frac_mask) ? 1u : 0u);
+    do { /* uniform on [0, Z) by rejection: no modulo bias (zeal.randomness.uniform_below) */
+        if (random(context, &unit, 1) != 0) {
+            return ZEAL_E_RANDOM;
+        }
+        unit &= p->unit_mask;
+    } while (unit >= p->total);
+    left_end = start * p->w_lo;
+    band_end = left_end + p->w_hi * p->band;
+    if (unit < left_end) {
+        cell = unit / p->w_lo;
+    } else if (unit < band_end) {
+        cell = start + (unit - left_end) / p->w_hi;
+    } else {
+        cell = start + p->band + (unit - band_end) / p->w_lo;
+    }
+    a = (uint64_t)1 << (p->cell_bits + 1);
+    round_bits = (word >> p->frac_bits) & (a - 1u);
+    /* Depth of the cell centre, (2 (cell - top) + 1) / a grid steps, rounded up with the
+     * probability of its fraction; the sum below is at least 1, so the shift is exact. */
+    depth = (int64_t)((2u * cell + 1u + a + round_bits - 2u * p->top) >> (p->cell_bits + 1)) - 1;
+    value = ((int64_t)1 << p->payload_bits) - 2 - depth;
+    if (value < (int64_t)p->code_min || value > (int64_t)p->code_max) {
+        return ZEAL_E_CODE; /* never for a profile made by zeal: its tables keep the range */
+    }
+    *code = (uint32_t)value;
+    return ZEAL_OK;
+}
+
+static size_t put_varint(uint8_t *out, uint64_t value) {
+    size_t n = 0;
+    while (value >= 0x80u) {
+        out[n++] = (uint8_t)(value | 0x80u);
+        value >>= 7;
+    }
+    out[n++] = (uint8_t)value;
+    return n;
+}
+
+size_t zeal_batch_bound(const zeal_profile *profile, size_t count) {
+    /* header, fingerprint, sequence, count, base time, then a varint per delta, codes */
+    size_t bits = profile == NULL ? 32u : profile->payload_bits;
+    return 1u + 4u + 10u + 3u + 7u + (count ? count - 1u : 0u) * 7u + (count * bits + 7u) / 8u;
+}
+
+int zeal_encode_batch(const zeal_profile *p, uint64_t sequence, const uint64_t *timestamps,
+                      const uint32_t *codes, size_t count, uint8_t *out, size_t capacity,
+                      size_t *length) {
+    size_t i, n = 0, bit = 0, code_bytes;
+    uint64_t period = 0;
+    int periodic = 1;
+    unsigned k;
+    if (p == NULL || timestamps == NULL || codes == NULL || out == NULL || length == NULL) {
+        return ZEAL_E_BUFFER;
+    }
+    if (count < 1 || count > ZEAL_MAX_BATCH) {
+        return ZEAL_E_COUNT;
+    }
+    for (i = 0; i < count; i++) {
+        if (timestamps[i] >= ((uint64_t)1 << 48) || (i > 0 && timestamps[i] < timestamps[i - 1])) {
+            return ZEAL_E_TIMESTAMP;
+        }
+        if (codes[i] < p->code_min || codes[i] > p->code_max) {
+            return ZEAL_E_CODE;
+        }
+    }
+    if (count > 1) {
+        period = timestamps[1] - timestamps[0];
+        for (i = 2; i < count && periodic; i++) {
+            periodic = timestamps[i] - timestamps[i - 1] == period;
+        }
+    }
+    if (capacity < zeal_batch_bound(p, count)) {
+        return ZEAL_E_BUFFER;
+    }
+    out[n++] = (uint8_t)(2u << 4 | (periodic ? 0u : 1u)); /* version 2, flags */
+    memcpy(out + n, p->fingerprint, 4);
+    n += 4;
+    n += put_varint(out + n, sequence);
+    n += put_varint(out + n, (uint64_t)count);
+    n += put_varint(out + n, timestamps[0]);
+    if (!periodic) {
+        for (i = 1; i < count; i++) {
+            n += put_varint(out + n, timestamps[i] - timestamps[i - 1]);
+        }
+    } else if (count > 1) {
+        n += put_varint(out + n, period);
+    }
+    k = p->payload_bits;
+    code_bytes = (count * k + 7u) / 8u;
+    memset(out + n, 0, code_bytes);
+    for (i = 0; i < count; i++) { /* most significant bit first, back to back */
+        unsigned j;
+        for (j = 0; j < k; j++, bit++) {
+            if ((codes[i] >> (k - 1u - j)) & 1u) {
+                out[n + bit / 8u] |= (uint8_t)(0x80u >> (bit % 8u));
+            }
+        }
+    }
+    *length = n + code_bytes;
+    return ZEAL_OK;
+}

@@ -1,0 +1,307 @@
+"""The firmware library (edge/firmware) against the Python implementation: the same output
+distribution (chi-square over 10**6 draws per reading, against the exact pmf), the same
+bytes (every documented vector and 10**4 random batches), profiles checked and refused,
+and no sanitizer report on 10**5 mutated profiles."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import chi2
+
+from tests.shared.test_wire import blocks, stream_of, timestamps_of
+from zeal import WireError, Zeal, ZealWarning, encode_batch
+from zeal.firmware import PROFILE_BYTES, c_header, profile_bytes
+from zeal.streamconfig import config_document
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRMWARE = ROOT / "edge" / "firmware"
+DRAWS = 1_000_000
+#: Three stream configurations: the wire vectors' 6-bit stream A, its 3-bit stream B
+#: (exponent 58), and an 8-bit stream on another range and epsilon.
+CONFIGS = {
+    "6 bits": Zeal(lower=23.5, upper=83.9, epsilon=1, payload_bits=6),
+    "3 bits": Zeal(lower=23.5, upper=83.9, epsilon=1, exponent=58),
+    "8 bits": Zeal(lower=-40, upper=125, epsilon=0.5, payload_bits=8),
+}
+
+
+@pytest.fixture(scope="session")
+def host() -> dict[str, Path]:
+    """The host tool built by `make firmware` (optimized, and with ASan and UBSan)."""
+    subprocess.run(["make", "-C", str(FIRMWARE)], check=True, capture_output=True)
+    build = FIRMWARE / "build"
+    return {"plain": build / "zeal-host", "sanitized": build / "zeal-host-sanitized"}
+
+
+def run(tool: Path, *args: str, stdin: str) -> str:
+    result = subprocess.run(
+        [str(tool), *args], input=stdin, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr == "", result.stderr[-2000:]  # a sanitizer would report here
+    return result.stdout
+
+
+def exact_pmf(params: Zeal, reading: float) -> dict[int, float]:
+    """The Python sampler's exact code distribution for one reading."""
+    grid = params.grid_sampler
+    assert grid is not None
+    start = int(grid.fixed_starts(np.clip(np.array([reading]), params.lower, params.upper))[0])
+    runs, denominator = grid.pmf_runs(start)
+    top = (1 << params.payload_bits) - 2
+    return {top - q: n / denominator for first, stop, n in runs for q in range(first, stop) if n}
+
+
+def chi_square_p(counts: np.ndarray, pmf: dict[int, float]) -> float:
+    """p-value of the counts under the pmf; codes expected fewer than 5 times are pooled
+    (in code order) so the chi-square approximation holds. A code outside the support fails
+    outright (p = 0)."""
+    if counts.sum() != sum(int(counts[c]) for c in pmf):
+        return 0.0
+    total = int(counts.sum())
+    observed, expected, pool_o, pool_e = [], [], 0.0, 0.0
+    for code in sorted(pmf):
+        pool_o, pool_e = pool_o + counts[code], pool_e + pmf[code] * total
+        if pool_e >= 5:
+            observed.append(pool_o)
+            expected.append(pool_e)
+            pool_o = pool_e = 0.0
+    if pool_e:
+        observed[-1] += pool_o
+        expected[-1] += pool_e
+    o, e = np.array(observed), np.array(expected)
+    return float(chi2.sf(((o - e) ** 2 / e).sum(), len(o) - 1))
+
+
+def draw(tool: Path, profile: bytes, reading: float, n: int, bits: int, seed: int) -> np.ndarray:
+    """Code counts of n draws for one reading (seeded words: the device uses its TRNG)."""
+    out = run(tool, "perturb", profile.hex(), str(seed), stdin=f"{reading!r}\n" * n)
+    return np.bincount(np.array(out.split(), dtype=np.int64), minlength=1 << bits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_c_sampler_draws_from_the_python_samplers_exact_distribution(
+    host: dict[str, Path], name: str
+) -> None:
+    """Readings at both ends of the range and three inside, 10**6 draws each: the C codes'
+    frequencies fit the exact pmf (chi-square, p > 1e-4 each, 5 readings per stream)."""
+    params = CONFIGS[name]
+    profile = profile_bytes(params, stream="temps", device="dev1")
+    span = params.upper - params.lower
+    for reading in [
+        params.lower,
+        params.upper,
+        *(params.lower + f * span for f in (0.1, 0.5, 0.77)),
+    ]:
+        counts = draw(host["plain"], profile, reading, DRAWS, params.payload_bits, seed=18)
+        p = chi_square_p(counts, exact_pmf(params, reading))
+        print(f"{name}, reading {reading:g}: chi-square p = {p:.4f} over {DRAWS:,} draws")
+        assert p > 1e-4, (name, reading, p)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_band_start_is_pythons_bit_for_bit(host: dict[str, Path], name: str) -> None:
+    """The one floating-point step (where the band starts) gives exactly Python's fixed
+    start for 10**5 readings across the range, its ends and beyond (clipped first)."""
+    params = CONFIGS[name]
+    grid = params.grid_sampler
+    assert grid is not None
+    rng = np.random.default_rng(20)
+    span = params.upper - params.lower
+    readings = np.concatenate(
+        [
+            rng.uniform(params.lower, params.upper, 99_990),
+            [params.lower, params.upper, np.nextafter(params.lower, np.inf)],
+            [np.nextafter(params.upper, -np.inf), params.lower + span / 2],
+        ]
+    )
+    clipped = np.clip(readings, params.lower, params.upper)
+    profile = profile_bytes(params, stream="temps", device="dev1").hex()
+    out = run(host["plain"], "starts", profile, stdin="".join(f"{float(x)!r}\n" for x in clipped))
+    assert np.array_equal(np.array(out.split(), dtype=np.int64), grid.fixed_starts(clipped))
+
+
+def with_tables(profile: bytes, **fields: int) -> bytes:
+    """The profile with some integer tables changed and its checksum made right again."""
+    offsets = {"w_lo": 16, "w_hi": 24, "cells": 32, "band": 40, "top": 48}
+    body = bytearray(profile[:92])
+    for field, value in fields.items():
+        body[offsets[field] : offsets[field] + 8] = struct.pack("<Q", value)
+    return bytes(body) + struct.pack("<I", zlib.crc32(body))
+
+
+@pytest.mark.slow
+def test_a_deliberately_perturbed_table_fails_the_same_test(host: dict[str, Path]) -> None:
+    """w_hi raised by 2 % (a realized loss of 1.0198 instead of 1): the same chi-square test
+    over the same 10**6 draws rejects it, so the test above can fail."""
+    params = CONFIGS["6 bits"]
+    grid = params.grid_sampler
+    assert grid is not None
+    bad = with_tables(
+        profile_bytes(params, stream="temps", device="dev1"), w_hi=grid.w_hi * 102 // 100
+    )
+    reading = params.lower + 0.5 * (params.upper - params.lower)
+    counts = draw(host["plain"], bad, reading, DRAWS, 6, seed=18)
+    p = chi_square_p(counts, exact_pmf(params, reading))
+    print(f"w_hi + 2 %: chi-square p = {p:.3g}")
+    assert p < 1e-4
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_profile_carries_the_tables_the_python_audit_measures(name: str) -> None:
+    """The realized loss of the profile's tables, ln(w_hi / w_lo), is the audit's."""
+    params = CONFIGS[name]
+    profile = profile_bytes(params, stream="temps", device="dev1")
+    assert len(profile) == PROFILE_BYTES
+    assert zlib.crc32(profile[:92]) == struct.unpack("<I", profile[92:])[0]
+    w_lo, w_hi = struct.unpack("<QQ", profile[16:32])
+    report = params.audit()
+    assert math.log(w_hi / w_lo) == pytest.approx(report.loss, rel=1e-12)
+    assert math.log(w_hi / w_lo) == params.realized_epsilon
+    assert report.within_budget()
+    header = c_header(profile)
+    assert header.count("0x") == PROFILE_BYTES
+
+
+def test_documented_vectors_encode_byte_for_byte(host: dict[str, Path]) -> None:
+    """Each vector in docs/wire-format.md, through `zeal-host encode` (both builds)."""
+    vectors = blocks("vector")
+    assert len(vectors) >= 5
+    for tool in host.values():
+        for v in vectors:
+            params = stream_of(v["params"])
+            profile = profile_bytes(params, stream=v["stream"], device=v["device"])
+            lines = "".join(
+                f"{t} {c}\n"
+                for t, c in zip(timestamps_of(v["timestamps"]), v["codes"].split(), strict=True)
+            )
+            assert (
+                run(tool, "encode", profile.hex(), v["sequence"], stdin=lines).strip() == v["hex"]
+            ), v["name"]
+
+
+@pytest.mark.parametrize("build", ["plain", "sanitized"])
+def test_random_batches_encode_as_python_does(host: dict[str, Path], build: str) -> None:
+    """10**4 random batches per build: periodic and irregular timestamps, sequences up to
+    2**64 - 1, every code of the range; plus batches Python refuses, which C refuses too."""
+    rng = np.random.default_rng(18)
+    params = CONFIGS["8 bits"]
+    lines, expected = [], []
+    for i in range(10_000):
+        count = int(rng.integers(1, 200)) if i % 100 else int(rng.integers(1, 65_536))
+        base = int(rng.integers(0, 1 << 47))
+        if rng.random() < 0.5:
+            stamps = base + int(rng.integers(0, 100_000)) * np.arange(count)
+        else:
+            stamps = base + np.cumsum(rng.integers(0, 1 << int(rng.integers(1, 40)), count))
+        codes = rng.integers(params.code_min, params.code_max + 1, count)
+        if i % 50 == 1:  # a code outside the range
+            codes[int(rng.integers(0, count))] = params.code_max + 1
+        if i % 50 == 2 and count > 1:  # a timestamp going back
+            stamps[-1] = stamps[0] - 1
+        sequence = int(rng.integers(0, 1 << 63)) * 2 + int(rng.integers(0, 2))
+        lines.append(
+            f"{sequence} {count} {' '.join(map(str, stamps))} {' '.join(map(str, codes))}\n"
+        )
+        try:
+            payload = encode_batch(
+                params, stream="temps", device="dev1", sequence=sequence, timestamps=stamps,
+                codes=codes,
+            )  # fmt: skip
+            expected.append(payload.hex())
+        except WireError as exc:
+            expected.append({"bad_code": "error -9", "bad_timestamp": "error -8"}[exc.reason])
+    profile = profile_bytes(params, stream="temps", device="dev1").hex()
+    got = run(host[build], "batches", profile, stdin="".join(lines)).splitlines()
+    assert len(got) == len(expected)
+    mismatches = [i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
+    assert mismatches == []
+    assert sum(e.startswith("error") for e in expected) >= 300  # the refusals were exercised
+
+
+def test_profiles_are_checked_and_bad_ones_refused(host: dict[str, Path]) -> None:
+    """Each check of zeal_profile_load gives its own error; the Python side refuses streams
+    the firmware cannot run."""
+    good = profile_bytes(CONFIGS["6 bits"], stream="temps", device="dev1")
+    grid = CONFIGS["6 bits"].grid_sampler
+    assert grid is not None
+    cases = {
+        good.hex(): "0",
+        good[:-1].hex(): "-1",
+        (b"ZG" + good[2:]).hex(): "-2",
+        (good[:2] + b"\x02" + good[3:]).hex(): "-3",
+        (good[:60] + bytes([good[60] ^ 1]) + good[61:]).hex(): "-4",
+        with_tables(good, band=grid.cells).hex(): "-5",
+        with_tables(good, w_hi=grid.w_lo).hex(): "-5",
+        with_tables(good, w_lo=1 << 62, cells=4).hex(): "-5",
+        "zz": "-1",
+    }
+    got = run(host["sanitized"], "profiles", stdin="".join(f"{h}\n" for h in cases)).split()
+    assert got == list(cases.values())
+    with pytest.warns(ZealWarning):
+        paper = Zeal(lower=0, upper=1, epsilon=1, sampler="paper")
+    with pytest.raises(ValueError, match="grid sampler only"):
+        profile_bytes(paper, stream="s", device="d")
+
+
+def test_mutated_profiles_never_trip_a_sanitizer(host: dict[str, Path]) -> None:
+    """10**5 mutated profiles (random bytes changed, half with the checksum made right so
+    the table checks are reached) through the ASan/UBSan build: each is refused or, if
+    accepted, perturbs six readings and encodes them; no sanitizer report, no crash."""
+    rng = np.random.default_rng(19)
+    good = [profile_bytes(p, stream="temps", device="dev1") for p in CONFIGS.values()]
+    lines = []
+    for i in range(100_000):
+        blob = bytearray(good[i % 3])
+        for _ in range(int(rng.integers(1, 4))):
+            at = int(rng.integers(0, 92))
+            blob[at] = (
+                int(rng.integers(0, 256))
+                if rng.random() < 0.5
+                else blob[at] ^ (1 << int(rng.integers(0, 8)))
+            )
+        if i % 2:
+            blob[92:] = struct.pack("<I", zlib.crc32(bytes(blob[:92])))
+        lines.append(blob.hex() + "\n")
+    got = run(host["sanitized"], "profiles", stdin="".join(lines)).split()
+    assert len(got) == len(lines)
+    outcomes = {code: got.count(code) for code in set(got)}
+    print(f"mutated profiles: {outcomes}")
+    assert outcomes.get("-4", 0) >= 45_000  # unfixed checksums are caught
+    assert outcomes.get("-5", 0) > 0  # the table checks were reached
+    assert outcomes.get("0", 0) > 0  # and accepted profiles ran the sampler and encoder
+
+
+def test_the_command_line_makes_a_devices_profile_from_the_streams_configuration(
+    tmp_path: Path,
+) -> None:
+    """`python -m zeal firmware-profile --config FILE --device NAME` (hex, or a C header);
+    a bad device name is refused with the reason and exit status 2."""
+    params = CONFIGS["6 bits"]
+    config = tmp_path / "params.json"
+    config.write_text(json.dumps(config_document("temps", params)))
+    command = [sys.executable, "-m", "zeal", "firmware-profile", "--config", str(config)]
+    out = subprocess.run(
+        [*command, "--device", "dev1"], capture_output=True, text=True, check=True
+    ).stdout
+    assert out == profile_bytes(params, stream="temps", device="dev1").hex() + "\n"
+    header = subprocess.run(
+        [*command, "--device", "dev1", "--format", "header"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert header == c_header(profile_bytes(params, stream="temps", device="dev1"))
+    bad = subprocess.run([*command, "--device", "a/b"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "device" in bad.stderr
