@@ -55,6 +55,13 @@ def _parser() -> argparse.ArgumentParser:
         "chip (docs/firmware.md), from the stream's configuration document.",
     )
     firmware.add_argument(
+        "--reading-unit",
+        type=float,
+        required=True,
+        help="what one step of the device's integer reading stands for, in the stream's "
+        "unit (0.01 for readings in hundredths)",
+    )
+    firmware.add_argument(
         "--config", required=True, help="the stream's configuration (GET .../config), a file"
     )
     firmware.add_argument("--device", required=True, help="the device's name on the stream")
@@ -73,7 +80,10 @@ def _firmware(args: argparse.Namespace) -> int:
 
     config = read_config(Path(args.config).read_text())
     blob = profile_bytes(
-        config.params, stream=config.stream, device=check_name("device", args.device)
+        config.params,
+        stream=config.stream,
+        device=check_name("device", args.device),
+        unit=args.reading_unit,
     )
     print(blob.hex() if args.format == "hex" else c_header(blob), end="\n" * (args.format == "hex"))
     return 0

@@ -32,6 +32,17 @@ CONFIGS = {
     "3 bits": Zeal(lower=23.5, upper=83.9, epsilon=1, exponent=58),
     "8 bits": Zeal(lower=-40, upper=125, epsilon=0.5, payload_bits=8),
 }
+#: What one step of each device's integer reading stands for (tenths, halves, hundredths).
+UNITS = {"6 bits": 0.1, "3 bits": 0.5, "8 bits": 0.01}
+
+
+def profile_of(name: str, device: str = "dev1") -> bytes:
+    return profile_bytes(CONFIGS[name], stream="temps", device=device, unit=UNITS[name])
+
+
+def value_of(name: str, readings: np.ndarray | list[int]) -> np.ndarray:
+    """The float64 an integer reading stands for, as Python computes it: float(r) * unit."""
+    return np.asarray(readings, dtype=np.int64).astype(np.float64) * np.float64(UNITS[name])
 
 
 @pytest.fixture(scope="session")
@@ -51,11 +62,11 @@ def run(tool: Path, *args: str, stdin: str) -> str:
     return result.stdout
 
 
-def exact_pmf(params: Zeal, reading: float) -> dict[int, float]:
-    """The Python sampler's exact code distribution for one reading."""
+def exact_pmf(params: Zeal, value: float) -> dict[int, float]:
+    """The Python sampler's exact code distribution for one reading's value."""
     grid = params.grid_sampler
     assert grid is not None
-    start = int(grid.fixed_starts(np.clip(np.array([reading]), params.lower, params.upper))[0])
+    start = int(grid.fixed_starts(np.clip(np.array([value]), params.lower, params.upper))[0])
     runs, denominator = grid.pmf_runs(start)
     top = (1 << params.payload_bits) - 2
     return {top - q: n / denominator for first, stop, n in runs for q in range(first, stop) if n}
@@ -82,10 +93,19 @@ def chi_square_p(counts: np.ndarray, pmf: dict[int, float]) -> float:
     return float(chi2.sf(((o - e) ** 2 / e).sum(), len(o) - 1))
 
 
-def draw(tool: Path, profile: bytes, reading: float, n: int, bits: int, seed: int) -> np.ndarray:
+def draw(tool: Path, profile: bytes, reading: int, n: int, bits: int, seed: int) -> np.ndarray:
     """Code counts of n draws for one reading (seeded words: the device uses its TRNG)."""
-    out = run(tool, "perturb", profile.hex(), str(seed), stdin=f"{reading!r}\n" * n)
+    out = run(tool, "perturb", profile.hex(), str(seed), stdin=f"{reading}\n" * n)
     return np.bincount(np.array(out.split(), dtype=np.int64), minlength=1 << bits)
+
+
+def readings_of(name: str) -> list[int]:
+    """Integer readings below the range (clipped to its lower end), at its upper end and
+    beyond it, and three inside."""
+    params, unit = CONFIGS[name], UNITS[name]
+    low, high = math.floor(params.lower / unit), math.ceil(params.upper / unit)
+    inside = [round(low + f * (high - low)) for f in (0.1, 0.5, 0.77)]
+    return [low - 5, high + 5, *inside]
 
 
 @pytest.mark.slow
@@ -94,47 +114,71 @@ def test_the_c_sampler_draws_from_the_python_samplers_exact_distribution(
     host: dict[str, Path], name: str
 ) -> None:
     """Readings at both ends of the range and three inside, 10**6 draws each: the C codes'
-    frequencies fit the exact pmf (chi-square, p > 1e-4 each, 5 readings per stream)."""
+    frequencies fit the exact pmf of the value each stands for (chi-square, p > 1e-4 each,
+    5 readings per stream)."""
     params = CONFIGS[name]
-    profile = profile_bytes(params, stream="temps", device="dev1")
-    span = params.upper - params.lower
-    for reading in [
-        params.lower,
-        params.upper,
-        *(params.lower + f * span for f in (0.1, 0.5, 0.77)),
-    ]:
-        counts = draw(host["plain"], profile, reading, DRAWS, params.payload_bits, seed=18)
-        p = chi_square_p(counts, exact_pmf(params, reading))
-        print(f"{name}, reading {reading:g}: chi-square p = {p:.4f} over {DRAWS:,} draws")
+    for reading, value in zip(readings_of(name), value_of(name, readings_of(name)), strict=True):
+        counts = draw(host["plain"], profile_of(name), reading, DRAWS, params.payload_bits, 18)
+        p = chi_square_p(counts, exact_pmf(params, float(value)))
+        print(f"{name}, reading {reading} ({value:g}): chi-square p = {p:.4f} over {DRAWS:,}")
         assert p > 1e-4, (name, reading, p)
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_the_band_start_is_pythons_bit_for_bit(host: dict[str, Path], name: str) -> None:
-    """The one floating-point step (where the band starts) gives exactly Python's fixed
-    start for 10**5 readings across the range, its ends and beyond (clipped first)."""
-    params = CONFIGS[name]
+    """The band's position, Python's float64 arithmetic done in integers on the chip, gives
+    exactly Python's fixed start for 10**5 integer readings across the range and beyond
+    (clipped first), and for the int32 extremes."""
+    params, unit = CONFIGS[name], UNITS[name]
     grid = params.grid_sampler
     assert grid is not None
     rng = np.random.default_rng(20)
-    span = params.upper - params.lower
+    low, high = math.floor(params.lower / unit), math.ceil(params.upper / unit)
     readings = np.concatenate(
         [
-            rng.uniform(params.lower, params.upper, 99_990),
-            [params.lower, params.upper, np.nextafter(params.lower, np.inf)],
-            [np.nextafter(params.upper, -np.inf), params.lower + span / 2],
+            rng.integers(low - 100, high + 100, 99_990),
+            [low, high, low + 1, high - 1, 0, -1, 1, -(2**31), 2**31 - 1, (low + high) // 2],
         ]
     )
-    clipped = np.clip(readings, params.lower, params.upper)
-    profile = profile_bytes(params, stream="temps", device="dev1").hex()
-    out = run(host["plain"], "starts", profile, stdin="".join(f"{float(x)!r}\n" for x in clipped))
-    assert np.array_equal(np.array(out.split(), dtype=np.int64), grid.fixed_starts(clipped))
+    values = np.clip(value_of(name, readings), params.lower, params.upper)
+    out = run(host["plain"], "starts", profile_of(name).hex(), stdin="\n".join(map(str, readings)))
+    assert np.array_equal(np.array(out.split(), dtype=np.int64), grid.fixed_starts(values))
+
+
+def test_the_integer_binary64_arithmetic_rounds_as_ieee_754(host: dict[str, Path]) -> None:
+    """The additions and multiplications the band needs, done in integers on the chip,
+    equal numpy's float64 results on 2 x 10**5 random operands: normal, subnormal, near
+    each other (cancellation), of both signs."""
+    rng = np.random.default_rng(21)
+    n = 200_000
+    exponents = np.where(
+        rng.random(n) < 0.2, rng.integers(0, 3, n), rng.integers(1, 2046, n)
+    ).astype(np.uint64)
+    mantissa = rng.integers(0, 2**52, (2, n), dtype=np.uint64)
+    sign = rng.integers(0, 2, (2, n), dtype=np.uint64) << np.uint64(63)
+    a = sign[0] | (exponents << np.uint64(52)) | mantissa[0]
+    b = sign[1] | (rng.permutation(exponents) << np.uint64(52)) | mantissa[1]
+    near = rng.random(n) < 0.3
+    b[near] = a[near] ^ rng.integers(0, 2**20, int(near.sum()), dtype=np.uint64)
+    b[near] ^= rng.integers(0, 2, int(near.sum()), dtype=np.uint64) << np.uint64(63)
+    ops = rng.choice(["add", "mul"], n)
+    lines = "".join(
+        f"{o} {x:016x} {y:016x}\n" for o, x, y in zip(ops, a.tolist(), b.tolist(), strict=True)
+    )
+    out = run(host["sanitized"], "f64", stdin=lines).split()
+    with np.errstate(all="ignore"):
+        fa, fb = a.view(np.float64), b.view(np.float64)
+        expected = np.where(ops == "add", fa + fb, fa * fb)
+    got = np.array([int(x, 16) for x in out], dtype=np.uint64)
+    finite = np.isfinite(expected)  # overflow is refused by the profile checks instead
+    assert finite.sum() > 150_000
+    assert np.array_equal(got[finite], expected.view(np.uint64)[finite])
 
 
 def with_tables(profile: bytes, **fields: int) -> bytes:
     """The profile with some integer tables changed and its checksum made right again."""
     offsets = {"w_lo": 16, "w_hi": 24, "cells": 32, "band": 40, "top": 48}
-    body = bytearray(profile[:92])
+    body = bytearray(profile[:100])
     for field, value in fields.items():
         body[offsets[field] : offsets[field] + 8] = struct.pack("<Q", value)
     return bytes(body) + struct.pack("<I", zlib.crc32(body))
@@ -147,12 +191,10 @@ def test_a_deliberately_perturbed_table_fails_the_same_test(host: dict[str, Path
     params = CONFIGS["6 bits"]
     grid = params.grid_sampler
     assert grid is not None
-    bad = with_tables(
-        profile_bytes(params, stream="temps", device="dev1"), w_hi=grid.w_hi * 102 // 100
-    )
-    reading = params.lower + 0.5 * (params.upper - params.lower)
+    bad = with_tables(profile_of("6 bits"), w_hi=grid.w_hi * 102 // 100)
+    reading = readings_of("6 bits")[3]
     counts = draw(host["plain"], bad, reading, DRAWS, 6, seed=18)
-    p = chi_square_p(counts, exact_pmf(params, reading))
+    p = chi_square_p(counts, exact_pmf(params, float(value_of("6 bits", [reading])[0])))
     print(f"w_hi + 2 %: chi-square p = {p:.3g}")
     assert p < 1e-4
 
@@ -161,9 +203,9 @@ def test_a_deliberately_perturbed_table_fails_the_same_test(host: dict[str, Path
 def test_the_profile_carries_the_tables_the_python_audit_measures(name: str) -> None:
     """The realized loss of the profile's tables, ln(w_hi / w_lo), is the audit's."""
     params = CONFIGS[name]
-    profile = profile_bytes(params, stream="temps", device="dev1")
+    profile = profile_of(name)
     assert len(profile) == PROFILE_BYTES
-    assert zlib.crc32(profile[:92]) == struct.unpack("<I", profile[92:])[0]
+    assert zlib.crc32(profile[:100]) == struct.unpack("<I", profile[100:])[0]
     w_lo, w_hi = struct.unpack("<QQ", profile[16:32])
     report = params.audit()
     assert math.log(w_hi / w_lo) == pytest.approx(report.loss, rel=1e-12)
@@ -180,7 +222,7 @@ def test_documented_vectors_encode_byte_for_byte(host: dict[str, Path]) -> None:
     for tool in host.values():
         for v in vectors:
             params = stream_of(v["params"])
-            profile = profile_bytes(params, stream=v["stream"], device=v["device"])
+            profile = profile_bytes(params, stream=v["stream"], device=v["device"], unit=1)
             lines = "".join(
                 f"{t} {c}\n"
                 for t, c in zip(timestamps_of(v["timestamps"]), v["codes"].split(), strict=True)
@@ -221,7 +263,7 @@ def test_random_batches_encode_as_python_does(host: dict[str, Path], build: str)
             expected.append(payload.hex())
         except WireError as exc:
             expected.append({"bad_code": "error -9", "bad_timestamp": "error -8"}[exc.reason])
-    profile = profile_bytes(params, stream="temps", device="dev1").hex()
+    profile = profile_of("8 bits").hex()
     got = run(host[build], "batches", profile, stdin="".join(lines)).splitlines()
     assert len(got) == len(expected)
     mismatches = [i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
@@ -232,7 +274,7 @@ def test_random_batches_encode_as_python_does(host: dict[str, Path], build: str)
 def test_profiles_are_checked_and_bad_ones_refused(host: dict[str, Path]) -> None:
     """Each check of zeal_profile_load gives its own error; the Python side refuses streams
     the firmware cannot run."""
-    good = profile_bytes(CONFIGS["6 bits"], stream="temps", device="dev1")
+    good = profile_of("6 bits")
     grid = CONFIGS["6 bits"].grid_sampler
     assert grid is not None
     cases = {
@@ -251,7 +293,9 @@ def test_profiles_are_checked_and_bad_ones_refused(host: dict[str, Path]) -> Non
     with pytest.warns(ZealWarning):
         paper = Zeal(lower=0, upper=1, epsilon=1, sampler="paper")
     with pytest.raises(ValueError, match="grid sampler only"):
-        profile_bytes(paper, stream="s", device="d")
+        profile_bytes(paper, stream="s", device="d", unit=1)
+    with pytest.raises(ValueError, match="reading unit"):
+        profile_bytes(CONFIGS["6 bits"], stream="s", device="d", unit=0.0)
 
 
 def test_mutated_profiles_never_trip_a_sanitizer(host: dict[str, Path]) -> None:
@@ -259,19 +303,19 @@ def test_mutated_profiles_never_trip_a_sanitizer(host: dict[str, Path]) -> None:
     the table checks are reached) through the ASan/UBSan build: each is refused or, if
     accepted, perturbs six readings and encodes them; no sanitizer report, no crash."""
     rng = np.random.default_rng(19)
-    good = [profile_bytes(p, stream="temps", device="dev1") for p in CONFIGS.values()]
+    good = [profile_of(name) for name in CONFIGS]
     lines = []
     for i in range(100_000):
         blob = bytearray(good[i % 3])
         for _ in range(int(rng.integers(1, 4))):
-            at = int(rng.integers(0, 92))
+            at = int(rng.integers(0, 100))
             blob[at] = (
                 int(rng.integers(0, 256))
                 if rng.random() < 0.5
                 else blob[at] ^ (1 << int(rng.integers(0, 8)))
             )
         if i % 2:
-            blob[92:] = struct.pack("<I", zlib.crc32(bytes(blob[:92])))
+            blob[100:] = struct.pack("<I", zlib.crc32(bytes(blob[:100])))
         lines.append(blob.hex() + "\n")
     got = run(host["sanitized"], "profiles", stdin="".join(lines)).split()
     assert len(got) == len(lines)
@@ -291,17 +335,18 @@ def test_the_command_line_makes_a_devices_profile_from_the_streams_configuration
     config = tmp_path / "params.json"
     config.write_text(json.dumps(config_document("temps", params)))
     command = [sys.executable, "-m", "zeal", "firmware-profile", "--config", str(config)]
+    command += ["--reading-unit", "0.1"]
     out = subprocess.run(
         [*command, "--device", "dev1"], capture_output=True, text=True, check=True
     ).stdout
-    assert out == profile_bytes(params, stream="temps", device="dev1").hex() + "\n"
+    assert out == profile_of("6 bits").hex() + "\n"
     header = subprocess.run(
         [*command, "--device", "dev1", "--format", "header"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    assert header == c_header(profile_bytes(params, stream="temps", device="dev1"))
+    assert header == c_header(profile_of("6 bits"))
     bad = subprocess.run([*command, "--device", "a/b"], capture_output=True, text=True)
     assert bad.returncode == 2
     assert "device" in bad.stderr

@@ -2,10 +2,10 @@
  * Zeal on the sensor: privatize and encode readings on the device (docs/firmware.md).
  *
  * C99, no dynamic allocation, nothing from libc beyond <stdint.h>, <stddef.h> and
- * <string.h>. A device loads its profile (96 bytes made by `python -m zeal
- * firmware-profile`), perturbs each reading into a code with the exact grid sampler
- * (integer tables; the band's position is the only floating point, as in Python), and
- * encodes batches in the wire format, byte for byte as zeal.encode_batch.
+ * <string.h>, and no floating point. A device loads its profile (104 bytes made by
+ * `python -m zeal firmware-profile`), perturbs each integer reading (in the profile's
+ * unit) into a code with the exact grid sampler, and encodes batches in the wire format,
+ * byte for byte as zeal.encode_batch.
  */
 #ifndef ZEAL_H
 #define ZEAL_H
@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define ZEAL_PROFILE_BYTES 96u
+#define ZEAL_PROFILE_BYTES 104u
 #define ZEAL_MAX_BATCH 65535u
 
 /* Error codes: 0 is success; every failure is negative and leaves outputs unwritten. */
@@ -28,7 +28,7 @@ enum zeal_status {
     ZEAL_E_PROFILE_VERSION = -3,  /* a profile version this library does not know */
     ZEAL_E_PROFILE_CHECKSUM = -4, /* CRC-32 mismatch: corrupted in storage or transit */
     ZEAL_E_PROFILE_TABLES = -5,   /* tables out of their valid ranges */
-    ZEAL_E_READING = -6,          /* the reading is not a finite number */
+    ZEAL_E_ARGUMENT = -6,         /* a NULL pointer where one is needed */
     ZEAL_E_COUNT = -7,            /* a batch holds 1 to 65535 readings */
     ZEAL_E_TIMESTAMP = -8,        /* timestamps must be below 2^48 and never decrease */
     ZEAL_E_CODE = -9,             /* a code outside the stream's range */
@@ -36,10 +36,11 @@ enum zeal_status {
     ZEAL_E_RANDOM = -11           /* the randomness source failed */
 };
 
-/* A loaded, checked profile (about 100 bytes of RAM). */
+/* A loaded, checked profile (120 bytes of RAM). The five binary64 values are kept as
+ * their IEEE 754 bits: the library computes with them in integers. */
 typedef struct zeal_profile {
-    uint64_t w_lo, w_hi, cells, band, top, total, unit_mask;
-    double lower, upper, start_at_upper, slope, start_limit;
+    uint64_t w_lo, w_hi, cells, band, top, total, unit_mask, start_cap;
+    uint64_t lower, upper, start_at_upper, slope, unit;
     uint32_t code_min, code_max;
     uint8_t payload_bits, cell_bits, frac_bits;
     uint8_t fingerprint[4];
@@ -55,18 +56,19 @@ typedef int (*zeal_random_fn)(void *context, uint64_t *words, size_t n);
 int zeal_profile_load(zeal_profile *profile, const uint8_t *blob, size_t length);
 
 /*
- * One reading in, one code out. Readings outside [lower, upper] are clipped to it first;
- * NaN and infinities are refused (ZEAL_E_READING) and nothing is drawn.
+ * One reading in, one code out. The reading is an integer in the profile's unit (its value
+ * is reading * unit, as a float64 holds it); values outside [lower, upper] are clipped to
+ * it first.
  */
-int zeal_perturb(const zeal_profile *profile, double reading, zeal_random_fn random,
+int zeal_perturb(const zeal_profile *profile, int32_t reading, zeal_random_fn random,
                  void *context, uint32_t *code);
 
 /*
- * The band's start for a clipped, finite reading, in fixed point (frac_bits fraction
- * bits): the one step with floating point (zeal.grid.GridSampler.fixed_starts, bit for
- * bit). Exposed for tests and diagnostics.
+ * Where the band starts for a reading, in fixed point (frac_bits fraction bits): Python's
+ * float64 computation (zeal.grid.GridSampler.fixed_starts) done in integers, bit for bit.
+ * Exposed for tests and diagnostics.
  */
-uint64_t zeal_band_start(const zeal_profile *profile, double reading);
+uint64_t zeal_band_start(const zeal_profile *profile, int32_t reading);
 
 /* Bytes the payload of `count` readings can take at most (irregular timestamps). */
 size_t zeal_batch_bound(const zeal_profile *profile, size_t count);

@@ -2,11 +2,14 @@
  * The firmware library: profile checks, the exact grid sampler and the wire encoder.
  * The sampler follows zeal.grid.GridSampler.sample step by step (docs/mechanism.md, "The
  * grid sampler"; paper 001's piecewise mechanism, Eq. (7), realized on the code grid), so
- * a reading's code distribution is the Python one, exactly.
+ * a reading's code distribution is the Python one, exactly. No floating point: the band's
+ * position is Python's float64 arithmetic done in integers (binary64.c).
  */
 #include "zeal.h"
 
 #include <string.h>
+
+#include "binary64.h"
 
 #define FIELD_MAX ((uint64_t)1 << 61)
 
@@ -16,13 +19,6 @@ static uint32_t get32(const uint8_t *p) {
 
 static uint64_t get64(const uint8_t *p) {
     return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
-
-static double get_double(const uint8_t *p) {
-    uint64_t bits = get64(p);
-    double value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
 }
 
 /* CRC-32 (IEEE 802.3, reflected, as zlib.crc32), bit by bit: no table in flash. */
@@ -39,9 +35,9 @@ static uint32_t crc32(const uint8_t *data, size_t length) {
     return ~crc;
 }
 
-static int finite(double x) {
-    double d = x - x; /* NaN for NaN and for infinities, 0 otherwise */
-    return d == 0.0;
+/* A finite binary64 (not infinity, not NaN), from its bits. */
+static int is_finite(uint64_t bits) {
+    return ((bits >> 52) & 0x7FFu) != 0x7FFu;
 }
 
 static int bit_length(uint64_t x) {
@@ -78,11 +74,18 @@ static int check_tables(zeal_profile *p) {
     if (max_start >= ((uint64_t)1 << (61 - g))) {
         return ZEAL_E_PROFILE_TABLES;
     }
-    if (!finite(p->lower) || !finite(p->upper) || !(p->lower < p->upper) ||
-        !finite(p->start_at_upper) || !finite(p->slope) || !(p->slope >= 0.0)) {
+    if (!is_finite(p->lower) || !is_finite(p->upper) || !zeal_f64_less(p->lower, p->upper) ||
+        !is_finite(p->start_at_upper) || !is_finite(p->slope) || p->slope >> 63) {
         return ZEAL_E_PROFILE_TABLES;
     }
-    p->start_limit = (double)(max_start << g);
+    /* a reading's unit: positive, 2^-64 to 2^64 (so readings times it stay normal) */
+    if (p->unit >> 63 || ((p->unit >> 52) & 0x7FFu) < 1023u - 64u ||
+        ((p->unit >> 52) & 0x7FFu) > 1023u + 64u) {
+        return ZEAL_E_PROFILE_TABLES;
+    }
+    /* Python clips the scaled start at float(max_start << G), which may round up */
+    p->start_cap = zeal_f64_floor_scaled(zeal_f64_from_int((int64_t)(max_start << g)), 0,
+                                         UINT64_MAX);
     p->unit_mask = ((uint64_t)1 << bit_length(p->total)) - 1u;
     return ZEAL_OK;
 }
@@ -90,7 +93,7 @@ static int check_tables(zeal_profile *p) {
 int zeal_profile_load(zeal_profile *profile, const uint8_t *blob, size_t length) {
     zeal_profile p;
     if (profile == NULL || blob == NULL) {
-        return ZEAL_E_PROFILE_LENGTH;
+        return ZEAL_E_ARGUMENT;
     }
     if (length != ZEAL_PROFILE_BYTES || blob[3] != ZEAL_PROFILE_BYTES) {
         return ZEAL_E_PROFILE_LENGTH;
@@ -101,7 +104,7 @@ int zeal_profile_load(zeal_profile *profile, const uint8_t *blob, size_t length)
     if (blob[2] != 1) {
         return ZEAL_E_PROFILE_VERSION;
     }
-    if (crc32(blob, 92) != get32(blob + 92)) {
+    if (crc32(blob, 100) != get32(blob + 100)) {
         return ZEAL_E_PROFILE_CHECKSUM;
     }
     if (blob[7] != 0) {
@@ -118,11 +121,12 @@ int zeal_profile_load(zeal_profile *profile, const uint8_t *blob, size_t length)
     p.cells = get64(blob + 32);
     p.band = get64(blob + 40);
     p.top = get64(blob + 48);
-    p.lower = get_double(blob + 56);
-    p.upper = get_double(blob + 64);
-    p.start_at_upper = get_double(blob + 72);
-    p.slope = get_double(blob + 80);
-    memcpy(p.fingerprint, blob + 88, 4);
+    p.lower = get64(blob + 56);
+    p.upper = get64(blob + 64);
+    p.start_at_upper = get64(blob + 72);
+    p.slope = get64(blob + 80);
+    p.unit = get64(blob + 88);
+    memcpy(p.fingerprint, blob + 96, 4);
     if (check_tables(&p) != ZEAL_OK) {
         return ZEAL_E_PROFILE_TABLES;
     }
@@ -130,38 +134,30 @@ int zeal_profile_load(zeal_profile *profile, const uint8_t *blob, size_t length)
     return ZEAL_OK;
 }
 
-/* The band start in fixed point (G fraction bits): GridSampler.fixed_starts, the same
- * double operations in the same order (build with -ffp-contract=off: no fused multiply). */
-uint64_t zeal_band_start(const zeal_profile *p, double x) {
-    double starts = p->start_at_upper + p->slope * (p->upper - x);
-    double scaled = starts * (double)((uint64_t)1 << p->frac_bits);
-    if (!(scaled >= 0.0)) {
-        return 0; /* floor of a negative value, clipped to 0 */
+/* The band start in fixed point (G fraction bits): GridSampler.fixed_starts on the
+ * reading as Python's float64 would hold it (reading times unit, clipped to the range),
+ * each float64 operation done in integers, rounded as IEEE 754 rounds it. */
+uint64_t zeal_band_start(const zeal_profile *p, int32_t reading) {
+    uint64_t x = zeal_f64_mul(zeal_f64_from_int(reading), p->unit);
+    if (zeal_f64_less(x, p->lower)) {
+        x = p->lower;
+    } else if (zeal_f64_less(p->upper, x)) {
+        x = p->upper;
     }
-    if (scaled >= p->start_limit) {
-        return (uint64_t)p->start_limit;
-    }
-    return (uint64_t)scaled; /* truncation is floor for values >= 0 */
+    x = zeal_f64_add(p->upper, x ^ (uint64_t)1 << 63);                 /* upper - x */
+    x = zeal_f64_add(p->start_at_upper, zeal_f64_mul(p->slope, x)); /* start + slope * it */
+    return zeal_f64_floor_scaled(x, p->frac_bits, p->start_cap);    /* floor(* 2^G), clip */
 }
 
-int zeal_perturb(const zeal_profile *p, double reading, zeal_random_fn random, void *context,
+int zeal_perturb(const zeal_profile *p, int32_t reading, zeal_random_fn random, void *context,
                  uint32_t *code) {
     uint64_t word, unit, t, start, left_end, band_end, cell, round_bits, a;
     uint64_t frac_mask;
     int64_t depth, value;
-    double x = reading;
     if (p == NULL || random == NULL || code == NULL) {
-        return ZEAL_E_READING;
+        return ZEAL_E_ARGUMENT;
     }
-    if (!finite(x)) {
-        return ZEAL_E_READING;
-    }
-    if (x < p->lower) {
-        x = p->lower;
-    } else if (x > p->upper) {
-        x = p->upper;
-    }
-    t = zeal_band_start(p, x);
+    t = zeal_band_start(p, reading);
     if (random(context, &word, 1) != 0) {
         return ZEAL_E_RANDOM;
     }
@@ -220,7 +216,7 @@ int zeal_encode_batch(const zeal_profile *p, uint64_t sequence, const uint64_t *
     int periodic = 1;
     unsigned k;
     if (p == NULL || timestamps == NULL || codes == NULL || out == NULL || length == NULL) {
-        return ZEAL_E_BUFFER;
+        return ZEAL_E_ARGUMENT;
     }
     if (count < 1 || count > ZEAL_MAX_BATCH) {
         return ZEAL_E_COUNT;

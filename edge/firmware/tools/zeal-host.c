@@ -1,9 +1,12 @@
 /*
  * zeal-host: the firmware library on Linux, for tests, benchmarks and provisioning checks.
  *
- *   zeal-host perturb PROFILE_HEX [SEED]    one reading per line in, one code per line out
+ *   zeal-host perturb PROFILE_HEX [SEED]    one integer reading (in the profile's unit) per
+ *                                           line in, one code per line out
  *                                           (with SEED, SplitMix64 words: tests only)
- *   zeal-host starts PROFILE_HEX            one reading per line in, its band start out
+ *   zeal-host starts PROFILE_HEX            one integer reading per line in, its band start
+ *   zeal-host f64                           "add|mul A B" lines in (binary64 bits, hex), the
+ *                                           result's bits out: the arithmetic, for tests
  *   zeal-host encode PROFILE_HEX SEQUENCE   "timestamp_ms code" lines in, the payload as hex
  *   zeal-host batches PROFILE_HEX           "sequence count t1..tn c1..cn" lines in, one
  *                                           payload (hex) or "error N" per line out
@@ -22,13 +25,14 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "../src/binary64.h"
 #include "zeal.h"
 
 #define WORDS 512
 #define USAGE                                                                              \
     "usage: zeal-host perturb PROFILE_HEX [SEED] | starts PROFILE_HEX | "                  \
     "encode PROFILE_HEX SEQUENCE | "                                                       \
-    "batches PROFILE_HEX | profiles\n"
+    "batches PROFILE_HEX | profiles | f64\n"
 
 struct pool {
     uint64_t words[WORDS];
@@ -121,7 +125,8 @@ static int perturb(const zeal_profile *profile, const char *seed) {
     char line[128];
     while (fgets(line, sizeof line, stdin) != NULL) {
         uint32_t code;
-        int status = zeal_perturb(profile, strtod(line, NULL), random, context, &code);
+        int status = zeal_perturb(profile, (int32_t)strtol(line, NULL, 10), random, context,
+                                  &code);
         if (status != ZEAL_OK) {
             fprintf(stderr, "zeal-host: perturb failed (error %d)\n", status);
             return 1;
@@ -134,7 +139,8 @@ static int perturb(const zeal_profile *profile, const char *seed) {
 static int starts(const zeal_profile *profile) {
     char line[128];
     while (fgets(line, sizeof line, stdin) != NULL) {
-        printf("%llu\n", (unsigned long long)zeal_band_start(profile, strtod(line, NULL)));
+        unsigned long long t = zeal_band_start(profile, (int32_t)strtol(line, NULL, 10));
+        printf("%llu\n", t);
     }
     return 0;
 }
@@ -200,7 +206,7 @@ static int batches(const zeal_profile *profile) {
 static int profiles(void) {
     uint64_t state = 19; /* reproducible outcomes: the words only pick codes */
     static char line[1024];
-    const double readings[] = {-1e300, -1.0, 0.0, 0.5, 1.0, 1e300};
+    const int32_t readings[] = {INT32_MIN, -1000000, -1, 0, 1, 1000000, INT32_MAX};
     while (fgets(line, sizeof line, stdin) != NULL) {
         uint8_t blob[512];
         size_t n, i, length;
@@ -209,8 +215,7 @@ static int profiles(void) {
                                                              : ZEAL_E_PROFILE_LENGTH;
         if (status == ZEAL_OK) {
             for (i = 0; i < sizeof readings / sizeof readings[0] && status == ZEAL_OK; i++) {
-                double x = profile.lower + (profile.upper - profile.lower) * readings[i];
-                status = zeal_perturb(&profile, x, seeded_random, &state, &codes[i]);
+                status = zeal_perturb(&profile, readings[i], seeded_random, &state, &codes[i]);
                 stamps[i] = 1000u * i;
             }
             if (status == ZEAL_OK) {
@@ -223,11 +228,24 @@ static int profiles(void) {
     return 0;
 }
 
+static int f64(void) {
+    char op[8];
+    unsigned long long a, b;
+    while (scanf("%7s %llx %llx", op, &a, &b) == 3) {
+        uint64_t r = strcmp(op, "add") == 0 ? zeal_f64_add(a, b) : zeal_f64_mul(a, b);
+        printf("%016llx\n", (unsigned long long)r);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     zeal_profile profile;
     int status;
     if (argc == 2 && strcmp(argv[1], "profiles") == 0) {
         return profiles();
+    }
+    if (argc == 2 && strcmp(argv[1], "f64") == 0) {
+        return f64();
     }
     if (argc < 3) {
         fprintf(stderr, USAGE);
