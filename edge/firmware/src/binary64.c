@@ -5,7 +5,7 @@
 #define HIDDEN ((uint64_t)1 << MAN_BITS)
 #define MIN_EXP (-1074) /* exponent of the least significant bit of a subnormal */
 
-static int length(uint64_t x) {
+int zeal_bit_length(uint64_t x) {
     int n = 0;
     while (x) {
         n++;
@@ -36,7 +36,7 @@ static uint64_t round_pack(uint8_t neg, uint64_t man, int32_t exp, int sticky) {
     if (man == 0) {
         return sign;
     }
-    drop = length(man) - 53;
+    drop = zeal_bit_length(man) - 53;
     if (exp + drop < MIN_EXP) {
         drop = MIN_EXP - exp;
     }
@@ -104,7 +104,7 @@ uint64_t zeal_f64_mul(uint64_t a_bits, uint64_t b_bits) {
     if (hi == 0) {
         return round_pack(neg, lo, a.exp + b.exp, 0);
     }
-    s = length(hi); /* keep the top 64 of the product's bits, the rest as sticky */
+    s = zeal_bit_length(hi); /* keep the top 64 of the product's bits, the rest as sticky */
     return round_pack(neg, hi << (64 - s) | lo >> s, a.exp + b.exp + s,
                       (lo & (((uint64_t)1 << s) - 1u)) != 0);
 }

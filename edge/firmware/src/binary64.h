@@ -16,6 +16,8 @@ typedef struct {
     uint8_t neg;
 } zeal_f64;
 
+/* The number of significant bits of x (0 for 0). */
+int zeal_bit_length(uint64_t x);
 zeal_f64 zeal_f64_unpack(uint64_t bits);
 uint64_t zeal_f64_from_int(int64_t value);
 uint64_t zeal_f64_add(uint64_t a, uint64_t b);

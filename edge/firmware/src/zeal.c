@@ -40,15 +40,6 @@ static int is_finite(uint64_t bits) {
     return ((bits >> 52) & 0x7FFu) != 0x7FFu;
 }
 
-static int bit_length(uint64_t x) {
-    int n = 0;
-    while (x) {
-        n++;
-        x >>= 1;
-    }
-    return n;
-}
-
 static int check_tables(zeal_profile *p) {
     uint64_t diff, max_start;
     const unsigned k = p->payload_bits, f = p->cell_bits, g = p->frac_bits;
@@ -86,7 +77,7 @@ static int check_tables(zeal_profile *p) {
     /* Python clips the scaled start at float(max_start << G), which may round up */
     p->start_cap = zeal_f64_floor_scaled(zeal_f64_from_int((int64_t)(max_start << g)), 0,
                                          UINT64_MAX);
-    p->unit_mask = ((uint64_t)1 << bit_length(p->total)) - 1u;
+    p->unit_mask = ((uint64_t)1 << zeal_bit_length(p->total)) - 1u;
     return ZEAL_OK;
 }
 
