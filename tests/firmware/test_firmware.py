@@ -141,7 +141,9 @@ def test_the_band_start_is_pythons_bit_for_bit(host: dict[str, Path], name: str)
         ]
     )
     values = np.clip(value_of(name, readings), params.lower, params.upper)
-    out = run(host["plain"], "starts", profile_of(name).hex(), stdin="\n".join(map(str, readings)))
+    out = run(
+        host["sanitized"], "starts", profile_of(name).hex(), stdin="\n".join(map(str, readings))
+    )
     assert np.array_equal(np.array(out.split(), dtype=np.int64), grid.fixed_starts(values))
 
 

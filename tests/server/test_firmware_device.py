@@ -1,0 +1,75 @@
+"""The firmware library end to end: the libmosquitto example device (edge/firmware, in C)
+publishes through a real Mosquitto to the real server, and the served average equals
+zeal's estimate over the codes the device logged, exactly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.server.test_collector_mqtt import stats, wait_until
+from tools.testbed.broker import Mosquitto
+from zeal.firmware import profile_bytes
+from zeal.streamconfig import read_config
+from zeal_server.api import create_app
+from zeal_server.settings import ServerSettings
+
+pytestmark = pytest.mark.integration
+
+FIRMWARE = Path(__file__).resolve().parents[2] / "edge" / "firmware"
+READINGS = 1000
+
+
+@pytest.fixture
+def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
+    """The real server on the broker; readings of the last day are accepted (backfill)."""
+    env = {"ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": broker.url}
+    settings = ServerSettings.from_env({**env, "ZEAL_BACKFILL_SECONDS": "86400"})
+    with TestClient(create_app(settings)) as c:
+        wait_until(lambda: c.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        yield c
+
+
+def test_the_c_device_publishes_and_the_served_average_is_its_codes_estimate(
+    client: TestClient, broker: Mosquitto, tmp_path: Path, seattle: np.ndarray
+) -> None:
+    """1,000 of the bundled temperatures, in tenths of a degree, privatized on the C device
+    and sent in batches of 60 with QoS 1: the server stores all of them, and /average is
+    exactly Zeal.estimate_mean over the codes the device logged."""
+    subprocess.run(["make", "-s", "-C", str(FIRMWARE), "device"], check=True)
+    body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "max_epsilon_per_day": 1e6}
+    assert client.post("/api/v1/streams", json=body).status_code == 201
+    config = read_config(json.dumps(client.get("/api/v1/streams/temps/config").json()))
+    profile = profile_bytes(config.params, stream="temps", device="c-device", unit=0.1)
+    now = int(time.time()) * 1000  # the last 1,000 seconds, one reading a second
+    lines = [f"{now - 1000 * (READINGS - i)},{v}\n" for i, v in enumerate(seattle[:READINGS])]
+    csv = tmp_path / "readings.csv"
+    csv.write_text("".join(lines))
+    log = tmp_path / "codes.log"
+    command = [str(FIRMWARE / "build" / "zeal-device"), "--profile", profile.hex()]
+    command += ["--stream", "temps", "--device", "c-device", "--csv", str(csv)]
+    command += ["--port", str(broker.port), "--batch", "60", "--log", str(log)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("acknowledged") == -(-READINGS // 60)
+
+    logged = np.array([line.split() for line in log.read_text().splitlines()], dtype=np.int64)
+    assert len(logged) == READINGS
+    wait_until(lambda: stats(client)["readings"] == READINGS, what="the device's readings")
+    served = client.get("/api/v1/streams/temps/average").json()
+    expected = config.params.estimate_mean(logged[:, 1].astype(np.uint64))
+    assert served["n"] == READINGS
+    assert served["estimate"]["mean"] == expected.mean
+    assert stats(client)["rejects"] == {}
+    print(
+        f"C device: {READINGS} readings in {result.stdout.count('acknowledged')} batches; "
+        f"served {served['estimate']['mean']!r} == estimate over its logged codes "
+        f"{expected.mean!r} (true mean {float(np.mean(seattle[:READINGS])):.3f})"
+    )
