@@ -31,6 +31,9 @@ from zeal_edge.records import Halt, NamespaceStatus, PendingBatch, SealedBatch
 
 __all__ = ["Outbox"]
 
+#: How long a namespace that never set a budget window keeps its per-second spend.
+_UNSET_WINDOW_S = 7 * 86_400
+
 
 def namespace_of(stream: str, device: str) -> str:
     """The namespace key of a stream and device (both are single topic levels)."""
@@ -48,6 +51,7 @@ class Outbox:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        self._pruned_ms = -(1 << 62)
         present = {row[1] for row in self._db.execute("PRAGMA table_info(namespaces)")}
         for column, kind in ADDED_COLUMNS.items():
             if column not in present:
@@ -199,6 +203,19 @@ class Outbox:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+            if now_ms - self._pruned_ms >= 60_000:  # at most once a minute
+                self._prune_spend(second)
+
+    def _prune_spend(self, second: int) -> None:
+        """Forget spend older than the longest budget window each namespace was run with
+        (a week if it never set one): the per-second ledger would otherwise grow by a row
+        per committed second, forever. The policy's day and hour ledgers are kept."""
+        self._db.execute(
+            "DELETE FROM spend WHERE second <= ? - COALESCE((SELECT kept_window_s FROM "
+            "namespaces n WHERE n.namespace = spend.namespace), ?)",
+            (second, _UNSET_WINDOW_S),
+        )
+        self._pruned_ms = second * 1000
 
     def pending(self, namespace: str | None = None, *, limit: int = 1000) -> list[PendingBatch]:
         """Unacknowledged batches in sequence order (per namespace), oldest first."""
@@ -293,8 +310,9 @@ class Outbox:
         with self._lock:
             self._db.execute(
                 "UPDATE namespaces SET cost_micro = ?, cap_micro = ?, window_s = ?, "
-                "day_cap_micro = ? WHERE namespace = ?",
-                (cost_micro, cap_micro, window_s, day_cap_micro, namespace),
+                "day_cap_micro = ?, kept_window_s = MAX(COALESCE(kept_window_s, 0), ?) "
+                "WHERE namespace = ?",
+                (cost_micro, cap_micro, window_s, day_cap_micro, window_s, namespace),
             )
 
     def record_skips(

@@ -67,6 +67,8 @@ ADDED_COLUMNS = {
     "halt": "TEXT",
     "day_cap_micro": "INTEGER",
     "skipped_policy": "INTEGER NOT NULL DEFAULT 0",
+    # the longest --budget-window used: spend older than it is pruned (kept a week if unset)
+    "kept_window_s": "INTEGER",
 }
 
 

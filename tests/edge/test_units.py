@@ -179,6 +179,33 @@ def test_outbox_commits_atomically_and_in_sequence(tmp_path: Path) -> None:
     box.close()
 
 
+def test_the_per_second_spend_is_pruned_beyond_the_longest_budget_window(tmp_path: Path) -> None:
+    """An agent committing a batch a second for an hour keeps at most its window (plus a
+    minute between prunes) of per-second spend rows, never one inside the window; a longer
+    window later keeps more from then on; the policy's day ledger is never pruned."""
+    box = Outbox(tmp_path / "o.sqlite")
+    ns = box.ensure("s", "d")
+    box.set_policy(ns, cost_micro=10, cap_micro=None, window_s=60)
+    t0 = 1_000_000_000
+    for k in range(3600):
+        batch = SealedBatch(ns, k, b"x", 1, 10, days=((t0 // 86_400_000, 10),))
+        box.commit_batches([batch], now_ms=t0 + 1000 * k, fingerprint="f")
+    now = t0 + 1000 * 3599
+    rows = box._db.execute("SELECT COUNT(*) FROM spend").fetchone()[0]
+    assert 60 <= rows <= 121
+    assert box.spent(ns, now_ms=now, window_s=60) == 60 * 10  # the window is whole
+    assert sum(box.spent_by_day(ns, 0).values()) == 3600 * 10  # the day ledger is not pruned
+    box.set_policy(ns, cost_micro=10, cap_micro=None, window_s=600)
+    for k in range(3600, 4800):
+        box.commit_batches([SealedBatch(ns, k, b"x", 1, 10)], now_ms=t0 + 1000 * k, fingerprint="f")
+    assert box.spent(ns, now_ms=t0 + 1000 * 4799, window_s=600) == 600 * 10
+    box.set_policy(ns, cost_micro=10, cap_micro=None, window_s=60)  # kept stays at 600
+    box.commit_batches([SealedBatch(ns, 4800, b"x", 1, 10)], now_ms=t0 + 4_860_000, fingerprint="f")
+    # the rows of seconds 4261-4799 are still there: a shorter window does not prune them
+    assert box.spent(ns, now_ms=t0 + 4_860_000, window_s=600) == (4799 - 4260) * 10 + 10
+    box.close()
+
+
 def test_the_batcher_seals_commits_and_queues_drafts_in_one_transaction(tmp_path: Path) -> None:
     """Drafts of several devices become decodable batches with each namespace's next
     sequence, committed together with their spend; sequences follow the outbox (a sequence
