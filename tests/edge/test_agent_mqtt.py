@@ -219,9 +219,11 @@ def test_sigkill_with_unsent_batches_then_restart_sends_each_once(
         time.sleep(0.2)
         if db.exists():
             with sqlite3.connect(db) as conn:
-                stored = {
-                    s: bytes(p) for s, p in conn.execute("SELECT sequence, payload FROM batches")
-                }
+                try:
+                    rows = conn.execute("SELECT sequence, payload FROM batches").fetchall()
+                except sqlite3.OperationalError:  # the agent is still creating its tables
+                    continue
+                stored = {s: bytes(p) for s, p in rows}
     agent.send_signal(signal.SIGKILL)
     agent.wait(timeout=10)
     assert len(stored) == 10, (stored.keys(), agent.stderr.read() if agent.stderr else "")
