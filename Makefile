@@ -43,6 +43,7 @@ bench: install
 	$(BIN)/python bench/comparison.py   # group comparisons on simulated fleets: bench/COMPARISON.md
 	$(BIN)/python bench/bayes.py        # Bayes estimates for small windows: bench/BAYES.md
 	$(BIN)/python bench/report.py   # baselines side by side: writes bench/REPORT.md (+ server speed)
+	$(BIN)/python bench/message_cost.py --out bench/message_cost.json  # collector vs a bare subscriber
 
 reliability: install   # the timed parts of docs/reliability.md (not in make test)
 	$(BIN)/python bench/flood.py --out bench/flood.json             # about 3 minutes

@@ -255,18 +255,17 @@ def hours_at_cap(session: Session, device_ids: list[int], day: int, cap: int) ->
 
 
 def charge_days(
-    session: Session,
     allowed: tuple[int, int],
     device_id: int,
     timestamps: npt.NDArray[np.int64],
-    statement: Callable[[Session, str], Any],
+    run: Callable[[str, dict[str, int]], Any],
 ) -> bool:
     """Book a batch's readings on its device's privacy ledger, per UTC day and per UTC hour
     of their timestamps, if every day and every hour stays within `allowed` (the stream's
     readings per day and per hour); else book nothing (False). Each period is one
-    conditional upsert (compiled once: `statement` is the ingest's cache) that takes the
-    period's row lock, so collectors sharing the database cannot together let a device past
-    either cap."""
+    conditional upsert (`run` executes the ingest's compiled statements and gives their
+    first row) that takes the period's row lock, so collectors sharing the database cannot
+    together let a device past either cap."""
     plan = [
         (kind, tally(timestamps, size), cap)
         for kind, size, cap in (("day", DAY_MS, allowed[0]), ("hour", HOUR_MS, allowed[1]))
@@ -277,10 +276,9 @@ def charge_days(
     for kind, pairs, cap in plan:
         for period, count in pairs:
             row = {"did": device_id, "period": period, "n": count, "allowed": cap}
-            if session.execute(statement(session, f"charge_{kind}"), row).first() is None:
+            if run(f"charge_{kind}", row) is None:
                 for done_kind, done, k in booked:  # the batch is refused whole
-                    undo = {"did": device_id, "period": done, "n": k}
-                    session.execute(statement(session, f"uncharge_{done_kind}"), undo)
+                    run(f"uncharge_{done_kind}", {"did": device_id, "period": done, "n": k})
                 return False
             booked.append((kind, period, count))
     return True

@@ -45,7 +45,7 @@ from zeal_server.models import (
     Stream,
 )
 from zeal_server.streams import StoreError, insert_for, params_of, stream_by_name
-from zeal_server.writes import StreamEntry, Writes, build_statement, collect, write
+from zeal_server.writes import Raw, StreamEntry, Writes, build_statement, collect, write
 
 #: The wire reason of a payload made with other parameters (or for another topic).
 FOREIGN = "fingerprint_mismatch"
@@ -106,6 +106,7 @@ class Ingest:
         self._reject_keys: dict[tuple[str, str], None] = {}
         self._reject_rows: tuple[int, float] = (0, -1e18)  # (rows, when counted)
         self._statements: dict[tuple[str, str], Any] = {}
+        self._raw = Raw()
 
     def forget(self) -> None:
         """Drop caches (after a rollback, ids created in it are gone)."""
@@ -249,7 +250,10 @@ class Ingest:
         executemany per table.
         """
         writes = Writes()
-        outcomes = [self._one(session, t, p, ms, writes) for t, p, ms in messages]
+        try:
+            outcomes = [self._one(session, t, p, ms, writes) for t, p, ms in messages]
+        finally:
+            self._raw.close()
         write(session, writes, self._statement)
         return outcomes
 
@@ -301,7 +305,7 @@ class Ingest:
         }
         # RETURNING tells whether the row went in; rowcount is not reliable for
         # ON CONFLICT DO NOTHING across drivers (psycopg reported 1 for a duplicate).
-        inserted = session.execute(self._statement(session, "seen"), row).first()
+        inserted = self._raw.first(session, "seen", row)
         dev = writes.device(device_id, received_ms)
         last_sequence = None
         if inserted is None:
@@ -317,7 +321,10 @@ class Ingest:
             daily is not None
             and hourly is not None
             and not charge_days(
-                session, (daily, hourly), device_id, batch.timestamps, self._statement
+                (daily, hourly),
+                device_id,
+                batch.timestamps,
+                lambda name, values: self._raw.first(session, name, values),
             )
         ):
             session.execute(

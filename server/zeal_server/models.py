@@ -188,8 +188,9 @@ class BucketTotal(_Sums, Base):
 class Segment(Base):
     """Columnar codes of one stream and time bucket: codes, timestamps, device ids.
 
-    Arriving batches land as small raw parts; compaction merges a closed bucket's parts
-    into one zstandard-compressed segment sorted by (device, time).
+    Arriving batches land as small raw parts (one per bucket and transaction); compaction
+    merges a closed bucket's parts into one zstandard-compressed segment sorted by (device,
+    time).
     """
 
     __tablename__ = "segments"

@@ -88,9 +88,13 @@ def tally(
 ) -> list[tuple[int, int]]:
     """(period, readings) for each UTC period (DAY_MS, HOUR_MS) the timestamps fall in, in
     order: the entries a ledger books for one batch."""
+    if len(timestamps) <= 4:  # one-reading messages: plain integers are far cheaper
+        counted: dict[int, int] = {}
+        for stamp in timestamps:
+            period = int(stamp) // period_ms
+            counted[period] = counted.get(period, 0) + 1
+        return sorted(counted.items())
     periods = np.asarray(timestamps, dtype=np.int64) // period_ms
-    if len(periods) == 0:
-        return []
     if (periods == periods[0]).all():  # the usual batch lies in one period
         return [(int(periods[0]), len(periods))]
     found, counts = np.unique(periods, return_counts=True)

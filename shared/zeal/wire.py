@@ -22,6 +22,7 @@ encoded and never raises anything else.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -151,10 +152,13 @@ def wire_fingerprint(params: WireParams, stream: str, device: str) -> bytes:
     batch replayed under another device's name, or on another stream with the same
     parameters, fails with ``fingerprint_mismatch`` (wire v1 bound only the device).
     """
-    digest = hashlib.sha256(
-        params.fingerprint + b"/" + stream.encode() + b"/" + device.encode()
-    ).digest()
-    return digest[:FINGERPRINT_BYTES]
+    return _wire_fingerprint(params.fingerprint, stream, device)
+
+
+@functools.lru_cache(maxsize=1 << 16)  # a collector decodes the same devices' batches over again
+def _wire_fingerprint(fingerprint: bytes, stream: str, device: str) -> bytes:
+    digest = hashlib.sha256(fingerprint + b"/" + stream.encode() + b"/" + device.encode())
+    return digest.digest()[:FINGERPRINT_BYTES]
 
 
 def _period(timestamps: npt.NDArray[np.int64]) -> int | None:
@@ -211,6 +215,12 @@ def _pack(codes: npt.NDArray[np.uint64], bits: int) -> bytes:
 
 
 def _unpack(data: bytes, count: int, bits: int) -> npt.NDArray[np.uint64]:
+    if count == 1:  # one reading: an integer shift, not bit planes
+        value = int.from_bytes(data, "big")
+        spare = 8 * len(data) - bits
+        if value & ((1 << spare) - 1):
+            raise WireError("bad_padding", "padding bits after the last code are not zero")
+        return np.array([value >> spare], dtype=np.uint64)
     planes = np.unpackbits(np.frombuffer(data, dtype=np.uint8))
     if planes[count * bits :].any():
         raise WireError("bad_padding", "padding bits after the last code are not zero")
