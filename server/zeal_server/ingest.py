@@ -13,6 +13,7 @@ the stream's privacy policy (readings per UTC day and per UTC hour) is refused w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from dataclasses import dataclass, replace
@@ -250,7 +251,7 @@ class Ingest:
         executemany per table.
         """
         writes = Writes()
-        try:
+        try:  # the per-message statements' cursor lives as long as this batch of messages
             outcomes = [self._one(session, t, p, ms, writes) for t, p, ms in messages]
         finally:
             self._raw.close()
@@ -317,15 +318,11 @@ class Ingest:
                 select(func.max(BatchSeen.sequence)).where(BatchSeen.device_id == device_id)
             )
         daily, hourly = entry.params.readings_per_day, entry.params.readings_per_hour
+        run = functools.partial(self._raw.first, session)
         if (
             daily is not None
             and hourly is not None
-            and not charge_days(
-                (daily, hourly),
-                device_id,
-                batch.timestamps,
-                lambda name, values: self._raw.first(session, name, values),
-            )
+            and not charge_days((daily, hourly), device_id, batch.timestamps, run)
         ):
             session.execute(
                 delete(BatchSeen).where(
