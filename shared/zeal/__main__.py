@@ -78,7 +78,14 @@ def _firmware(args: argparse.Namespace) -> int:
     from zeal.protocol import check_name
     from zeal.streamconfig import read_config
 
-    config = read_config(Path(args.config).read_text())
+    try:
+        text = Path(args.config).read_text()
+    except OSError as exc:
+        print(
+            f"error: cannot read the configuration {args.config}: {exc.strerror}", file=sys.stderr
+        )
+        return 2
+    config = read_config(text)
     blob = profile_bytes(
         config.params,
         stream=config.stream,

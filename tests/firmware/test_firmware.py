@@ -352,6 +352,12 @@ def test_the_command_line_makes_a_devices_profile_from_the_streams_configuration
     bad = subprocess.run([*command, "--device", "a/b"], capture_output=True, text=True)
     assert bad.returncode == 2
     assert "device" in bad.stderr
+    missing = [sys.executable, "-m", "zeal", "firmware-profile", "--config", str(tmp_path / "no")]
+    absent = subprocess.run(
+        [*missing, "--device", "d", "--reading-unit", "0.1"], capture_output=True, text=True
+    )
+    assert absent.returncode == 2
+    assert "cannot read the configuration" in absent.stderr
 
 
 def test_on_a_cortex_m0_perturb_and_encode_fit_in_4_kb_of_flash() -> None:
