@@ -49,6 +49,7 @@ reliability: install   # the timed parts of docs/reliability.md (not in make tes
 	$(BIN)/python bench/flood.py --out bench/flood.json             # about 3 minutes
 	$(BIN)/python bench/reliability.py --out bench/reliability.json # 10 minutes
 	$(BIN)/python bench/hostile.py --out bench/hostile.json         # about 2 minutes
+	$(BIN)/python bench/cluster_throughput.py --out bench/cluster.json  # NATS cluster, 1 and 2 collectors
 
 bench-quick: install
 	$(BIN)/python bench/report.py --quick --out $(or $(OUT),bench-quick)

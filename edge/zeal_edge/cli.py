@@ -35,7 +35,7 @@ from zeal_edge.sources import Source, WindowMeans, open_source
 __all__ = ["main"]
 
 _RUN = {s.name for s in SETTINGS}
-_BROKER = {"broker", "username", "password", "ca_file", "cert_file", "key_file"}
+_BROKER = {"broker", "protocol", "username", "password", "ca_file", "cert_file", "key_file"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -79,6 +79,7 @@ def _broker(values: dict[str, Any]) -> Any:
         ca_file=values["ca_file"],
         cert_file=values["cert_file"],
         key_file=values["key_file"],
+        protocol=values["protocol"],
     )
 
 

@@ -1,4 +1,4 @@
-"""The agent's MQTT connection (paho-mqtt 2.x, MQTT v5).
+"""The agent's MQTT connection (paho-mqtt 2.x, MQTT v5 or 3.1.1).
 
 Callbacks run on paho's network thread and only hand events to queues; the agent's own
 thread does all database work. paho keeps QoS 1 messages it has not seen acknowledged and
@@ -62,6 +62,13 @@ class Connection:
         self._stopping = False
         self._last_failure_log = -1e18
         self._suback_mid: int | None = None
+        if settings.protocol == "3.1.1":
+            log.warning(
+                "MQTT 3.1.1: a broker acknowledges a publish its ACL denies like a delivered "
+                "one (3.1.1 has no reason codes), so such a batch leaves the outbox unseen "
+                "by the collector; check that %s may write its data topic (docs/edge-agent.md)",
+                client_id,
+            )
         client = make_client(settings, client_id)
         if will is not None:  # published (retained) by the broker if we vanish
             client.will_set(will[0], will[1], qos=1, retain=True)

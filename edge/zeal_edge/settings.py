@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zeal.brokerurl import parse_protocol
 from zeal.protocol import check_name
 from zeal.topics import PREFIX
 from zeal_edge.errors import SettingsError
@@ -96,6 +97,14 @@ SETTINGS: tuple[Setting, ...] = (
         "mqtt://127.0.0.1:1883",
         "ZEAL_MQTT_URL",
         "broker URL, mqtt://host:port or mqtts://host:port (TLS)",
+    ),
+    Setting(
+        "protocol",
+        parse_protocol,
+        "5",
+        "ZEAL_MQTT_PROTOCOL",
+        "MQTT version, 5 or 3.1.1 (3.1.1 cannot report a publish the broker refused: "
+        "docs/edge-agent.md)",
     ),
     Setting("username", str, None, "ZEAL_MQTT_USERNAME", "broker username"),
     Setting(

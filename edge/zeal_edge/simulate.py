@@ -38,6 +38,7 @@ log = logging.getLogger("zeal_edge.simulate")
 _SETTINGS = {
     "stream",
     "broker",
+    "protocol",
     "username",
     "password",
     "ca_file",
@@ -180,6 +181,7 @@ def _connection(values: dict[str, object], stream: str, prefix: str) -> Connecti
         ca_file=values["ca_file"],
         cert_file=values["cert_file"],
         key_file=values["key_file"],
+        protocol=values["protocol"],
     )
     return Connection(
         broker,

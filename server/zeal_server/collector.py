@@ -1,9 +1,9 @@
 """The MQTT collector: shared subscription, manual acknowledgement after commit.
 
-paho's network thread only puts messages on a bounded queue (``put`` blocks when it is full,
-so a slow database slows reading from the broker instead of dropping anything; the broker
-holds the rest for our persistent session). One writer thread takes up to ``batch_max``
-messages at a time, validates and stores them in one transaction, commits, and only then
+Back-pressure is the broker's (MQTT v5 Receive Maximum = ``ZEAL_COLLECTOR_INFLIGHT``;
+docs/server.md says what happens when a broker sends more). With ``ZEAL_NATS_URL`` the data
+come from JetStream instead (``jetstream``), under the same limit. One writer thread takes
+up to ``batch_max`` messages at a time, stores them in one transaction, and only then
 acknowledges each (rejected ones too, so they do not loop). If the database fails, the
 transaction is rolled back, nothing is acknowledged, and the same messages are retried
 with backoff until it answers again.
@@ -22,23 +22,20 @@ from collections import Counter
 from typing import Any, Literal
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
-from paho.mqtt.subscribeoptions import SubscribeOptions
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from zeal.brokerurl import Flapping, why_unreachable
-from zeal.mqttclient import make_client
+from zeal.mqttclient import connect_persistent, make_client
 from zeal.topics import (
-    CONFIG_FILTER,
     MAX_TOPIC_LENGTH,
     parse_config_topic,
 )
-from zeal_server import door, identity, retention, store
+from zeal_server import chores, door, identity, store
 from zeal_server.configsync import ConfigSync
 from zeal_server.db import error_text as db_error_text
+from zeal_server.jetstream import JetStreamSource
 from zeal_server.metrics import CommitLags
 from zeal_server.notices import Notifier
 from zeal_server.settings import ServerSettings
@@ -56,7 +53,6 @@ class Collector:
         settings: ServerSettings,
         sessions: sessionmaker[Session],
         *,
-        queue_size: int = 20_000,
         batch_max: int = 2000,
         compact_every: float = 30.0,
         sync_every: float = 2.0,
@@ -64,7 +60,14 @@ class Collector:
         assert settings.broker is not None
         self.settings, self.sessions = settings, sessions
         self.sync_every = sync_every
-        self.queue: queue.Queue[door.Received] = queue.Queue(maxsize=queue_size)
+        self.queue: queue.Queue[door.Received] = queue.Queue(
+            maxsize=2 * settings.collector_inflight
+        )
+        #: Data messages queued (network thread) and acknowledged (writer thread): their
+        #: difference is what the collector holds unacknowledged.
+        self.received = self.acknowledged = 0
+        #: When the oldest message the writer holds arrived (ms), None when it holds none.
+        self.oldest_ms: int | None = None
         self.batch_max, self.compact_every = batch_max, compact_every
         self.ingest = store.Ingest(
             max_future_ms=settings.max_future_seconds * 1000,
@@ -94,7 +97,7 @@ class Collector:
         else:
             self.client_id = settings.collector_id
         broker = settings.broker
-        client = make_client(broker, self.client_id, manual_ack=True)
+        client = make_client(broker, self.client_id, manual_ack=True, persistent=True)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
@@ -105,6 +108,20 @@ class Collector:
             lambda topic, payload: client.publish(topic, payload, qos=1, retain=True), sessions
         )
         self.notices = Notifier(lambda topic, payload: client.publish(topic, payload, qos=1))
+        self.jetstream: JetStreamSource | None = None
+        if settings.nats_servers:
+            self.jetstream = JetStreamSource(
+                list(settings.nats_servers),
+                stream=settings.nats_stream,
+                consumer=settings.nats_consumer,
+                replicas=settings.nats_replicas,
+                inflight=settings.collector_inflight,
+                ack_wait=settings.nats_ack_wait,
+                name=self.client_id,
+                login=(broker.username, broker.password) if broker.username else None,
+            )
+            self.jetstream.offer = self._offer
+            self.jetstream.room = lambda: settings.collector_inflight - self.holding
         # The writer thread's own state.
         self.writer_error: str | None = None
         self._synced_connects = 0
@@ -118,17 +135,22 @@ class Collector:
     def start(self) -> None:
         broker = self.settings.broker
         assert broker is not None
-        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        properties.SessionExpiryInterval = 7 * 24 * 3600
-        self.client.connect_async(
-            broker.host, broker.port, keepalive=30, clean_start=False, properties=properties
+        connect_persistent(
+            self.client,
+            broker,
+            session_expiry=7 * 24 * 3600,
+            receive_maximum=self.settings.collector_inflight,
         )
         self.client.loop_start()
+        if self.jetstream is not None:
+            self.jetstream.start()
         self._writer.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._writer.join(timeout=30)
+        if self.jetstream is not None:
+            self.jetstream.stop()
         self.client.disconnect()
         self.client.loop_stop()
         if self._identity is not None:
@@ -166,15 +188,10 @@ class Collector:
             self.settings.broker.url if self.settings.broker else "?",
             topic,
         )
-        # Our own configuration messages are not echoed back (no_local); the retained ones
-        # of every stream arrive once, and other servers' changes as they happen.
-        # Retained data messages are never sent at subscription (retainHandling 2): a batch
-        # retained on a data topic would otherwise be replayed at every resubscribe.
         client.subscribe(
-            [
-                (topic, SubscribeOptions(qos=1, retainHandling=2)),
-                (CONFIG_FILTER, SubscribeOptions(qos=1, noLocal=True)),
-            ]
+            door.subscriptions(
+                topic, v311=client.protocol == mqtt.MQTTv311, data=self.jetstream is None
+            )
         )
 
     def _on_connect_fail(self, _client: mqtt.Client, _userdata: Any) -> None:
@@ -213,23 +230,34 @@ class Collector:
             self.configs.seen(stream, bytes(message.payload))
             client.ack(message.mid, message.qos)
             return
-        reason = door.refusal(
-            topic, retained=message.retain, size=len(message.payload), budget=self.budget
-        )
-        if reason is not None:
-            # Shed without decoding or queueing; acknowledged so the broker does not resend.
+        if not self._offer(topic, bytes(message.payload), message.mid, retained=message.retain):
+            client.ack(message.mid, message.qos)  # shed: so the broker does not resend it
+
+    @property
+    def holding(self) -> int:
+        """Data messages received and not yet acknowledged."""
+        return self.received - self.acknowledged
+
+    def _offer(self, topic: str, payload: bytes, token: int, *, retained: bool = False) -> bool:
+        """The door (zeal_server.door), for a data message from either source: False when it
+        is shed there (the source acknowledges it at once), True when it is queued for the
+        writer (`token` is what the source needs to acknowledge it after the commit)."""
+        reason = door.refusal(topic, retained=retained, size=len(payload), budget=self.budget)
+        if reason is not None:  # shed without decoding or queueing
             self.budget.spend(topic)
             self.shed.add(topic, reason)
             self.counts["rejected"] += 1
             self.counts[reason] += 1
             self.rejected_by[reason] += 1
-            client.ack(message.mid, message.qos)
-            return
-        self.queue.put(
-            door.Received(
-                topic, bytes(message.payload), message.mid, message.qos, int(time.time() * 1000)
-            )
-        )
+            return False
+        received = door.Received(topic, payload, token, 1, int(time.time() * 1000))
+        self.received += 1
+        try:
+            self.queue.put_nowait(received)
+        except queue.Full:  # the broker sent more than Receive Maximum (docs/server.md)
+            self.counts["queue_full"] += 1
+            self.queue.put(received)
+        return True
 
     # -- writer thread ----------------------------------------------------------------------
 
@@ -259,10 +287,12 @@ class Collector:
         while not (self._stop.is_set() and not pending and self.queue.empty()):
             self._keep_in_sync()
             if not pending:
+                self.oldest_ms = None
                 pending = door.take_batch(self.queue, self.batch_max)
                 if not pending:
                     self._idle()
                     continue
+                self.oldest_ms = pending[0].received_ms
                 if self._reload_streams.is_set():  # changed while it waited: applies to these
                     self._reload_streams.clear()
                     self.ingest.reload_streams()
@@ -271,7 +301,7 @@ class Collector:
                 return
             if outcome == "stored":
                 pending = []
-                self._record_dropped()
+                chores.record_shed(self.sessions, self.ingest, self.shed, self._log_rejects)
 
     def _keep_in_sync(self) -> None:
         """Sync the retained configurations when due (a new connection, a change, or every
@@ -294,10 +324,10 @@ class Collector:
 
     def _idle(self) -> None:
         """Nothing to store: record what was shed at the door, and compact when due."""
-        self._record_dropped()
+        chores.record_shed(self.sessions, self.ingest, self.shed, self._log_rejects)
         if time.monotonic() - self._last_compact > self.compact_every:
             self._last_compact = time.monotonic()
-            self._compact()
+            chores.housekeep(self.sessions, self.ingest, self.settings.max_future_seconds * 1000)
 
     def _commit(self, pending: list[door.Received]) -> Literal["stored", "retry", "stopped"]:
         """Store `pending` in one transaction and acknowledge each message ("stored"), or
@@ -325,8 +355,12 @@ class Collector:
         """After the commit: acknowledge every message, count it, and tell devices what
         needs their attention."""
         committed = time.time() * 1000
+        if self.jetstream is not None:
+            self.jetstream.ack([message.mid for message in pending])
         for message, outcome in zip(pending, outcomes, strict=True):
-            self.client.ack(message.mid, message.qos)
+            if self.jetstream is None:
+                self.client.ack(message.mid, message.qos)
+            self.acknowledged += 1
             self.counts[outcome.status] += 1
             if outcome.status == "stored":
                 self.counts["readings"] += outcome.readings
@@ -357,42 +391,8 @@ class Collector:
         self._backoff = min(self._backoff * 2, 10.0)
         return "stopped" if stopped else "retry"
 
-    def _record_dropped(self) -> None:
-        """Write the counts of messages shed at the door into the rejects table."""
-        shed = self.shed.take()
-        if not shed:
-            return
-        try:
-            with self.sessions() as session, session.begin():
-                for (stream, device, reason), count in shed.items():
-                    now = store.now_ms()
-                    self.ingest.reject(session, stream, device, reason, when=now, count=count)
-                    self._log_rejects.reject(reason, stream, device)
-        except SQLAlchemyError as exc:  # counts only; they are retried with the next batch
-            self.shed.give_back(shed)
-            log.error(
-                "could not record %d shed messages: %s", sum(shed.values()), db_error_text(exc)
-            )
-
     def _store(self, messages: list[door.Received]) -> list[store.Outcome]:
         with self.sessions() as session, session.begin():
             return self.ingest.add_many(
                 session, [(m.topic, m.payload, m.received_ms) for m in messages]
             )
-
-    def _compact(self) -> None:
-        """Housekeeping: compact closed buckets, and delete what is past each stream's
-        retention (whole buckets; zeal_server.retention)."""
-        lead = self.settings.max_future_seconds * 1000
-        try:
-            with self.sessions() as session, session.begin():
-                streams = store.list_streams(session)
-                self.ingest.refresh(streams)
-                self.ingest.prune_ledger(session, store.now_ms())
-                retention.housekeep(session, streams, store.now_ms(), clock_lead_ms=lead)
-        except SQLAlchemyError as exc:
-            log.error("housekeeping failed (will retry): %s", db_error_text(exc))
-        except Exception:
-            # Compaction decodes stored segments: a bug or a damaged segment there must not
-            # stop ingestion, so it is logged with its traceback and tried again later.
-            log.exception("housekeeping failed on an unexpected error (will retry)")

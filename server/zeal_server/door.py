@@ -11,11 +11,13 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from zeal import ParameterError
 from zeal.protocol import check_name
-from zeal.topics import DATA_FILTER, MAX_TOPIC_LENGTH, parse_data_topic
+from zeal.topics import CONFIG_FILTER, DATA_FILTER, MAX_TOPIC_LENGTH, parse_data_topic
 from zeal.wire import MAX_PAYLOAD_BYTES
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "data_subscription",
     "door_check",
     "refusal",
+    "subscriptions",
     "take_batch",
 ]
 
@@ -201,6 +204,25 @@ def data_subscription(share_group: str) -> str:
     survive restarts.
     """
     return f"$share/{share_group}/{DATA_FILTER}" if share_group else DATA_FILTER
+
+
+def subscriptions(data_topic: str, *, v311: bool, data: bool = True) -> list[tuple[str, Any]]:
+    """What the collector subscribes to: the data topic (unless the data come from
+    JetStream) and the stream configurations.
+
+    Under MQTT v5 our own configuration messages are not echoed back (no_local); the
+    retained ones of every stream arrive once, and other servers' changes as they happen.
+    Retained data messages are never sent at subscription (retainHandling 2): a batch
+    retained on a data topic would otherwise be replayed at every resubscribe. MQTT 3.1.1
+    has neither option: our own configurations come back (the sync finds them equal to
+    the database's and does nothing), and retained data messages are refused at the door.
+    """
+    if v311:
+        return [(data_topic, 1), (CONFIG_FILTER, 1)][0 if data else 1 :]
+    return [
+        (data_topic, SubscribeOptions(qos=1, retainHandling=2)),
+        (CONFIG_FILTER, SubscribeOptions(qos=1, noLocal=True)),
+    ][0 if data else 1 :]
 
 
 @dataclass(frozen=True)

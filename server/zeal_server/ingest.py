@@ -246,17 +246,17 @@ class Ingest:
     def add_many(self, session: Session, messages: list[tuple[str, bytes, int]]) -> list[Outcome]:
         """Validate messages and store the accepted ones, in the caller's transaction.
 
-        Each message is checked and deduplicated on its own; what the accepted ones add to
-        the aggregates, bucket totals, segments and device counters is then written with one
-        executemany per table.
+        Each message is checked and deduplicated on its own, in a stable topic order (all
+        collectors lock rows in one order: no deadlock); what the accepted ones add to the
+        aggregates, totals, segments and devices is then written by ``write``.
         """
-        writes = Writes()
+        writes, order = Writes(), sorted(range(len(messages)), key=lambda i: messages[i][0])
         try:  # the per-message statements' cursor lives as long as this batch of messages
-            outcomes = [self._one(session, t, p, ms, writes) for t, p, ms in messages]
+            outcomes = {i: self._one(session, *messages[i], writes) for i in order}
         finally:
             self._raw.close()
         write(session, writes, self._statement)
-        return outcomes
+        return [outcomes[i] for i in range(len(messages))]
 
     def _one(  # noqa: PLR0911 (one return per check, in the order docs/server.md lists them)
         self, session: Session, topic: str, payload: bytes, received_ms: int, writes: Writes

@@ -95,6 +95,9 @@ class CollectorFigures(Protocol):
     broker_connected: bool
     database_ok: bool
     lags: CommitLags
+    received: int
+    acknowledged: int
+    oldest_ms: int | None
 
 
 def commit_lag_histogram() -> Histogram:
@@ -141,6 +144,12 @@ class _ProcessFigures(PrometheusCollector):
             ),
             ("zeal_collector_connects", "connects", "Connections to the broker (this process)."),
             (
+                "zeal_collector_queue_full",
+                "queue_full",
+                "Messages that found the queue full, so paho's network thread waited: the "
+                "broker sent more than Receive Maximum (this process).",
+            ),
+            (
                 "zeal_collector_session_takeovers",
                 "session_taken_over",
                 "Times another client took the collector's session over (this process).",
@@ -151,6 +160,19 @@ class _ProcessFigures(PrometheusCollector):
             "zeal_collector_queue_messages",
             "Messages received and waiting to be stored (this process).",
             value=coll.queue.qsize() if coll else 0,
+        )
+        yield GaugeMetricFamily(
+            "zeal_collector_unacknowledged_messages",
+            "Data messages received and not yet acknowledged to the broker (this process; "
+            "at most ZEAL_COLLECTOR_INFLIGHT while the broker honours Receive Maximum).",
+            value=coll.received - coll.acknowledged if coll else 0,
+        )
+        oldest = coll.oldest_ms if coll else None
+        yield GaugeMetricFamily(
+            "zeal_collector_oldest_unacknowledged_seconds",
+            "Age of the oldest message the writer is storing (0 when idle): grows through a "
+            "database stall, while the commit lag is only observed after the commit.",
+            value=max(0.0, time.time() - oldest / 1000) if oldest is not None else 0.0,
         )
         yield GaugeMetricFamily(
             "zeal_collector_broker_connected",

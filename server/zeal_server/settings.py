@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
-from zeal.brokerurl import BrokerSettings, parse_broker_url
+from zeal.brokerurl import BrokerSettings, parse_broker_url, parse_protocol
 from zeal_server.errors import ServerError
 
 __all__ = ["VARIABLES", "ServerSettings", "SettingsError", "variables_help"]
@@ -27,6 +29,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "mqtt://127.0.0.1:1883",
         "broker (mqtts:// for TLS); off runs the API without a collector",
     ),
+    "ZEAL_MQTT_PROTOCOL": ("5", "MQTT version: 5 or 3.1.1 (for brokers that speak nothing newer)"),
+    "ZEAL_MQTT_KEEPALIVE": ("30", "seconds between keepalive pings to the broker (5 to 3600)"),
     "ZEAL_MQTT_USERNAME": ("none", "broker username"),
     "ZEAL_MQTT_PASSWORD": ("none", "broker password"),
     "ZEAL_MQTT_ADMIN_USERNAME": (
@@ -37,6 +41,23 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "ZEAL_MQTT_CA": ("none", "CA certificate file for mqtts://"),
     "ZEAL_MQTT_CERT": ("none", "client certificate file for mqtts://"),
     "ZEAL_MQTT_KEY": ("none", "client key file for mqtts://"),
+    "ZEAL_COLLECTOR_INFLIGHT": (
+        "20000",
+        "messages received but not yet committed, at most (the MQTT v5 Receive Maximum; "
+        "the broker holds the rest)",
+    ),
+    "ZEAL_NATS_URL": (
+        "none",
+        "NATS servers, comma-separated nats://host:port: the collector pulls data from "
+        "JetStream instead of subscribing over MQTT (deploy/SCALING.md)",
+    ),
+    "ZEAL_NATS_STREAM": ("ZEAL", "the JetStream stream that keeps the data topics"),
+    "ZEAL_NATS_CONSUMER": ("zeal-collectors", "the durable consumer all collectors share"),
+    "ZEAL_NATS_REPLICAS": ("3", "replicas of that stream and consumer (1 to 5)"),
+    "ZEAL_NATS_ACK_WAIT": (
+        "60",
+        "seconds before JetStream redelivers a message no collector acknowledged (5 to 3600)",
+    ),
     "ZEAL_SHARE_GROUP": ("none", "shared-subscription group, for several collectors"),
     "ZEAL_COLLECTOR_ID": (
         "claimed in ZEAL_DATA_DIR",
@@ -83,6 +104,14 @@ class ServerSettings:
     max_age_seconds: int = 7 * 86_400
     backfill_seconds: int = 300
     max_buckets_per_batch: int = 1440
+    #: Messages received and not yet committed, at most (ZEAL_COLLECTOR_INFLIGHT).
+    collector_inflight: int = 20_000
+    #: NATS servers to pull data from (JetStream); empty: data arrive over MQTT.
+    nats_servers: tuple[str, ...] = ()
+    nats_stream: str = "ZEAL"
+    nats_consumer: str = "zeal-collectors"
+    nats_replicas: int = 3
+    nats_ack_wait: int = 60
     #: The broker's dynamic security admin login (device provisioning); None: off.
     admin_username: str | None = None
     admin_password: str | None = None
@@ -108,9 +137,13 @@ class ServerSettings:
                     ca_file=env.get("ZEAL_MQTT_CA"),
                     cert_file=env.get("ZEAL_MQTT_CERT"),
                     key_file=env.get("ZEAL_MQTT_KEY"),
+                    keepalive=_whole(env, "ZEAL_MQTT_KEEPALIVE", 30, (5, 3600), "seconds"),
+                    protocol=_protocol(env.get("ZEAL_MQTT_PROTOCOL")),
                 )
             )
         except ValueError as exc:
+            if isinstance(exc, SettingsError):
+                raise
             raise SettingsError(f"ZEAL_MQTT_URL: {exc}") from exc
         operator = env.get("ZEAL_OPERATOR_TOKEN") or None
         if mode == "production" and operator is None:
@@ -130,11 +163,20 @@ class ServerSettings:
             )
         }
         buckets = _whole(env, "ZEAL_MAX_BUCKETS_PER_BATCH", 1440, (1, 65_535), "buckets")
+        inflight = _whole(env, "ZEAL_COLLECTOR_INFLIGHT", 20_000, (10, 65_535), "messages")
+        nats = _nats(env)
+        if nats["nats_servers"] and broker is None:
+            raise SettingsError(
+                "ZEAL_NATS_URL needs ZEAL_MQTT_URL too: the stream configurations reach the "
+                "devices over MQTT (a NATS node's MQTT listener)"
+            )
         return cls(
             max_future_seconds=limits["ZEAL_MAX_FUTURE_SECONDS"],
             max_age_seconds=limits["ZEAL_MAX_AGE_SECONDS"],
             backfill_seconds=limits["ZEAL_BACKFILL_SECONDS"],
             max_buckets_per_batch=buckets,
+            collector_inflight=inflight,
+            **nats,
             database_url=url,
             broker=broker,
             share_group=_share_group(env.get("ZEAL_SHARE_GROUP", "")),
@@ -166,6 +208,34 @@ def _whole(
     if not lo <= value <= hi:
         raise SettingsError(f"{name} must be {lo} to {hi} {what}, got {value}")
     return value
+
+
+def _nats(env: Mapping[str, str]) -> dict[str, Any]:
+    """The ZEAL_NATS_* settings, checked."""
+    servers = tuple(u.strip() for u in (env.get("ZEAL_NATS_URL") or "").split(",") if u.strip())
+    for url in servers:
+        parts = urlsplit(url)
+        if parts.scheme not in ("nats", "tls") or not parts.hostname:
+            raise SettingsError(f"ZEAL_NATS_URL: {url!r} must look like nats://host:port")
+    names = {}
+    for name, default in (("ZEAL_NATS_STREAM", "ZEAL"), ("ZEAL_NATS_CONSUMER", "zeal-collectors")):
+        names[name] = text = env.get(name) or default
+        if not (len(text) <= 64 and all(c.isalnum() or c in "-_" for c in text)):
+            raise SettingsError(f"{name} must be 1-64 letters, digits, '-' or '_', got {text!r}")
+    return {
+        "nats_servers": servers,
+        "nats_stream": names["ZEAL_NATS_STREAM"],
+        "nats_consumer": names["ZEAL_NATS_CONSUMER"],
+        "nats_replicas": _whole(env, "ZEAL_NATS_REPLICAS", 3, (1, 5), "replicas"),
+        "nats_ack_wait": _whole(env, "ZEAL_NATS_ACK_WAIT", 60, (5, 3600), "seconds"),
+    }
+
+
+def _protocol(text: str | None) -> str:
+    try:
+        return parse_protocol(text)
+    except ValueError as exc:
+        raise SettingsError(f"ZEAL_MQTT_PROTOCOL: {exc}") from exc
 
 
 def _collector_id(text: str | None) -> str | None:

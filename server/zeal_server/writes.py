@@ -187,7 +187,13 @@ def _segments(writes: Writes) -> list[dict[str, Any]]:
 
 
 def write(session: Session, writes: Writes, statement: Callable[[Session, str], Any]) -> None:
-    """Everything `writes` holds, one executemany per table."""
+    """Everything `writes` holds, one executemany per table.
+
+    Rows are updated in key order, table after table in one order, so that transactions of
+    collectors sharing a database take their row locks in one global order and never
+    deadlock. The bucket totals, which every device of a bucket updates, come last: their
+    locks are held only from there to the commit.
+    """
     if writes.aggregates:
         session.execute(
             statement(session, "aggregates"),
@@ -198,14 +204,7 @@ def write(session: Session, writes: Writes, statement: Callable[[Session, str], 
                     "device_id": d,
                     **dict(zip(VALUE_COLUMNS, v, strict=True)),
                 }
-                for (s, b, d), v in writes.aggregates.items()
-            ],
-        )
-        session.execute(
-            statement(session, "totals"),
-            [
-                {"stream_id": s, "bucket": b, **dict(zip(VALUE_COLUMNS, v, strict=True))}
-                for (s, b), v in writes.totals.items()
+                for (s, b, d), v in sorted(writes.aggregates.items())
             ],
         )
         session.execute(statement(session, "segments"), _segments(writes))
@@ -215,7 +214,15 @@ def write(session: Session, writes: Writes, statement: Callable[[Session, str], 
             [
                 {"did": d, "seen": v[0], "n": v[1], "b": v[2], "size": v[3]}
                 | {"dup": v[4], "rst": v[5]}
-                for d, v in writes.devices.items()
+                for d, v in sorted(writes.devices.items())
+            ],
+        )
+    if writes.totals:
+        session.execute(
+            statement(session, "totals"),
+            [
+                {"stream_id": s, "bucket": b, **dict(zip(VALUE_COLUMNS, v, strict=True))}
+                for (s, b), v in sorted(writes.totals.items())
             ],
         )
 

@@ -10,7 +10,18 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["BrokerSettings", "Flapping", "parse_broker_url", "why_unreachable"]
+__all__ = [
+    "PROTOCOLS",
+    "BrokerSettings",
+    "Flapping",
+    "parse_broker_url",
+    "parse_protocol",
+    "why_unreachable",
+]
+
+#: The MQTT versions Zeal speaks: 5 (the default) and 3.1.1, for brokers and bridges
+#: that speak nothing newer (NATS, RabbitMQ, Azure IoT Hub, older AWS IoT endpoints).
+PROTOCOLS = ("5", "3.1.1")
 
 
 @dataclass(frozen=True)
@@ -26,6 +37,8 @@ class BrokerSettings:
     cert_file: str | None = None
     key_file: str | None = None
     keepalive: int = 30
+    #: "5" or "3.1.1" (:data:`PROTOCOLS`).
+    protocol: str = "5"
 
     @property
     def url(self) -> str:
@@ -46,6 +59,16 @@ def parse_broker_url(url: str, **extra: Any) -> BrokerSettings:
     except ValueError as exc:
         raise ValueError(f"broker URL {url!r} has an invalid port") from exc
     return BrokerSettings(host=parts.hostname, port=port, tls=tls, **extra)
+
+
+def parse_protocol(text: str | None) -> str:
+    """``ZEAL_MQTT_PROTOCOL``: "5" (also "v5", "5.0"; the default when empty) or "3.1.1"
+    (also "v3.1.1", "311")."""
+    value = (text or "5").strip().lower().removeprefix("v")
+    value = {"5.0": "5", "311": "3.1.1"}.get(value, value)
+    if value not in PROTOCOLS:
+        raise ValueError(f"the MQTT protocol must be 5 or 3.1.1, got {text!r}")
+    return value
 
 
 def why_unreachable(settings: BrokerSettings, timeout: float = 2.0) -> str:

@@ -20,6 +20,7 @@ SECRETS = {
     "deploy/.env": "deploy/env.example",
     "deploy/mosquitto/passwd": None,
     "deploy/mosquitto/dynsec": None,  # the broker's device logins (dynamic security)
+    "deploy/nats/users.conf": "deploy/nats/users.conf.example",  # the NATS cluster's logins
 }
 KNOWN = set(VARIABLES) | {s.env for s in SETTINGS}
 _REFERENCE = re.compile(r"(?<!\$)\$\{?[A-Z_]")
@@ -104,6 +105,10 @@ def staged(root: Path, directory: Path) -> Path:
     shutil.copytree(root / "deploy", directory / "deploy", dirs_exist_ok=True)
     shutil.copy(directory / "deploy" / "env.example", directory / "deploy" / ".env")
     (directory / "deploy" / "mosquitto" / "passwd").touch()
+    shutil.copy(
+        directory / "deploy" / "nats" / "users.conf.example",
+        directory / "deploy" / "nats" / "users.conf",
+    )
     return directory
 
 

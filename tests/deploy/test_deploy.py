@@ -132,10 +132,41 @@ def _version(command: list[str]) -> str:
 def test_images_name_the_versions_the_tests_run(tmp_path: Path) -> None:
     """The broker and Prometheus images are pinned to the versions of the mosquitto and
     prometheus binaries these tests run, not to a moving major tag."""
-    resolved, _ = compose_config(staged(ROOT, tmp_path), "monitoring")
+    resolved, _ = compose_config(staged(ROOT, tmp_path), "monitoring", "cluster")
     images = {name: s.get("image", "") for name, s in resolved["services"].items()}
     assert images["mosquitto"] == f"eclipse-mosquitto:{_version(['mosquitto', '-h'])}"
     assert images["prometheus"] == f"prom/prometheus:v{_version(['prometheus', '--version'])}"
+    nats = subprocess.run(["nats-server", "--version"], capture_output=True, text=True).stdout
+    found = re.search(r"v(\d+\.\d+\.\d+)", nats)
+    assert found, nats
+    for node in ("nats1", "nats2", "nats3"):
+        assert images[node] == f"nats:{found.group(1)}"
+
+
+def test_the_cluster_profile_gives_its_collectors_what_they_need(tmp_path: Path) -> None:
+    """`docker-compose --profile cluster config`: three NATS nodes, each named, with the
+    deployment's config and logins; collectors whose settings the server accepts, pulling
+    from all three nodes, each claiming its own collector id (so they can be scaled)."""
+    resolved, warnings = compose_config(staged(ROOT, tmp_path), "cluster")
+    assert warnings == ""
+    services = resolved["services"]
+    for i in (1, 2, 3):
+        node = services[f"nats{i}"]
+        assert _environment(node)["NATS_NAME"] == f"nats{i}"
+        mounts = {v.split(":")[1] if isinstance(v, str) else v["target"] for v in node["volumes"]}
+        assert {"/etc/nats/nats.conf", "/etc/nats/users.conf", "/data"} <= mounts
+    env = _environment(services["collector"])
+    settings = ServerSettings.from_env(env)
+    assert settings.nats_servers == tuple(f"nats://nats{i}:4222" for i in (1, 2, 3))
+    assert settings.broker is not None
+    assert settings.broker.protocol == "3.1.1"
+    assert settings.collector_id is None
+    assert (settings.broker.username, settings.broker.password) == (
+        "zeal-collector",
+        "change-me-collector",
+    )
+    users = (ROOT / "deploy" / "nats" / "users.conf.example").read_text()
+    assert "user: zeal-collector\n      password: change-me-collector" in users
 
 
 class _Client:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -165,6 +166,36 @@ def fleet_command(broker_url: str, data_dir: Path, *args: str, stream: str = "te
         str(data_dir),
         *args,
     ]
+
+
+def seattle_rows(path: Path, n: int) -> Path:
+    """A CSV at `path` with the header and the first n rows of the Seattle temperatures."""
+    path.write_text("".join(SEATTLE.read_text().splitlines(keepends=True)[: n + 1]))
+    return path
+
+
+def run_agent(
+    broker_url: str, data_dir: Path, device: str, source: Path, *args: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`zeal-edge run` of stream temps to the end of a CSV (batches of 60, sent within a
+    second), waited for; `env` is added to the environment."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zeal_edge",
+            "run",
+            *("--stream", "temps", "--device", device, "--broker", broker_url),
+            *("--data-dir", str(data_dir), "--source", f"csv:{source}"),
+            *("--batch", "60", "--interval", "1", "--log-level", "INFO"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        check=False,
+    )
 
 
 def agent_status(data_dir: Path) -> list[dict[str, object]]:

@@ -52,6 +52,8 @@ class Server:
             self.env["ZEAL_COLLECTOR_ID"] = collector_id
         self.cwd = cwd
         self.log = log
+        #: How the server is run (a test may run it through a wrapper script).
+        self.launcher = [sys.executable, "-m", "zeal_server"]
         self.process: subprocess.Popen[bytes] | None = None
         self._output: IO[bytes] | None = None
         self.http = self._client()
@@ -63,7 +65,7 @@ class Server:
         self._release()
         self._output = self.log.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "zeal_server", "serve", "--port", str(self.port)],
+            [*self.launcher, "serve", "--port", str(self.port)],
             env=self.env,
             cwd=self.cwd,
             stdout=self._output,

@@ -23,6 +23,7 @@ from zeal_server.deps import (
     stream_or_404,
 )
 from zeal_server.influence import ALL_TIME, implausible
+from zeal_server.jetstream import name_problem
 from zeal_server.models import Device, Reject, Stream
 from zeal_server.schemas import DeletedOut, DeviceOut, DevicesOut, GroupOut, TagsIn
 
@@ -153,9 +154,12 @@ def groups(name: str, db: Db) -> list[GroupOut]:
     response_model=DeviceOut,
     responses={201: {"model": DeviceOut, "description": "enrolled"}},
 )
-def enroll(name: str, device: str, response: Response, db: Db) -> DeviceOut:
+def enroll(name: str, device: str, request: Request, response: Response, db: Db) -> DeviceOut:
     """Enroll a device (operator token): on a stream created with enrolled_only, only
-    enrolled devices may send. 201 when it is new, 200 when it exists already."""
+    enrolled devices may send. 201 when it is new, 200 when it exists already. On a NATS
+    deployment (ZEAL_NATS_URL) a name with a '.' is refused."""
+    if request.app.state.settings.nats_servers and (problem := name_problem("device", device)):
+        raise invalid("path", "device", problem)
     stream = stream_or_404(db, name)
     try:
         row, created = store.enroll(db, stream, device)

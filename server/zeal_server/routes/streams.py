@@ -19,6 +19,7 @@ from zeal_server.deps import (
     stream_or_404,
     stream_out,
 )
+from zeal_server.jetstream import name_problem
 from zeal_server.schemas import DeletedOut, StreamIn, StreamOut, StreamPatch
 
 __all__ = ["router"]
@@ -41,7 +42,11 @@ def list_streams(db: Db) -> list[StreamOut]:
     responses={409: {"description": "stream exists"}},
 )
 def create_stream(body: StreamIn, request: Request, db: Db) -> StreamOut:
-    """Create a stream (operator token); its parameters are then published for agents."""
+    """Create a stream (operator token); its parameters are then published for agents.
+    On a NATS deployment (ZEAL_NATS_URL) a name with a '.' is refused: NATS cannot carry
+    it in a subject."""
+    if request.app.state.settings.nats_servers and (problem := name_problem("stream", body.name)):
+        raise invalid("body", "name", problem)
     if store.stream_by_name(db, body.name) is not None:
         raise HTTPException(
             409,

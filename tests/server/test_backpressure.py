@@ -1,0 +1,183 @@
+"""Back-pressure the MQTT way: through a database stall longer than the keepalive, the
+broker holds the backlog (MQTT v5 Receive Maximum), the collector's connection stays up,
+and nothing is lost. Real Mosquitto, real server, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import paho.mqtt.client as mqtt
+import psycopg
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from tests.server.metrics_check import metric_samples
+from tools.testbed.broker import Mosquitto
+from tools.testbed.server import Server, batches, create, verify, wait_for, wait_until
+from zeal.topics import data_topic
+from zeal_server.settings import ServerSettings, SettingsError
+
+INFLIGHT = 100  # ZEAL_COLLECTOR_INFLIGHT: the broker may send this many unacknowledged
+KEEPALIVE = 5  # the broker drops a silent client after 1.5 x this
+STALL = 14.0  # seconds the database does not answer: longer than 2 x the keepalive
+DEVICES, PER_DEVICE = 10, 100  # 1,000 messages: ten times what the collector may hold
+
+
+@contextmanager
+def stalled(database_url: str, seconds: float) -> Iterator[threading.Event]:
+    """Another client holds the lock the collector's writes need for `seconds` (in a
+    thread; the event is set once the lock is held and cleared when it is released)."""
+    held = threading.Event()
+
+    def hold() -> None:
+        if database_url.startswith("sqlite:///"):
+            lite = sqlite3.connect(database_url.removeprefix("sqlite:///"), isolation_level=None)
+            lite.execute("BEGIN EXCLUSIVE")
+            held.set()
+            time.sleep(seconds)
+            lite.execute("COMMIT")
+            lite.close()
+        else:
+            url = database_url.replace("postgresql+psycopg://", "postgresql://")
+            with psycopg.connect(url) as conn:
+                conn.execute("LOCK TABLE batches IN ACCESS EXCLUSIVE MODE")
+                held.set()
+                time.sleep(seconds)
+        held.clear()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(10), "could not take the database lock"
+    try:
+        yield held
+    finally:
+        thread.join()
+
+
+def metrics(server: Server) -> dict[str, float]:
+    return {
+        name: value
+        for (name, labels), value in metric_samples(server.http.get("/metrics").text).items()
+        if not labels
+    }
+
+
+def publish_all(port: int, messages: list[tuple[str, bytes]]) -> None:
+    """A foreign publisher (QoS 1, MQTT v5) that waits for every PUBACK."""
+    client = mqtt.Client(
+        CallbackAPIVersion.VERSION2, client_id="stall-pub", protocol=MQTTProtocolVersion.MQTTv5
+    )
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    infos = [client.publish(topic, payload, qos=1) for topic, payload in messages]
+    for info in infos:
+        info.wait_for_publish(30)
+    client.disconnect()
+    client.loop_stop()
+
+
+def test_a_database_stall_longer_than_the_keepalive_leaves_the_backlog_at_the_broker(
+    database_url: str, tmp_path: Path
+) -> None:
+    # As deploy/mosquitto: no in-flight limit of the broker's own (Mosquitto's default, 20,
+    # would hide what the collector does), so only the collector's Receive Maximum holds.
+    broker = Mosquitto(tmp_path / "broker")
+    broker.config.write_text(broker.config.read_text() + "max_inflight_messages 0\n")
+    broker.start()
+    server = Server(database_url, broker, tmp_path / "server.log", collector_id="stall-test")
+    server.env.update(ZEAL_MQTT_KEEPALIVE=str(KEEPALIVE), ZEAL_COLLECTOR_INFLIGHT=str(INFLIGHT))
+    server.start()
+    try:
+        params = create(server)
+        messages = [
+            (data_topic("temps", f"d{d}"), payload)
+            for d in range(DEVICES)
+            for payload in batches(params, "temps", f"d{d}", PER_DEVICE)
+        ]
+        wait_until(lambda: metrics(server)["zeal_collector_connects_total"] >= 1, 10, "connect")
+        began = time.monotonic()
+        with stalled(database_url, STALL):
+            publish_all(broker.port, messages)  # the broker accepts all of them at once
+            wait_until(
+                lambda: metrics(server)["zeal_collector_unacknowledged_messages"] >= INFLIGHT,
+                10,
+                "the collector to hold its quota",
+            )
+            time.sleep(max(0.0, began + STALL - 2 - time.monotonic()))
+            during = metrics(server)
+        after = wait_for(server, {"messages": len(messages), "readings": 10 * len(messages)})
+        assert after == {"messages": len(messages), "readings": 10 * len(messages)}, (
+            after,
+            server.log.read_text()[-3000:],
+        )
+        final = metrics(server)
+        stored = metric_samples(server.http.get("/metrics").text)[
+            ("zeal_collector_messages_total", (("outcome", "stored"),))
+        ]
+    except httpx.TransportError:
+        raise AssertionError(server.log.read_text()[-3000:]) from None
+    finally:
+        server.stop()
+        broker.stop()
+    # The connection lasted: one connect, never a keepalive timeout at the broker.
+    assert during["zeal_collector_broker_connected"] == 1
+    assert final["zeal_collector_connects_total"] == 1, server.log.read_text()[-3000:]
+    assert "exceeded timeout" not in broker.log_tail(400)
+    # The broker sent what Receive Maximum allows, and held the other 900.
+    assert during["zeal_collector_unacknowledged_messages"] == INFLIGHT
+    assert during["zeal_collector_queue_messages"] <= INFLIGHT
+    assert during["zeal_collector_oldest_unacknowledged_seconds"] >= STALL - 4
+    # Each message stored once; the stall shows in the lags.
+    assert stored == len(messages)
+    assert final["zeal_collector_unacknowledged_messages"] == 0
+    assert final["zeal_collector_commit_lag_seconds_count"] == len(messages)
+    assert final["zeal_collector_commit_lag_seconds_sum"] >= INFLIGHT * (STALL - 4)
+    checked = verify(database_url)
+    assert "verify: OK" in checked, checked
+
+
+@pytest.mark.parametrize(
+    ("variables", "says"),
+    [
+        ({"ZEAL_MQTT_PROTOCOL": "4"}, "ZEAL_MQTT_PROTOCOL: the MQTT protocol must be 5 or 3.1.1"),
+        ({"ZEAL_MQTT_KEEPALIVE": "2"}, "ZEAL_MQTT_KEEPALIVE must be 5 to 3600 seconds"),
+        ({"ZEAL_COLLECTOR_INFLIGHT": "70000"}, "ZEAL_COLLECTOR_INFLIGHT must be 10 to 65535"),
+        ({"ZEAL_NATS_URL": "http://n1:4222"}, "ZEAL_NATS_URL: 'http://n1:4222' must look like"),
+        ({"ZEAL_NATS_URL": "nats://n1:4222", "ZEAL_NATS_REPLICAS": "7"}, "ZEAL_NATS_REPLICAS"),
+        ({"ZEAL_NATS_URL": "nats://n1:4222", "ZEAL_NATS_STREAM": "a.b"}, "ZEAL_NATS_STREAM"),
+        ({"ZEAL_NATS_URL": "nats://n1:4222", "ZEAL_MQTT_URL": "off"}, "needs ZEAL_MQTT_URL"),
+    ],
+)
+def test_bad_transport_settings_are_refused_with_the_setting_named(
+    variables: dict[str, str], says: str
+) -> None:
+    with pytest.raises(SettingsError, match=re.escape(says)):
+        ServerSettings.from_env(variables)
+
+
+def test_the_transport_settings_are_read() -> None:
+    got = ServerSettings.from_env(
+        {
+            "ZEAL_MQTT_PROTOCOL": "v3.1.1",
+            "ZEAL_MQTT_KEEPALIVE": "7",
+            "ZEAL_COLLECTOR_INFLIGHT": "500",
+            "ZEAL_NATS_URL": "nats://n1:4222, nats://n2:4222",
+            "ZEAL_NATS_ACK_WAIT": "9",
+        }
+    )
+    assert got.broker is not None
+    assert (got.broker.protocol, got.broker.keepalive, got.collector_inflight) == ("3.1.1", 7, 500)
+    assert got.nats_servers == ("nats://n1:4222", "nats://n2:4222")
+    assert (got.nats_stream, got.nats_consumer, got.nats_replicas, got.nats_ack_wait) == (
+        "ZEAL",
+        "zeal-collectors",
+        3,
+        9,
+    )

@@ -1,0 +1,140 @@
+"""A real NATS cluster for tests and benchmarks: Debian's nats-server, several nodes on
+loopback ports, JetStream on each (its own store), an MQTT listener on each."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from tools.testbed.broker import free_port, wait_for_port
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
+
+
+def deploy_config(node: int, cluster: NatsCluster) -> str:
+    """deploy/nats/nats.conf, unchanged but for addresses and the store directory: the
+    compose service names become loopback ports."""
+    text = (DEPLOY / "nats.conf").read_text()
+    for old, new in (
+        ("0.0.0.0:4222", f"127.0.0.1:{cluster.client_ports[node]}"),
+        ("0.0.0.0:8222", f"127.0.0.1:{cluster.http_ports[node]}"),
+        ("0.0.0.0:6222", f"127.0.0.1:{cluster.route_ports[node]}"),
+        ("0.0.0.0:1883", f"127.0.0.1:{cluster.mqtt_ports[node]}"),
+        ("store_dir: /data", f'store_dir: "{cluster.directory / f"js{node}"}"'),
+    ):
+        assert old in text, old
+        text = text.replace(old, new)
+    for peer in range(cluster.size):
+        text = text.replace(f"nats{peer + 1}:6222", f"127.0.0.1:{cluster.route_ports[peer]}")
+    return text
+
+
+class NatsCluster:
+    """`size` nats-server processes in one cluster; each can be killed and restarted.
+
+    With `users` (the text of a deploy/nats/users.conf), each node runs the deployment's
+    own nats.conf (addresses rewritten) with those logins."""
+
+    def __init__(self, directory: Path, size: int = 3, *, users: str | None = None) -> None:
+        self.directory, self.size = directory, size
+        self.client_ports = [free_port() for _ in range(size)]
+        self.route_ports = [free_port() for _ in range(size)]
+        self.mqtt_ports = [free_port() for _ in range(size)]
+        self.http_ports = [free_port() for _ in range(size)]
+        self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
+        directory.mkdir(parents=True, exist_ok=True)
+        routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in self.route_ports)
+        if users is not None:
+            (directory / "users.conf").write_text(users)
+        for i in range(size):
+            if users is not None:
+                (directory / f"n{i}.conf").write_text(deploy_config(i, self))
+                continue
+            (directory / f"n{i}.conf").write_text(
+                f"server_name: n{i}\n"
+                f"listen: 127.0.0.1:{self.client_ports[i]}\n"
+                f"http: 127.0.0.1:{self.http_ports[i]}\n"
+                f'jetstream {{ store_dir: "{directory / f"js{i}"}" }}\n'
+                f"cluster {{ name: zeal, listen: 127.0.0.1:{self.route_ports[i]}, "
+                f"routes: [{routes}] }}\n"
+                # MQTT's own streams (sessions, retained messages) replicated like the data.
+                f"mqtt {{ listen: 127.0.0.1:{self.mqtt_ports[i]}, stream_replicas: {size} }}\n"
+            )
+
+    @property
+    def nats_url(self) -> str:
+        """Every node, as ZEAL_NATS_URL takes them."""
+        return ",".join(f"nats://127.0.0.1:{p}" for p in self.client_ports)
+
+    @property
+    def url(self) -> str:
+        """The first node's MQTT listener (what a Server takes as its broker's url)."""
+        return self.mqtt_url(0)
+
+    def mqtt_url(self, node: int) -> str:
+        return f"mqtt://127.0.0.1:{self.mqtt_ports[node]}"
+
+    def start(self) -> NatsCluster:
+        for i in range(self.size):
+            self.start_node(i)
+        self.wait_ready()
+        return self
+
+    def start_node(self, node: int) -> None:
+        log = (self.directory / f"n{node}.log").open("ab")
+        self.processes[node] = subprocess.Popen(
+            ["nats-server", "-c", str(self.directory / f"n{node}.conf")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "NATS_NAME": f"nats{node + 1}"},
+        )
+        log.close()
+        wait_for_port(self.client_ports[node], timeout=20)
+
+    def kill_node(self, node: int) -> None:
+        process = self.processes[node]
+        assert process is not None
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+        self.processes[node] = None
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until every running node knows the JetStream meta leader and its MQTT listener
+        accepts connections."""
+        deadline = time.monotonic() + timeout
+        for i, process in enumerate(self.processes):
+            if process is None:
+                continue
+            while True:
+                try:
+                    with urllib.request.urlopen(
+                        f"http://127.0.0.1:{self.http_ports[i]}/jsz", timeout=2
+                    ) as answer:
+                        meta = json.load(answer).get("meta_cluster", {})
+                    if meta.get("leader"):
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"NATS node n{i} has no JetStream leader:\n{self.log(i)}")
+                time.sleep(0.2)
+            wait_for_port(self.mqtt_ports[i], timeout=max(1.0, deadline - time.monotonic()))
+
+    def log(self, node: int, lines: int = 30) -> str:
+        path = self.directory / f"n{node}.log"
+        return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
+
+    def stop(self) -> None:
+        for i, process in enumerate(self.processes):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            self.processes[i] = None
