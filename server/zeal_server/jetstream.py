@@ -5,7 +5,8 @@ Devices publish MQTT (3.1.1, QoS 1) to any node of a NATS cluster; NATS maps the
 JetStream stream (``ZEAL_NATS_STREAM``, replicated ``ZEAL_NATS_REPLICAS`` times) keeps.
 Every collector pulls from one durable consumer (``ZEAL_NATS_CONSUMER``) that they share:
 JetStream hands each message to one of them, and redelivers what is not acknowledged
-within ``ZEAL_NATS_ACK_WAIT`` seconds (a collector that died, or a database stall). A collector
+within ``ZEAL_NATS_ACK_WAIT`` seconds (a collector that died); through a database stall
+the collector keeps extending the wait of what it holds (``in_progress``). A collector
 acknowledges a message only after the transaction that stored it committed; a redelivered
 message that had been stored is a duplicate to the store (``batches``), so nothing is
 stored twice. The stream and the consumer are created by the first collector that finds
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -86,8 +88,12 @@ class JetStreamSource:
         self.last_error: str | None = None
         self._held: dict[int, Any] = {}  # token -> nats Msg, until acknowledged
         self._refused: list[Any] = []  # shed at the door: acknowledged after the fetch
+        self._logged = -1e18  # connection errors are logged once a minute
+        self._since: dict[int, float] = {}  # token -> when fetched (for in_progress)
+        self._last_progress = time.monotonic()
         self._next_token = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="zeal-jetstream", daemon=True)
         self.offer: Callable[[str, bytes, int], bool] = lambda _t, _p, _k: False
@@ -98,12 +104,17 @@ class JetStreamSource:
 
     def stop(self) -> None:
         self._stop.set()
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:  # also ends a connect still retrying
+            loop.call_soon_threadsafe(task.cancel)
         self._thread.join(timeout=15)
 
     def ack(self, tokens: list[int]) -> None:
         """Acknowledge these messages (writer thread, after the commit)."""
         loop = self._loop
         messages = [m for m in (self._held.pop(t, None) for t in tokens) if m is not None]
+        for token in tokens:
+            self._since.pop(token, None)
         if loop is None or not messages:
             return
         asyncio.run_coroutine_threadsafe(self._ack_all(messages), loop)
@@ -122,8 +133,11 @@ class JetStreamSource:
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
+        self._task = loop.create_task(self._main())
         try:
-            loop.run_until_complete(self._main())
+            loop.run_until_complete(self._task)
+        except asyncio.CancelledError:
+            pass  # stopped
         finally:
             loop.close()
 
@@ -147,6 +161,9 @@ class JetStreamSource:
             max_reconnect_attempts=-1,
             reconnect_time_wait=1,
             connect_timeout=5,
+            error_cb=self._error,
+            disconnected_cb=self._disconnected,
+            reconnected_cb=self._reconnected,
         )
         try:
             js = client.jetstream()
@@ -155,6 +172,7 @@ class JetStreamSource:
             self.connected, self.last_error = True, None
             log.info("collector %s pulls from JetStream %s", self.name, self.stream)
             while not self._stop.is_set():
+                await self._still_working()
                 room = min(FETCH_MAX, self.room())
                 if room < 1:
                     await asyncio.sleep(0.02)
@@ -171,9 +189,45 @@ class JetStreamSource:
             self.connected = False
             await client.close()
 
+    async def _error(self, exc: Exception) -> None:
+        """nats-py's errors (it retries by itself): kept for /readyz, logged once a minute."""
+        self.last_error = f"NATS {','.join(self.servers)}: {type(exc).__name__}: {exc}"
+        now = time.monotonic()
+        if now - self._logged >= 60:
+            self._logged = now
+            log.error("%s; retrying (logged once a minute)", self.last_error)
+
+    async def _disconnected(self) -> None:
+        self.connected = False
+
+    async def _reconnected(self) -> None:
+        self.connected, self.last_error = True, None
+        log.info("collector %s reconnected to NATS", self.name)
+
+    async def _still_working(self) -> None:
+        """Every third of the ack wait, tell JetStream that the messages held longer than
+        that are still being stored (``in_progress``): a database stall longer than the
+        ack wait then costs no redelivery (copies the writer would store as duplicates)."""
+        now = time.monotonic()
+        period = self.ack_wait / 3
+        if now - self._last_progress < period:
+            return
+        self._last_progress = now
+        for token, since in list(self._since.items()):
+            message = self._held.get(token)
+            if message is None:
+                self._since.pop(token, None)
+            elif now - since >= period:
+                try:
+                    await message.in_progress()
+                except Exception as exc:  # noqa: BLE001 (at worst a redelivery, a duplicate)
+                    log.warning("could not extend a JetStream message's ack wait: %s", exc)
+                    return
+
     def _take(self, message: Any) -> None:
         token = self._next_token = self._next_token + 1
         self._held[token] = message
+        self._since[token] = time.monotonic()
         if not self.offer(topic_of(message.subject), bytes(message.data), token):
             self._held.pop(token, None)
             self._refused.append(message)

@@ -179,6 +179,13 @@ class _ProcessFigures(PrometheusCollector):
             "1 while the collector is connected to the broker (this process).",
             value=int(bool(coll and coll.broker_connected)),
         )
+        source = getattr(coll, "jetstream", None)
+        yield GaugeMetricFamily(
+            "zeal_collector_jetstream_connected",
+            "1 while the collector pulls from NATS JetStream; 0 while it cannot (and when "
+            "the data come over MQTT instead: ZEAL_NATS_URL unset) (this process).",
+            value=int(bool(source is not None and source.connected)),
+        )
         yield GaugeMetricFamily(
             "zeal_collector_database_ok",
             "1 while the collector's last database write succeeded (this process).",

@@ -69,11 +69,13 @@ def metrics(server: Server) -> dict[str, float]:
     }
 
 
-def publish_all(port: int, messages: list[tuple[str, bytes]]) -> None:
-    """A foreign publisher (QoS 1, MQTT v5) that waits for every PUBACK."""
-    client = mqtt.Client(
-        CallbackAPIVersion.VERSION2, client_id="stall-pub", protocol=MQTTProtocolVersion.MQTTv5
-    )
+def publish_all(
+    port: int,
+    messages: list[tuple[str, bytes]],
+    protocol: MQTTProtocolVersion = MQTTProtocolVersion.MQTTv5,
+) -> None:
+    """A foreign publisher (QoS 1) that waits for every PUBACK."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="stall-pub", protocol=protocol)
     client.connect("127.0.0.1", port)
     client.loop_start()
     infos = [client.publish(topic, payload, qos=1) for topic, payload in messages]

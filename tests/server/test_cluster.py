@@ -6,6 +6,7 @@ collector that acknowledges before it commits loses readings."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import subprocess
@@ -15,17 +16,31 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
+import nats
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
+from paho.mqtt.enums import MQTTProtocolVersion
 
 from tests.server.metrics_check import metric_samples
 from tests.server.test_api import settings
-from tools.testbed.broker import fleet_command
+from tests.server.test_backpressure import publish_all, stalled
+from tools.testbed.broker import Mosquitto, fleet_command, free_port
 from tools.testbed.nats import NatsCluster
-from tools.testbed.server import Server, create, stats, stream_body, verify, wait_until
+from tools.testbed.server import (
+    Server,
+    batches,
+    create,
+    stats,
+    stream_body,
+    verify,
+    wait_until,
+)
+from zeal.topics import data_topic
 from zeal_server.api import create_app
+from zeal_server.settings import ServerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -187,3 +202,69 @@ def test_on_a_nats_deployment_names_nats_cannot_carry_are_refused(tmp_path: Path
             enrolled = client.put("/api/v1/streams/sitea/devices/dev.1")
             assert enrolled.status_code == (422 if expected == 422 else 201), enrolled.text
         (tmp_path / "zeal.sqlite").unlink()
+
+
+def test_without_its_jetstream_the_collector_is_not_ready_and_says_why(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """NATS unreachable (nothing listens on its port), the MQTT broker up: /readyz is 503
+    with jetstream "down" and the cause, and /metrics says 0."""
+    config = ServerSettings.from_env(
+        {
+            "ZEAL_DATABASE_URL": f"sqlite:///{tmp_path / 'zeal.sqlite'}",
+            "ZEAL_MQTT_URL": broker.url,
+            "ZEAL_COLLECTOR_ID": "no-jetstream",
+            "ZEAL_NATS_URL": f"nats://127.0.0.1:{free_port()}",
+        }
+    )
+    with TestClient(create_app(config)) as client:
+        collector: Any = client.app.state.collector  # type: ignore[attr-defined]
+        wait_until(lambda: collector.jetstream.last_error is not None, 20, "a NATS error")
+        wait_until(lambda: collector.broker_connected, 10, "the MQTT connection")
+        ready = client.get("/readyz")
+        samples = metric_samples(client.get("/metrics").text)
+    assert ready.status_code == 503
+    assert samples[("zeal_collector_jetstream_connected", ())] == 0
+    assert "NATS nats://127.0.0.1:" in collector.jetstream.last_error
+
+
+def test_a_database_stall_longer_than_the_ack_wait_costs_no_redelivery(tmp_path: Path) -> None:
+    """ZEAL_NATS_ACK_WAIT 5 s, the database locked for 14 s while 200 messages arrive: the
+    collector keeps extending the wait of what it holds, so JetStream redelivers nothing
+    and each message is stored once, none as a duplicate."""
+    cluster = NatsCluster(tmp_path / "nats").start()
+    database = f"sqlite:///{tmp_path / 'zeal.sqlite'}"
+    server = Server(database, cluster, tmp_path / "server.log", collector_id="stall")  # type: ignore[arg-type]
+    server.env.update(
+        ZEAL_NATS_URL=cluster.nats_url, ZEAL_NATS_ACK_WAIT="5", ZEAL_MQTT_PROTOCOL="3.1.1"
+    )
+    try:
+        server.start()
+        params = create(server)
+        wait_until(lambda: "pulls from JetStream" in server.log.read_text(), 30, "JetStream")
+        messages = [
+            (data_topic("temps", f"d{d}"), payload)
+            for d in range(4)
+            for payload in batches(params, "temps", f"d{d}", 50)
+        ]
+        with stalled(database, 14.0):
+            publish_all(cluster.mqtt_ports[1], messages, protocol=MQTTProtocolVersion.MQTTv311)
+            time.sleep(12)
+        wait_until(lambda: stats(server)["messages"] == len(messages), 30, "all stored")
+        samples = metric_samples(server.http.get("/metrics").text)
+        redelivered = asyncio.run(consumer_redeliveries(cluster.nats_url))
+    finally:
+        server.stop()
+        cluster.stop()
+    assert samples[("zeal_collector_messages_total", (("outcome", "stored"),))] == len(messages)
+    assert samples[("zeal_collector_messages_total", (("outcome", "duplicate"),))] == 0
+    assert redelivered == 0
+
+
+async def consumer_redeliveries(servers: str) -> int:
+    client = await nats.connect(servers=servers.split(","))
+    try:
+        info = await client.jetstream().consumer_info("ZEAL", "zeal-collectors")
+    finally:
+        await client.close()
+    return int(info.num_redelivered or 0)

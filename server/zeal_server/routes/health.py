@@ -28,7 +28,8 @@ router = APIRouter()
 
 
 def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
-    """(ready, what was checked) for readiness: the database and the broker connection."""
+    """(ready, what was checked) for readiness: the database, the broker connection and,
+    with ZEAL_NATS_URL, the JetStream consumer."""
     state = request.app.state
     body: dict[str, Any] = {}
     body["database"] = database_state(state.engine)
@@ -48,7 +49,11 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
         }
         if not coll.database_ok:
             body["database"] = "failing in the collector"
-    return body["database"] in ("ok", "busy") and body["broker"] != "down", body
+        if coll.jetstream is not None:  # the data come from NATS JetStream
+            body["jetstream"] = "ok" if coll.jetstream.connected else "down"
+            body["collector"]["jetstream_error"] = coll.jetstream.last_error
+    up = body["broker"] != "down" and body.get("jetstream") != "down"
+    return body["database"] in ("ok", "busy") and up, body
 
 
 def _answer(
