@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from zeal_server import retention, store
 from zeal_server.db import make_engine, migrate, session_factory
+from zeal_server.jetstream import name_problem
 from zeal_server.models import Device
 from zeal_server.provisioning import ProvisioningError, admin_for
 from zeal_server.settings import ServerSettings, SettingsError, variables_help
@@ -217,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         settings = ServerSettings.from_env(os.environ)
+        _nats_names(settings, args)
     except SettingsError as exc:
         return _fail(str(exc))
     if args.command == "devices":
@@ -234,6 +236,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc))
     finally:
         engine.dispose()
+
+
+def _nats_names(settings: ServerSettings, args: argparse.Namespace) -> None:
+    """With ZEAL_NATS_URL, a stream name NATS cannot carry is refused, as the API does."""
+    creating = args.command == "streams" and args.action == "create"
+    if settings.nats_servers and creating and (problem := name_problem("stream", args.name)):
+        raise SettingsError(problem)
 
 
 def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
@@ -345,20 +354,10 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
             "withdraws its configuration from the broker within seconds)"
         )
         return 0
+    fields = "name lower upper epsilon payload_bits exponent bucket_seconds description unit"
+    more = "enrolled_only retention_days max_epsilon_per_day"
     stream = store.create_stream(
-        session,
-        name=args.name,
-        lower=args.lower,
-        upper=args.upper,
-        epsilon=args.epsilon,
-        payload_bits=args.payload_bits,
-        exponent=args.exponent,
-        bucket_seconds=args.bucket_seconds,
-        description=args.description,
-        unit=args.unit,
-        enrolled_only=args.enrolled_only,
-        retention_days=args.retention_days,
-        max_epsilon_per_day=args.max_epsilon_per_day,
+        session, **{k: getattr(args, k) for k in f"{fields} {more}".split()}
     )
     session.commit()
     print(

@@ -27,6 +27,7 @@ from paho.mqtt.enums import MQTTProtocolVersion
 from tests.server.metrics_check import metric_samples
 from tests.server.test_api import settings
 from tests.server.test_backpressure import publish_all, stalled
+from tests.server.test_cli import zeal_server
 from tools.testbed.broker import Mosquitto, fleet_command, free_port
 from tools.testbed.nats import NatsCluster
 from tools.testbed.server import (
@@ -268,3 +269,13 @@ async def consumer_redeliveries(servers: str) -> int:
     finally:
         await client.close()
     return int(info.num_redelivered or 0)
+
+
+def test_the_command_line_refuses_the_same_names_on_a_nats_deployment(tmp_path: Path) -> None:
+    create = ("streams", "create", "site.a", "--lower", "0", "--upper", "1", "--epsilon", "1")
+    database = {"ZEAL_DATABASE_URL": f"sqlite:///{tmp_path / 'zeal.sqlite'}"}
+    on_nats = {**database, "ZEAL_MQTT_URL": "mqtt://127.0.0.1:1", "ZEAL_NATS_URL": "nats://n:4222"}
+    refused = zeal_server(*create, env=on_nats)
+    assert refused.returncode == 2
+    assert "cannot contain '.' on a NATS deployment" in refused.stderr
+    assert zeal_server(*create, env=database).returncode == 0

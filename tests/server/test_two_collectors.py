@@ -4,15 +4,27 @@ Real Mosquitto, two real servers, the real simulator."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import psycopg
+from fastapi.testclient import TestClient
 
 from tests.server.metrics_check import metric_samples
+from tests.server.test_api import settings
 from tools.testbed.broker import Mosquitto, fleet_command
-from tools.testbed.server import Server, create, stats, verify, wait_until
+from tools.testbed.server import Server, create, stats, stream_body, verify, wait_until
+from zeal import encode_batch
+from zeal.streamconfig import params_from_config
+from zeal.topics import data_topic
+from zeal_server import store
+from zeal_server.api import create_app
 
 DEVICES, SECONDS = 200, 60
 
@@ -82,3 +94,74 @@ def test_two_collectors_share_200_devices_at_full_speed_without_deadlock(
     assert "deadlock" not in logs.lower()
     checked = verify(postgres_url)
     assert "verify: OK" in checked, checked
+
+
+def test_two_transactions_meeting_the_same_devices_in_opposite_orders_do_not_deadlock(
+    postgres_url: str,
+) -> None:
+    """The interleaving that deadlocks rows locked in arrival order, forced: collector A
+    stores dev1's batch, then waits (at most 3 s) until collector B has stored its first
+    message before it goes on to dev2's. In arrival order B's first is dev2's: B then
+    holds dev2's ledger rows and waits for dev1's while A waits for dev2's, and PostgreSQL
+    breaks the cycle by failing one. In topic order B's first is dev1's: B waits for A's
+    commit, A goes on after 3 s, and both store."""
+    with TestClient(create_app(settings(postgres_url), collector=False)) as client:
+        client.post("/api/v1/streams", json=stream_body())
+        sessions = client.app.state.sessions  # type: ignore[attr-defined]
+        params = params_from_config(
+            json.dumps(client.get("/api/v1/streams/temps/config").json()), stream="temps"
+        )
+        now = int(time.time() * 1000)
+
+        def message(device: str, sequence: int) -> tuple[str, bytes, int]:
+            payload = encode_batch(
+                params,
+                stream="temps",
+                device=device,
+                sequence=sequence,
+                codes=params.perturb(np.full(5, 50.0), rng=np.random.default_rng(sequence)),
+                timestamps=now + 1000 * np.arange(5),
+            )
+            return (data_topic("temps", device), payload, now)
+
+        b_started = threading.Event()
+        outcomes: dict[str, Any] = {}
+
+        class Paused(store.Ingest):
+            """Collector A: after its first message, waits (at most 3 s) for B."""
+
+            def _one(self, *args: Any, **kwargs: Any) -> Any:
+                done = super()._one(*args, **kwargs)
+                b_started.wait(3)
+                return done
+
+        class Signalling(store.Ingest):
+            """Collector B: says when it has stored its first message (in topic order
+            that never happens before A commits: B waits for dev1's rows)."""
+
+            def _one(self, *args: Any, **kwargs: Any) -> Any:
+                done = super()._one(*args, **kwargs)
+                b_started.set()
+                return done
+
+        def run(name: str, ingest: store.Ingest, messages: list[Any]) -> None:
+            try:
+                with sessions() as session, session.begin():
+                    outcomes[name] = [o.status for o in ingest.add_many(session, messages)]
+            except Exception as exc:  # the test reports it
+                outcomes[name] = exc
+
+        first = threading.Thread(
+            target=run, args=("A", Paused(), [message("dev1", 0), message("dev2", 0)])
+        )
+        first.start()
+        time.sleep(0.5)  # A holds dev1's rows and waits
+        second = threading.Thread(
+            target=run, args=("B", Signalling(), [message("dev2", 1), message("dev1", 1)])
+        )
+        second.start()
+        first.join(30)
+        second.join(30)
+        stored = client.get("/api/v1/streams/temps/stats").json()["readings"]
+    assert outcomes == {"A": ["stored", "stored"], "B": ["stored", "stored"]}, outcomes
+    assert stored == 20
