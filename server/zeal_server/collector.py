@@ -110,6 +110,7 @@ class Collector:
         self.notices = Notifier(lambda topic, payload: client.publish(topic, payload, qos=1))
         self.jetstream: JetStreamSource | None = None
         if settings.nats_servers:
+            inflight = settings.collector_inflight
             self.jetstream = JetStreamSource(
                 list(settings.nats_servers),
                 stream=settings.nats_stream,
@@ -121,7 +122,7 @@ class Collector:
                 login=(broker.username, broker.password) if broker.username else None,
             )
             self.jetstream.offer = self._offer
-            self.jetstream.room = lambda: settings.collector_inflight - self.holding
+            self.jetstream.room = lambda: inflight - (self.received - self.acknowledged)
         # The writer thread's own state.
         self.writer_error: str | None = None
         self._synced_connects = 0
@@ -230,18 +231,17 @@ class Collector:
             self.configs.seen(stream, bytes(message.payload))
             client.ack(message.mid, message.qos)
             return
-        if not self._offer(topic, bytes(message.payload), message.mid, retained=message.retain):
-            client.ack(message.mid, message.qos)  # shed: so the broker does not resend it
+        if not self._offer(  # shed: acknowledged, so that the broker does not resend it
+            topic, bytes(message.payload), message.mid, retained=message.retain, qos=message.qos
+        ):
+            client.ack(message.mid, message.qos)
 
-    @property
-    def holding(self) -> int:
-        """Data messages received and not yet acknowledged."""
-        return self.received - self.acknowledged
-
-    def _offer(self, topic: str, payload: bytes, token: int, *, retained: bool = False) -> bool:
+    def _offer(
+        self, topic: str, payload: bytes, token: int, *, retained: bool = False, qos: int = 1
+    ) -> bool:
         """The door (zeal_server.door), for a data message from either source: False when it
         is shed there (the source acknowledges it at once), True when it is queued for the
-        writer (`token` is what the source needs to acknowledge it after the commit)."""
+        writer (`token` and `qos`: how to acknowledge it after the commit)."""
         reason = door.refusal(topic, retained=retained, size=len(payload), budget=self.budget)
         if reason is not None:  # shed without decoding or queueing
             self.budget.spend(topic)
@@ -250,7 +250,7 @@ class Collector:
             self.counts[reason] += 1
             self.rejected_by[reason] += 1
             return False
-        received = door.Received(topic, payload, token, 1, int(time.time() * 1000))
+        received = door.Received(topic, payload, token, qos, int(time.time() * 1000))
         self.received += 1
         try:
             self.queue.put_nowait(received)

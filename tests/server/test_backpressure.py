@@ -183,3 +183,30 @@ def test_the_transport_settings_are_read() -> None:
         3,
         9,
     )
+
+
+def test_qos_0_data_are_stored_and_never_acknowledged(broker: Mosquitto, tmp_path: Path) -> None:
+    """A device publishing at QoS 0: its batches are stored, and the collector sends no
+    PUBACK for them (there is nothing to acknowledge): it stays connected."""
+    server = Server(
+        f"sqlite:///{tmp_path / 'zeal.sqlite'}", broker, tmp_path / "server.log", collector_id="q0"
+    )
+    server.start()
+    try:
+        params = create(server)
+        messages = [(data_topic("temps", "d0"), p) for p in batches(params, "temps", "d0", 20)]
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+        client.connect("127.0.0.1", broker.port)
+        client.loop_start()
+        for topic, payload in messages:
+            client.publish(topic, payload, qos=0).wait_for_publish(10)
+        client.disconnect()
+        client.loop_stop()
+        stored = wait_for(server, {"messages": 20, "readings": 200}, timeout=20)
+        time.sleep(1)
+        final = metrics(server)
+    finally:
+        server.stop()
+    assert stored == {"messages": 20, "readings": 200}
+    assert final["zeal_collector_connects_total"] == 1, server.log.read_text()[-2000:]
+    assert final["zeal_collector_unacknowledged_messages"] == 0
