@@ -98,6 +98,10 @@ def run_trial(postgres_url: str, tmp_path: Path, *, buggy_second: bool = False) 
             ZEAL_NATS_ACK_WAIT="6",
             ZEAL_MQTT_PROTOCOL="3.1.1",
         )
+    # Collector 2 (the one killed) talks to nodes 1 and 2 only: on node 3, killed with it,
+    # its acknowledgements would die with the node, and the deliberate bug would lose
+    # nothing in the runs where nats-py happened to pick node 3.
+    servers[1].env["ZEAL_NATS_URL"] = ",".join(cluster.nats_url.split(",")[:2])
     if buggy_second:
         servers[1].launcher = [sys.executable, str(BUGGY)]
     fleets: list[subprocess.Popen[str]] = []

@@ -27,9 +27,14 @@ from zeal_server.settings import ServerSettings
 pytestmark = pytest.mark.integration
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
-# The next whole minute: after the streams the tests create (the collector rejects readings
-# stamped before their stream existed) and well within its future tolerance (one day).
-T0 = (int(time.time() * 1000) // 60_000 + 1) * 60_000
+
+
+def next_minute() -> int:
+    """The next whole minute (ms), read when a test runs, not when this module is imported
+    (a run collects every module first): after the streams the test creates (the collector
+    rejects readings stamped before their stream existed, less 5 minutes) and within its
+    future tolerance (10 minutes)."""
+    return (int(time.time() * 1000) // 60_000 + 1) * 60_000
 
 
 def server_app(
@@ -163,7 +168,7 @@ def test_batches_published_three_times_out_of_order_are_stored_once(
     with TestClient(server_app(database_url, broker)) as client:
         params = create_stream(client, bucket_seconds=60)
         wait_until(lambda: client.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
-        rng = np.random.default_rng(3)
+        rng, t0 = np.random.default_rng(3), next_minute()
         batches = [
             encode_batch(
                 params,
@@ -171,7 +176,7 @@ def test_batches_published_three_times_out_of_order_are_stored_once(
                 device="dev1",
                 sequence=s,
                 codes=params.perturb(rng.uniform(30, 70, 60), rng=rng),
-                timestamps=T0 + 60_000 * s + 1000 * np.arange(60),
+                timestamps=t0 + 60_000 * s + 1000 * np.arange(60),
             )
             for s in range(8)
         ]
@@ -201,7 +206,7 @@ def test_rejects_are_counted_and_good_data_is_intact(database_url: str, broker: 
                 device=device,
                 sequence=seq,
                 codes=np.full(10, p.code_min),
-                timestamps=T0 + np.arange(10),
+                timestamps=next_minute() + np.arange(10),
             )
 
         publish_all(
