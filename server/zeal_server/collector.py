@@ -113,9 +113,7 @@ class Collector:
             inflight = settings.collector_inflight
             self.jetstream = JetStreamSource(
                 list(settings.nats_servers),
-                stream=settings.nats_stream,
                 consumer=settings.nats_consumer,
-                replicas=settings.nats_replicas,
                 inflight=settings.collector_inflight,
                 ack_wait=settings.nats_ack_wait,
                 name=self.client_id,

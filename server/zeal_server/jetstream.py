@@ -1,16 +1,24 @@
 """Data from NATS JetStream instead of an MQTT subscription (``ZEAL_NATS_URL``).
 
-Devices publish MQTT (3.1.1, QoS 1) to any node of a NATS cluster; NATS maps the topic
-``zeal/v1/{stream}/{device}/up`` to the subject ``zeal.v1.{stream}.{device}.up``, which a
-JetStream stream (``ZEAL_NATS_STREAM``, replicated ``ZEAL_NATS_REPLICAS`` times) keeps.
-Every collector pulls from one durable consumer (``ZEAL_NATS_CONSUMER``) that they share:
-JetStream hands each message to one of them, and redelivers what is not acknowledged
-within ``ZEAL_NATS_ACK_WAIT`` seconds (a collector that died); through a database stall
-the collector keeps extending the wait of what it holds (``in_progress``). A collector
-acknowledges a message only after the transaction that stored it committed; a redelivered
-message that had been stored is a duplicate to the store (``batches``), so nothing is
-stored twice. The stream and the consumer are created by the first collector that finds
-them missing, with the same settings by every collector.
+Devices publish MQTT (3.1.1, QoS 1) to any node of a NATS cluster. NATS's MQTT listener
+stores every QoS 1 PUBLISH in its own JetStream stream, ``$MQTT_msgs`` (subject
+``$MQTT.msgs.`` + the NATS subject, here ``zeal.v1.{stream}.{device}.up``; replicated as
+its ``mqtt { stream_replicas }`` says), before it sends the PUBACK. Every collector pulls
+from one durable consumer of that stream (``ZEAL_NATS_CONSUMER``, filtered to the data
+subjects) that they share: JetStream hands each message to one of them, and redelivers
+what is not acknowledged within ``ZEAL_NATS_ACK_WAIT`` seconds (a collector that died);
+through a database stall the collector keeps extending the wait of what it holds
+(``in_progress``). A collector acknowledges a message only after the transaction that
+stored it committed; a redelivered message that had been stored is a duplicate to the
+store (``batches``), so nothing is stored twice. The stream keeps a message while a
+consumer has yet to acknowledge it (interest retention).
+
+Why not a stream of our own capturing ``zeal.v1.*.*.up``: NATS 2.9 acknowledges the MQTT
+PUBLISH once ``$MQTT_msgs`` has it, whatever became of the plain NATS message. While such a
+stream elects a new leader (seconds, after its leader's node died), the messages devices
+publish are acknowledged and lost to it; ``$MQTT_msgs`` has each of them (measured:
+docs/reliability.md). tests/server/test_cluster.py kills the node that leads
+``$MQTT_msgs`` and the collectors' consumer.
 
 The collector logs in to NATS with its broker login (``ZEAL_MQTT_USERNAME``, ``_PASSWORD``),
 which on a NATS deployment is one login for both (deploy/nats/users.conf.example).
@@ -32,16 +40,19 @@ from collections.abc import Callable
 from typing import Any
 
 import nats
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-__all__ = ["SUBJECTS", "JetStreamSource", "name_problem", "topic_of"]
+__all__ = ["MQTT_STREAM", "SUBJECTS", "JetStreamSource", "name_problem", "topic_of"]
 
 log = logging.getLogger("zeal_server.collector")
 
-#: What the JetStream stream captures: every data topic, as NATS maps it.
-SUBJECTS = "zeal.v1.*.*.up"
+#: NATS's own stream of the QoS 1 messages its MQTT listener received.
+MQTT_STREAM = "$MQTT_msgs"
+#: Its subjects: this prefix and the NATS subject of the MQTT topic.
+MQTT_PREFIX = "$MQTT.msgs."
+#: What the collectors' consumer takes from it: every data topic, as NATS maps it.
+SUBJECTS = MQTT_PREFIX + "zeal.v1.*.*.up"
 #: At most this many messages per fetch.
 FETCH_MAX = 1000
 
@@ -57,8 +68,9 @@ def name_problem(kind: str, name: str) -> str | None:
 
 
 def topic_of(subject: str) -> str:
-    """The MQTT topic a subject came from (no name holds a '.', see name_problem)."""
-    return subject.replace(".", "/")
+    """The MQTT topic a subject of ``$MQTT_msgs`` came from (no name holds a '.', see
+    name_problem)."""
+    return subject.removeprefix(MQTT_PREFIX).replace(".", "/")
 
 
 class JetStreamSource:
@@ -73,23 +85,20 @@ class JetStreamSource:
         self,
         servers: list[str],
         *,
-        stream: str,
         consumer: str,
-        replicas: int,
         inflight: int,
         ack_wait: float,
         name: str,
         login: tuple[str, str | None] | None = None,
     ) -> None:
-        self.servers, self.stream, self.consumer = servers, stream, consumer
-        self.replicas, self.inflight, self.name = replicas, inflight, name
+        self.servers, self.consumer = servers, consumer
+        self.inflight, self.name = inflight, name
         self.ack_wait, self.login = ack_wait, login
         self.connected = False
         self.last_error: str | None = None
-        self._held: dict[int, Any] = {}  # token -> nats Msg, until acknowledged
+        self._held: dict[int, tuple[Any, float]] = {}  # token -> (nats Msg, when fetched)
         self._refused: list[Any] = []  # shed at the door: acknowledged after the fetch
         self._logged = -1e18  # connection errors are logged once a minute
-        self._since: dict[int, float] = {}  # token -> when fetched (for in_progress)
         self._last_progress = time.monotonic()
         self._next_token = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -112,9 +121,8 @@ class JetStreamSource:
     def ack(self, tokens: list[int]) -> None:
         """Acknowledge these messages (writer thread, after the commit)."""
         loop = self._loop
-        messages = [m for m in (self._held.pop(t, None) for t in tokens) if m is not None]
-        for token in tokens:
-            self._since.pop(token, None)
+        held = (self._held.pop(token, None) for token in tokens)
+        messages = [message for message, _fetched in filter(None, held)]
         if loop is None or not messages:
             return
         asyncio.run_coroutine_threadsafe(self._ack_all(messages), loop)
@@ -147,7 +155,7 @@ class JetStreamSource:
                 await self._consume()
             except Exception as exc:  # noqa: BLE001 (NATS down or refusing: said, retried)
                 self.connected = False
-                self.last_error = f"NATS {','.join(self.servers)}: {type(exc).__name__}: {exc}"
+                self.last_error = self._describe(exc)
                 log.error("%s; retrying in 2 s", self.last_error)
                 await asyncio.sleep(2)
 
@@ -168,9 +176,9 @@ class JetStreamSource:
         try:
             js = client.jetstream()
             await self._ensure(js)
-            subscription = await js.pull_subscribe_bind(self.consumer, self.stream)
+            subscription = await js.pull_subscribe_bind(self.consumer, MQTT_STREAM)
             self.connected, self.last_error = True, None
-            log.info("collector %s pulls from JetStream %s", self.name, self.stream)
+            log.info("collector %s pulls from JetStream %s", self.name, MQTT_STREAM)
             while not self._stop.is_set():
                 await self._still_working()
                 room = min(FETCH_MAX, self.room())
@@ -179,7 +187,7 @@ class JetStreamSource:
                     continue
                 try:
                     messages = await subscription.fetch(room, timeout=0.5)
-                except NatsTimeout:
+                except TimeoutError:  # nats-py raises its own and asyncio's (a slow fetch)
                     continue
                 for message in messages:
                     self._take(message)
@@ -189,9 +197,12 @@ class JetStreamSource:
             self.connected = False
             await client.close()
 
+    def _describe(self, exc: Exception) -> str:
+        return f"NATS {','.join(self.servers)}: {type(exc).__name__}: {exc}"
+
     async def _error(self, exc: Exception) -> None:
         """nats-py's errors (it retries by itself): kept for /readyz, logged once a minute."""
-        self.last_error = f"NATS {','.join(self.servers)}: {type(exc).__name__}: {exc}"
+        self.last_error = self._describe(exc)
         now = time.monotonic()
         if now - self._logged >= 60:
             self._logged = now
@@ -213,11 +224,8 @@ class JetStreamSource:
         if now - self._last_progress < period:
             return
         self._last_progress = now
-        for token, since in list(self._since.items()):
-            message = self._held.get(token)
-            if message is None:
-                self._since.pop(token, None)
-            elif now - since >= period:
+        for message, since in list(self._held.values()):
+            if now - since >= period:
                 try:
                     await message.in_progress()
                 except Exception as exc:  # noqa: BLE001 (at worst a redelivery, a duplicate)
@@ -226,29 +234,34 @@ class JetStreamSource:
 
     def _take(self, message: Any) -> None:
         token = self._next_token = self._next_token + 1
-        self._held[token] = message
-        self._since[token] = time.monotonic()
+        self._held[token] = (message, time.monotonic())
         if not self.offer(topic_of(message.subject), bytes(message.data), token):
             self._held.pop(token, None)
             self._refused.append(message)
 
     async def _ensure(self, js: Any) -> None:
-        """Create the stream and the consumer when missing (the same settings everywhere)."""
-        try:
-            await js.stream_info(self.stream)
-        except NotFoundError:
-            await js.add_stream(
-                StreamConfig(name=self.stream, subjects=[SUBJECTS], num_replicas=self.replicas)
+        """Create the consumer when missing (the same settings by every collector). NATS
+        creates ``$MQTT_msgs`` when the first MQTT client connects (the collector's own
+        connection does, as it starts): it is waited for, up to half a minute."""
+        for _ in range(60):
+            try:
+                await js.stream_info(MQTT_STREAM)
+                break
+            except NotFoundError:
+                await asyncio.sleep(0.5)
+        else:
+            raise RuntimeError(
+                f"NATS has no {MQTT_STREAM} stream: its MQTT listener (an mqtt block in the "
+                "server's configuration) creates it when the first MQTT client connects"
             )
-            log.info("created JetStream stream %s (%d replicas)", self.stream, self.replicas)
         await js.add_consumer(
-            self.stream,
+            MQTT_STREAM,
             ConsumerConfig(
                 durable_name=self.consumer,
+                filter_subject=SUBJECTS,
                 ack_policy=AckPolicy.EXPLICIT,
                 deliver_policy=DeliverPolicy.ALL,
                 ack_wait=self.ack_wait,
                 max_ack_pending=self.inflight,
-                num_replicas=self.replicas,
             ),
         )

@@ -51,9 +51,10 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "NATS servers, comma-separated nats://host:port: the collector pulls data from "
         "JetStream instead of subscribing over MQTT (deploy/SCALING.md)",
     ),
-    "ZEAL_NATS_STREAM": ("ZEAL", "the JetStream stream that keeps the data topics"),
-    "ZEAL_NATS_CONSUMER": ("zeal-collectors", "the durable consumer all collectors share"),
-    "ZEAL_NATS_REPLICAS": ("3", "replicas of that stream and consumer (1 to 5)"),
+    "ZEAL_NATS_CONSUMER": (
+        "zeal-collectors",
+        "the durable consumer all collectors share, on NATS's MQTT message stream",
+    ),
     "ZEAL_NATS_ACK_WAIT": (
         "60",
         "seconds before JetStream redelivers a message no collector acknowledged (5 to 3600)",
@@ -108,9 +109,7 @@ class ServerSettings:
     collector_inflight: int = 20_000
     #: NATS servers to pull data from (JetStream); empty: data arrive over MQTT.
     nats_servers: tuple[str, ...] = ()
-    nats_stream: str = "ZEAL"
     nats_consumer: str = "zeal-collectors"
-    nats_replicas: int = 3
     nats_ack_wait: int = 60
     #: The broker's dynamic security admin login (device provisioning); None: off.
     admin_username: str | None = None
@@ -217,16 +216,14 @@ def _nats(env: Mapping[str, str]) -> dict[str, Any]:
         parts = urlsplit(url)
         if parts.scheme not in ("nats", "tls") or not parts.hostname:
             raise SettingsError(f"ZEAL_NATS_URL: {url!r} must look like nats://host:port")
-    names = {}
-    for name, default in (("ZEAL_NATS_STREAM", "ZEAL"), ("ZEAL_NATS_CONSUMER", "zeal-collectors")):
-        names[name] = text = env.get(name) or default
-        if not (len(text) <= 64 and all(c.isalnum() or c in "-_" for c in text)):
-            raise SettingsError(f"{name} must be 1-64 letters, digits, '-' or '_', got {text!r}")
+    consumer = env.get("ZEAL_NATS_CONSUMER") or "zeal-collectors"
+    if not (len(consumer) <= 64 and all(c.isalnum() or c in "-_" for c in consumer)):
+        raise SettingsError(
+            f"ZEAL_NATS_CONSUMER must be 1-64 letters, digits, '-' or '_', got {consumer!r}"
+        )
     return {
         "nats_servers": servers,
-        "nats_stream": names["ZEAL_NATS_STREAM"],
-        "nats_consumer": names["ZEAL_NATS_CONSUMER"],
-        "nats_replicas": _whole(env, "ZEAL_NATS_REPLICAS", 3, (1, 5), "replicas"),
+        "nats_consumer": consumer,
         "nats_ack_wait": _whole(env, "ZEAL_NATS_ACK_WAIT", 60, (5, 3600), "seconds"),
     }
 

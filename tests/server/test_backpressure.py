@@ -152,8 +152,8 @@ def test_a_database_stall_longer_than_the_keepalive_leaves_the_backlog_at_the_br
         ({"ZEAL_MQTT_KEEPALIVE": "2"}, "ZEAL_MQTT_KEEPALIVE must be 5 to 3600 seconds"),
         ({"ZEAL_COLLECTOR_INFLIGHT": "70000"}, "ZEAL_COLLECTOR_INFLIGHT must be 10 to 65535"),
         ({"ZEAL_NATS_URL": "http://n1:4222"}, "ZEAL_NATS_URL: 'http://n1:4222' must look like"),
-        ({"ZEAL_NATS_URL": "nats://n1:4222", "ZEAL_NATS_REPLICAS": "7"}, "ZEAL_NATS_REPLICAS"),
-        ({"ZEAL_NATS_URL": "nats://n1:4222", "ZEAL_NATS_STREAM": "a.b"}, "ZEAL_NATS_STREAM"),
+        ({"ZEAL_NATS_URL": "nats://n1:4222", "ZEAL_NATS_ACK_WAIT": "2"}, "ZEAL_NATS_ACK_WAIT"),
+        ({"ZEAL_NATS_URL": "nats://n1:4222", "ZEAL_NATS_CONSUMER": "a.b"}, "ZEAL_NATS_CONSUMER"),
         ({"ZEAL_NATS_URL": "nats://n1:4222", "ZEAL_MQTT_URL": "off"}, "needs ZEAL_MQTT_URL"),
     ],
 )
@@ -177,12 +177,7 @@ def test_the_transport_settings_are_read() -> None:
     assert got.broker is not None
     assert (got.broker.protocol, got.broker.keepalive, got.collector_inflight) == ("3.1.1", 7, 500)
     assert got.nats_servers == ("nats://n1:4222", "nats://n2:4222")
-    assert (got.nats_stream, got.nats_consumer, got.nats_replicas, got.nats_ack_wait) == (
-        "ZEAL",
-        "zeal-collectors",
-        3,
-        9,
-    )
+    assert (got.nats_consumer, got.nats_ack_wait) == ("zeal-collectors", 9)
 
 
 def test_qos_0_data_are_stored_and_never_acknowledged(broker: Mosquitto, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ import nats
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
+from nats.js.api import ConsumerInfo, StreamState
 from paho.mqtt.enums import MQTTProtocolVersion
 
 from tests.server.metrics_check import metric_samples
@@ -29,7 +30,7 @@ from tests.server.test_api import settings
 from tests.server.test_backpressure import publish_all, stalled
 from tests.server.test_cli import zeal_server
 from tools.testbed.broker import Mosquitto, fleet_command, free_port
-from tools.testbed.nats import NatsCluster
+from tools.testbed.nats import NatsCluster, move_leaders
 from tools.testbed.server import (
     Server,
     batches,
@@ -41,6 +42,7 @@ from tools.testbed.server import (
 )
 from zeal.topics import data_topic
 from zeal_server.api import create_app
+from zeal_server.jetstream import MQTT_STREAM
 from zeal_server.settings import ServerSettings
 
 pytestmark = pytest.mark.integration
@@ -49,7 +51,10 @@ NODES = 3
 DEVICES = (34, 33, 33)  # 100 devices, each simulator publishing to its own node
 SECONDS = 24  # of publishing: 5 readings a second per device, a batch a second
 KILL_AT, DOWN_FOR = 8.0, 5.0
+KILLED = 2  # the node killed (and the simulator publishing to it)
+CONSUMER = "zeal-collectors"
 BUGGY = Path(__file__).with_name("ack_before_commit.py")
+COUNTED = ("zeal_collector_messages_total", "zeal_collector_rejected_messages_total")
 
 
 @dataclass
@@ -61,6 +66,8 @@ class Trial:
     shares: list[float]
     verify: str
     logs: str
+    jetstream: str  # the stream's and the consumer's state at the end (what NATS kept)
+    by_node: dict[str, int]  # batches stored, by the node their simulator published to
 
 
 def stall(database_url: str, seconds: float) -> threading.Thread:
@@ -109,6 +116,11 @@ def run_trial(postgres_url: str, tmp_path: Path, *, buggy_second: bool = False) 
         for server in servers:
             server.start()
         create(servers[0])
+        pulling = "pulls from JetStream"
+        wait_until(lambda: all(pulling in s.log.read_text() for s in servers), 60, "JetStream")
+        # The node killed below leads the stream that holds the data and the collectors'
+        # consumer: its loss costs both an election.
+        asyncio.run(move_leaders(cluster.nats_url, MQTT_STREAM, CONSUMER, f"n{KILLED}"))
         for node, devices in enumerate(DEVICES):
             fleets.append(
                 subprocess.Popen(
@@ -127,11 +139,11 @@ def run_trial(postgres_url: str, tmp_path: Path, *, buggy_second: bool = False) 
         time.sleep(KILL_AT)
         locked = stall(postgres_url, 2.0)
         time.sleep(1.0)  # the collectors have fetched and hold messages they cannot store
-        cluster.kill_node(2)
+        cluster.kill_node(KILLED)
         servers[1].kill()
         locked.join()
         time.sleep(DOWN_FOR)
-        cluster.start_node(2)
+        cluster.start_node(KILLED)
         servers[1].start()
         published = batches = 0
         for fleet in fleets:
@@ -142,15 +154,26 @@ def run_trial(postgres_url: str, tmp_path: Path, *, buggy_second: bool = False) 
             readings, count, acked = map(int, found.groups())
             assert acked == readings, out
             published, batches = published + readings, batches + count
-        # What was acknowledged by no collector comes again after ZEAL_NATS_ACK_WAIT.
+
+        # What was acknowledged by no collector comes again after ZEAL_NATS_ACK_WAIT. Wait
+        # until all is stored, or NATS has nothing left to give (what is missing then is
+        # lost for good: the deliberate bug's case).
+        def settled() -> bool:
+            stored = stats(servers[0])["readings"]
+            return stored >= published or backlog(cluster.nats_url) == 0
+
         with contextlib.suppress(AssertionError):  # the assertions below say what is missing
-            wait_until(lambda: stats(servers[0])["readings"] >= published, 40, "all stored")
+            wait_until(settled, 60, "all stored, or no message left unacknowledged")
         time.sleep(8)  # longer than the ack wait: a redelivery would show as a duplicate
         final = stats(servers[0])
-        shares = [
-            metric_samples(s.http.get("/metrics").text)[("zeal_collector_readings_total", ())]
-            for s in servers
+        metrics = [metric_samples(s.http.get("/metrics").text) for s in servers]
+        shares = [m[("zeal_collector_readings_total", ())] for m in metrics]
+        state = jetstream_state(cluster.nats_url)
+        outcomes = [
+            {labels[0][1]: n for (name, labels), n in m.items() if name in COUNTED and n}
+            for m in metrics
         ]
+        state += f"; the collectors' counts {outcomes}"
     finally:
         for fleet in fleets:
             if fleet.poll() is None:
@@ -166,6 +189,47 @@ def run_trial(postgres_url: str, tmp_path: Path, *, buggy_second: bool = False) 
         shares=shares,
         verify=verify(postgres_url),
         logs="\n".join(s.log.read_text()[-3000:] for s in servers),
+        jetstream=state,
+        by_node=stored_by_node(postgres_url),
+    )
+
+
+def stored_by_node(database_url: str) -> dict[str, int]:
+    url = database_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT substr(d.name, 1, 5), count(*) FROM batches b"
+            " JOIN devices d ON d.id = b.device_id GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    return dict(rows)
+
+
+async def jetstream(servers: str) -> tuple[StreamState, ConsumerInfo]:
+    """What NATS's MQTT stream holds, and where the collectors' consumer stands."""
+    client = await nats.connect(servers=servers.split(","))
+    try:
+        js = client.jetstream()
+        return (await js.stream_info(MQTT_STREAM)).state, await js.consumer_info(
+            MQTT_STREAM, CONSUMER
+        )
+    finally:
+        await client.close()
+
+
+def backlog(servers: str) -> int:
+    """Messages of the collectors' consumer not yet delivered or not yet acknowledged."""
+    info = asyncio.run(jetstream(servers))[1]
+    return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+
+
+def jetstream_state(servers: str) -> str:
+    stream, consumer = asyncio.run(jetstream(servers))
+    return (
+        f"stream messages {stream.messages} (last {stream.last_seq}); consumer delivered "
+        f"{consumer.delivered.stream_seq if consumer.delivered else None}, ack floor "
+        f"{consumer.ack_floor.stream_seq if consumer.ack_floor else None}, ack pending "
+        f"{consumer.num_ack_pending}, pending {consumer.num_pending}, redelivered "
+        f"{consumer.num_redelivered}"
     )
 
 
@@ -175,7 +239,7 @@ def test_a_nats_cluster_with_two_collectors_survives_a_node_and_a_collector_kill
     trial = run_trial(postgres_url, tmp_path)
     print(trial)
     assert trial.published > 0
-    assert trial.stored == trial.published, trial.logs
+    assert trial.stored == trial.published, (trial.jetstream, trial.by_node, trial.logs)
     assert trial.messages == trial.batches  # each batch stored exactly once
     assert "verify: OK" in trial.verify, trial.verify
     # Each collector stored a share (the second: after its restart).
@@ -235,8 +299,8 @@ def test_without_its_jetstream_the_collector_is_not_ready_and_says_why(
 
 def test_a_database_stall_longer_than_the_ack_wait_costs_no_redelivery(tmp_path: Path) -> None:
     """ZEAL_NATS_ACK_WAIT 5 s, the database locked for 14 s while 200 messages arrive: the
-    collector keeps extending the wait of what it holds, so JetStream redelivers nothing
-    and each message is stored once, none as a duplicate."""
+    collector keeps extending the wait of what it holds, over one NATS connection, so
+    JetStream redelivers nothing and each message is stored once, none as a duplicate."""
     cluster = NatsCluster(tmp_path / "nats").start()
     database = f"sqlite:///{tmp_path / 'zeal.sqlite'}"
     server = Server(database, cluster, tmp_path / "server.log", collector_id="stall")  # type: ignore[arg-type]
@@ -257,22 +321,18 @@ def test_a_database_stall_longer_than_the_ack_wait_costs_no_redelivery(tmp_path:
             time.sleep(12)
         wait_until(lambda: stats(server)["messages"] == len(messages), 30, "all stored")
         samples = metric_samples(server.http.get("/metrics").text)
-        redelivered = asyncio.run(consumer_redeliveries(cluster.nats_url))
+        redelivered = asyncio.run(jetstream(cluster.nats_url))[1].num_redelivered
     finally:
         server.stop()
         cluster.stop()
+    # One NATS connection throughout: a dropped one loses every acknowledgement of what was
+    # fetched on it (the fetch's own timeout once escaped as asyncio's TimeoutError).
+    log = server.log.read_text()
+    assert log.count("pulls from JetStream") == 1, log[-3000:]
+    assert "retrying" not in log, log[-3000:]
     assert samples[("zeal_collector_messages_total", (("outcome", "stored"),))] == len(messages)
     assert samples[("zeal_collector_messages_total", (("outcome", "duplicate"),))] == 0
     assert redelivered == 0
-
-
-async def consumer_redeliveries(servers: str) -> int:
-    client = await nats.connect(servers=servers.split(","))
-    try:
-        info = await client.jetstream().consumer_info("ZEAL", "zeal-collectors")
-    finally:
-        await client.close()
-    return int(info.num_redelivered or 0)
 
 
 def test_the_command_line_refuses_the_same_names_on_a_nats_deployment(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ loopback ports, JetStream on each (its own store), an MQTT listener on each."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -10,6 +11,8 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+
+import nats
 
 from tools.testbed.broker import free_port, wait_for_port
 
@@ -138,3 +141,26 @@ class NatsCluster:
                 except subprocess.TimeoutExpired:
                     process.kill()
             self.processes[i] = None
+
+
+async def move_leaders(servers: str, stream: str, consumer: str, to: str, tries: int = 20) -> None:
+    """Ask `stream` and its `consumer` to step down until node `to` (a server_name) leads
+    both: a test then kills the node whose loss costs the most."""
+    client = await nats.connect(servers=servers.split(","))
+    try:
+        js = client.jetstream()
+        for _ in range(tries):
+            stream_leader = (await js.stream_info(stream)).cluster.leader  # type: ignore[union-attr]
+            consumer_leader = (await js.consumer_info(stream, consumer)).cluster.leader  # type: ignore[union-attr]
+            if stream_leader == consumer_leader == to:
+                return
+            if stream_leader != to:
+                await client.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=5)
+            elif consumer_leader != to:
+                await client.request(
+                    f"$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}", b"", timeout=5
+                )
+            await asyncio.sleep(1.5)
+        raise TimeoutError(f"{to} does not lead {stream} and {consumer} after {tries} tries")
+    finally:
+        await client.close()
