@@ -1,13 +1,14 @@
 """Collector throughput on a 3-node NATS cluster (JetStream, replicas 3), with 1 and 2
 collectors pulling from one durable consumer into PostgreSQL.
 
-Each round: a fresh database and cluster; the collectors start once (they create the
-JetStream stream and consumer) and stop; three simulators, one per node, publish a
-backlog over MQTT 3.1.1 at full speed while no collector runs; then 1 or 2 collectors
-start and drain it. The rate is messages stored per second between 10 % and 100 % of
-the backlog (start-up not counted), read from the stored count every 0.2 s. Batch sizes
-1 and 10 readings per message; rounds alternate 1 and 2 collectors; medians printed, and
-written as JSON with --out. Needs nats-server and the PostgreSQL of the test machine.
+Each round: a fresh database and cluster; the collectors start once (they create their
+durable consumer of NATS's MQTT stream, $MQTT_msgs, which then keeps the backlog) and
+stop; three simulators, one per node, publish a backlog over MQTT 3.1.1 at full speed
+while no collector runs; then 1 or 2 collectors start and drain it. The rate is messages
+stored per second between 10 % and 100 % of the backlog (start-up not counted), read from
+the stored count every 0.2 s. Batch sizes 1 and 10 readings per message; rounds
+alternate 1 and 2 collectors; medians printed, and written as JSON with --out. Needs
+nats-server and the PostgreSQL of the test machine.
 
     .venv/bin/python bench/cluster_throughput.py [--messages 30000] [--rounds 3] [--out F]
 """

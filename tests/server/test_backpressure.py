@@ -73,12 +73,15 @@ def publish_all(
     port: int,
     messages: list[tuple[str, bytes]],
     protocol: MQTTProtocolVersion = MQTTProtocolVersion.MQTTv5,
+    qos: list[int] | None = None,
 ) -> None:
-    """A foreign publisher (QoS 1) that waits for every PUBACK."""
+    """A foreign publisher, on one connection, in order (QoS 1 unless `qos` says each
+    message's) that waits for every PUBACK."""
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="stall-pub", protocol=protocol)
     client.connect("127.0.0.1", port)
     client.loop_start()
-    infos = [client.publish(topic, payload, qos=1) for topic, payload in messages]
+    levels = qos or [1] * len(messages)
+    infos = [client.publish(t, p, qos=q) for (t, p), q in zip(messages, levels, strict=True)]
     for info in infos:
         info.wait_for_publish(30)
     client.disconnect()

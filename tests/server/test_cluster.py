@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -322,6 +323,11 @@ def test_a_database_stall_longer_than_the_ack_wait_costs_no_redelivery(tmp_path:
         wait_until(lambda: stats(server)["messages"] == len(messages), 30, "all stored")
         samples = metric_samples(server.http.get("/metrics").text)
         redelivered = asyncio.run(jetstream(cluster.nats_url))[1].num_redelivered
+        # NATS keeps only QoS 1 messages in $MQTT_msgs: of two batches published on one
+        # connection, the first at QoS 0, only the second (at QoS 1) reaches the collector.
+        late = [(data_topic("temps", "d8"), p) for p in batches(params, "temps", "d8", 2)]
+        publish_all(cluster.mqtt_ports[1], late, MQTTProtocolVersion.MQTTv311, qos=[0, 1])
+        wait_until(lambda: stats(server)["messages"] == len(messages) + 1, 30, "the QoS 1 one")
     finally:
         server.stop()
         cluster.stop()
@@ -333,6 +339,12 @@ def test_a_database_stall_longer_than_the_ack_wait_costs_no_redelivery(tmp_path:
     assert samples[("zeal_collector_messages_total", (("outcome", "stored"),))] == len(messages)
     assert samples[("zeal_collector_messages_total", (("outcome", "duplicate"),))] == 0
     assert redelivered == 0
+    with sqlite3.connect(tmp_path / "zeal.sqlite") as lite:
+        stored = lite.execute(
+            "SELECT b.sequence FROM batches b JOIN devices d ON d.id = b.device_id"
+            " WHERE d.name = 'd8'"
+        ).fetchall()
+    assert stored == [(1,)]  # the QoS 1 batch; its QoS 0 predecessor (0) never arrived
 
 
 def test_the_command_line_refuses_the_same_names_on_a_nats_deployment(tmp_path: Path) -> None:
