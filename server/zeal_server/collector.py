@@ -110,7 +110,6 @@ class Collector:
         self.notices = Notifier(lambda topic, payload: client.publish(topic, payload, qos=1))
         self.jetstream: JetStreamSource | None = None
         if settings.nats_servers:
-            inflight = settings.collector_inflight
             self.jetstream = JetStreamSource(
                 list(settings.nats_servers),
                 consumer=settings.nats_consumer,
@@ -120,7 +119,7 @@ class Collector:
                 login=(broker.username, broker.password) if broker.username else None,
             )
             self.jetstream.offer = self._offer
-            self.jetstream.room = lambda: inflight - (self.received - self.acknowledged)
+            self.jetstream.room = lambda: settings.collector_inflight - self.holding
         # The writer thread's own state.
         self.writer_error: str | None = None
         self._synced_connects = 0
@@ -233,6 +232,11 @@ class Collector:
             topic, bytes(message.payload), message.mid, retained=message.retain, qos=message.qos
         ):
             client.ack(message.mid, message.qos)
+
+    @property
+    def holding(self) -> int:
+        """Data messages received and not yet acknowledged."""
+        return self.received - self.acknowledged
 
     def _offer(
         self, topic: str, payload: bytes, token: int, *, retained: bool = False, qos: int = 1

@@ -95,9 +95,10 @@ class CollectorFigures(Protocol):
     broker_connected: bool
     database_ok: bool
     lags: CommitLags
-    received: int
-    acknowledged: int
     oldest_ms: int | None
+
+    @property
+    def holding(self) -> int: ...
 
 
 def commit_lag_histogram() -> Histogram:
@@ -165,7 +166,7 @@ class _ProcessFigures(PrometheusCollector):
             "zeal_collector_unacknowledged_messages",
             "Data messages received and not yet acknowledged to the broker (this process; "
             "at most ZEAL_COLLECTOR_INFLIGHT while the broker honours Receive Maximum).",
-            value=coll.received - coll.acknowledged if coll else 0,
+            value=coll.holding if coll else 0,
         )
         oldest = coll.oldest_ms if coll else None
         yield GaugeMetricFamily(
