@@ -47,16 +47,25 @@ def compact(
         .where(Segment.stream_id == stream.id)
         .group_by(Segment.bucket)
         .having((func.count() > min_parts) | (func.min(cast(Segment.compacted, Integer)) == 0))
+        .order_by(Segment.bucket)  # collectors compacting at once lock buckets in one order
     )
     if before_bucket is not None:
         query = query.where(Segment.bucket < before_bucket)
     done = 0
     for bucket in list(session.scalars(query)):
+        # Locked: two collectors compacting one bucket at once would both merge its parts
+        # (seen: every reading of a bucket twice in its segments). The second waits, then
+        # finds the parts the first merged gone, and merges what is left, if anything.
         parts = list(
             session.scalars(
-                select(Segment).where(Segment.stream_id == stream.id, Segment.bucket == bucket)
+                select(Segment)
+                .where(Segment.stream_id == stream.id, Segment.bucket == bucket)
+                .order_by(Segment.id)
+                .with_for_update()
             )
         )
+        if len(parts) <= min_parts and all(p.compacted for p in parts):
+            continue
         merged = Columns.concat([columns_of(p, stream.payload_bits) for p in parts]).sorted()
         blobs = encode_columns(merged, stream.payload_bits, compress=True)
         session.execute(delete(Segment).where(Segment.id.in_([p.id for p in parts])))
