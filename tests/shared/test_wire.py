@@ -168,6 +168,23 @@ def test_any_valid_batch_round_trips(case: tuple[CodecParams, int, list[int], li
 FUZZ_INPUTS = 1_000_000
 
 
+def mutated(payload: bytes, rng: np.random.Generator) -> bytes:
+    """The payload with one to three random edits (bit flips, cuts, insertions, bytes)."""
+    data = bytearray(payload)
+    for _ in range(int(rng.integers(1, 4))):
+        op = rng.integers(0, 4)
+        pos = int(rng.integers(0, len(data))) if data else 0
+        if op == 0 and data:
+            data[pos] ^= 1 << int(rng.integers(0, 8))
+        elif op == 1 and data:
+            del data[pos:]
+        elif op == 2:
+            data[pos:pos] = rng.bytes(int(rng.integers(1, 4)))
+        elif data:
+            data[pos] = int(rng.integers(0, 256))
+    return bytes(data)
+
+
 def test_fuzzed_payloads_only_raise_wire_errors() -> None:
     """10**6 random and mutated payloads: each decodes to a valid batch or raises WireError
     (never another exception), and what decodes re-encodes to itself."""
@@ -185,19 +202,7 @@ def test_fuzzed_payloads_only_raise_wire_errors() -> None:
                     + payload[1:]
                 )
         else:
-            data = bytearray(seeds[int(rng.integers(0, 4))])
-            for _ in range(int(rng.integers(1, 4))):
-                op = rng.integers(0, 4)
-                pos = int(rng.integers(0, len(data))) if data else 0
-                if op == 0 and data:
-                    data[pos] ^= 1 << int(rng.integers(0, 8))
-                elif op == 1 and data:
-                    del data[pos:]
-                elif op == 2:
-                    data[pos:pos] = rng.bytes(int(rng.integers(1, 4)))
-                elif data:
-                    data[pos] = int(rng.integers(0, 256))
-            payload = bytes(data)
+            payload = mutated(seeds[int(rng.integers(0, 4))], rng)
         try:
             batch = decode_batch(payload, STREAM_A, stream="temps", device="dev1")
         except WireError as exc:
