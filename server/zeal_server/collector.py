@@ -15,7 +15,6 @@ The writer also keeps the broker's retained stream configurations true to the da
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import Counter
@@ -27,11 +26,8 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from zeal.brokerurl import Flapping, why_unreachable
-from zeal.mqttclient import connect_persistent, make_client
-from zeal.topics import (
-    MAX_TOPIC_LENGTH,
-    parse_config_topic,
-)
+from zeal.mqttclient import acknowledge, connect_persistent, flush, make_client
+from zeal.topics import FLUSH_FILTER, MAX_TOPIC_LENGTH, parse_config_topic
 from zeal_server import chores, door, identity, store
 from zeal_server.configsync import ConfigSync
 from zeal_server.db import error_text as db_error_text
@@ -53,22 +49,21 @@ class Collector:
         settings: ServerSettings,
         sessions: sessionmaker[Session],
         *,
-        batch_max: int = 2000,
+        batch_max: int | None = None,
         compact_every: float = 30.0,
         sync_every: float = 2.0,
     ) -> None:
         assert settings.broker is not None
         self.settings, self.sessions = settings, sessions
-        self.sync_every = sync_every
-        self.queue: queue.Queue[door.Received] = queue.Queue(
-            maxsize=2 * settings.collector_inflight
-        )
+        self.sync_every, self.queue = sync_every, door.Inbox(2 * settings.collector_inflight)
         #: Data messages queued (network thread) and acknowledged (writer thread): their
         #: difference is what the collector holds unacknowledged.
         self.received = self.acknowledged = 0
         #: When the oldest message the writer holds arrived (ms), None when it holds none.
         self.oldest_ms: int | None = None
-        self.batch_max, self.compact_every = batch_max, compact_every
+        #: Messages stored in one transaction at most: by default all the broker may have
+        #: in flight (Inbox.take gathers that many only under a heavy inflow).
+        self.batch_max, self.compact_every = batch_max or settings.collector_inflight, compact_every
         self.ingest = store.Ingest(
             max_future_ms=settings.max_future_seconds * 1000,
             max_age_ms=settings.max_age_seconds * 1000,
@@ -149,6 +144,8 @@ class Collector:
         self._writer.join(timeout=30)
         if self.jetstream is not None:
             self.jetstream.stop()
+        if self.broker_connected:  # the last acknowledgements first, or they come back
+            flush(self.client, FLUSH_FILTER)
         self.client.disconnect()
         self.client.loop_stop()
         if self._identity is not None:
@@ -223,7 +220,8 @@ class Collector:
             topic = message.topic
         except UnicodeDecodeError:  # brokers check UTF-8; never trust that
             topic = ""
-        stream = parse_config_topic(topic) if len(topic) <= MAX_TOPIC_LENGTH else None
+        data = topic.endswith("/up") or len(topic) > MAX_TOPIC_LENGTH  # configs end in /config
+        stream = None if data else parse_config_topic(topic)
         if stream is not None:
             self.configs.seen(stream, bytes(message.payload))
             client.ack(message.mid, message.qos)
@@ -252,13 +250,9 @@ class Collector:
             self.counts[reason] += 1
             self.rejected_by[reason] += 1
             return False
-        received = door.Received(topic, payload, token, qos, int(time.time() * 1000))
         self.received += 1
-        try:
-            self.queue.put_nowait(received)
-        except queue.Full:  # the broker sent more than Receive Maximum (docs/server.md)
-            self.counts["queue_full"] += 1
-            self.queue.put(received)
+        if not self.queue.put(door.Received(topic, payload, token, qos, int(time.time() * 1000))):
+            self.counts["queue_full"] += 1  # more than Receive Maximum came (docs/server.md)
         return True
 
     # -- writer thread ----------------------------------------------------------------------
@@ -290,7 +284,7 @@ class Collector:
             self._keep_in_sync()
             if not pending:
                 self.oldest_ms = None
-                pending = door.take_batch(self.queue, self.batch_max)
+                pending = self.queue.take(self.batch_max)
                 if not pending:
                     self._idle()
                     continue
@@ -359,22 +353,28 @@ class Collector:
         committed = time.time() * 1000
         if self.jetstream is not None:
             self.jetstream.ack([message.mid for message in pending])
+        else:
+            acknowledge(self.client, [(message.mid, message.qos) for message in pending])
+        self.acknowledged += len(pending)
+        statuses: Counter[str] = Counter()
+        readings, lags = 0, []
         for message, outcome in zip(pending, outcomes, strict=True):
-            if self.jetstream is None:
-                self.client.ack(message.mid, message.qos)
-            self.acknowledged += 1
-            self.counts[outcome.status] += 1
-            if outcome.status == "stored":
-                self.counts["readings"] += outcome.readings
-                self.lags.observe(committed, message.received_ms)
+            status = outcome.status
+            statuses[status] += 1
+            if status == "stored":
+                readings += outcome.readings
+                lags.append(message.received_ms)
                 if outcome.reset:
-                    self.counts["sequence_reset"] += 1
+                    statuses["sequence_reset"] += 1
                     self.notices.notify(self.configs.server_id, outcome, "sequence_reset")
-            elif outcome.status == "rejected":
+            elif status == "rejected":
                 self.rejected_by[outcome.reason or "unknown"] += 1
                 self.budget.spend(message.topic)
                 self._log_rejects.reject(outcome.reason or "", outcome.stream, outcome.device)
                 self.notices.notify(self.configs.server_id, outcome, outcome.reason or "")
+        statuses["readings"] = readings
+        self.counts.update(statuses)
+        self.lags.observe_many(committed, lags)
 
     def _failed(
         self, pending: list[door.Received], exc: SQLAlchemyError
@@ -394,7 +394,6 @@ class Collector:
         return "stopped" if stopped else "retry"
 
     def _store(self, messages: list[door.Received]) -> list[store.Outcome]:
+        rows = [(m.topic, m.payload, m.received_ms) for m in messages]
         with self.sessions() as session, session.begin():
-            return self.ingest.add_many(
-                session, [(m.topic, m.payload, m.received_ms) for m in messages]
-            )
+            return self.ingest.add_many(session, rows)

@@ -6,20 +6,17 @@ the session and the transaction.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 from sqlalchemy import Select, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from zeal import ParameterError
-from zeal.policy import DAY_MS, HOUR_MS, tally
+from zeal.policy import DAY_MS, HOUR_MS
 from zeal.protocol import check_name
 from zeal_server.models import BatchSeen, Device, DeviceDay, DeviceHour, DeviceTag, Stream
-from zeal_server.streams import StoreError, now_ms
+from zeal_server.streams import StoreError, insert_for, now_ms
 
 __all__ = [
     "DEVICE_ORDER",
@@ -27,9 +24,11 @@ __all__ = [
     "MAX_TAG_KEY",
     "MAX_TAG_VALUE",
     "StreamTotals",
+    "add_devices",
     "check_tags",
     "count_devices",
     "device_by_name",
+    "device_ids",
     "device_page",
     "devices_of",
     "enroll",
@@ -52,6 +51,27 @@ def new_device_row(stream_id: int, name: str, when: int) -> dict[str, Any]:
         "last_seen_ms": when,
         **counters,
     }
+
+
+def device_ids(session: Session, stream_id: int, names: list[str]) -> dict[str, int]:
+    """The ids of those of `names` that are devices of the stream (a query per 500)."""
+    found: dict[str, int] = {}
+    for first in range(0, len(names), 500):
+        chosen = names[first : first + 500]
+        query = select(Device.name, Device.id).where(
+            Device.stream_id == stream_id, Device.name.in_(chosen)
+        )
+        found.update((name, device_id) for name, device_id in session.execute(query))
+    return found
+
+
+def add_devices(session: Session, stream_id: int, first_seen: dict[str, int]) -> None:
+    """Create the devices named in `first_seen` (first seen at the times it gives) that do
+    not exist yet, in name order: every collector locks new rows in one order."""
+    session.execute(
+        insert_for(session)(Device).on_conflict_do_nothing(),
+        [new_device_row(stream_id, n, first_seen[n]) for n in sorted(first_seen)],
+    )
 
 
 def devices_of(session: Session, stream: Stream) -> list[Device]:
@@ -252,33 +272,3 @@ def hours_at_cap(session: Session, device_ids: list[int], day: int, cap: int) ->
         )
     )
     return {int(d) for d in rows}
-
-
-def charge_days(
-    allowed: tuple[int, int],
-    device_id: int,
-    timestamps: npt.NDArray[np.int64],
-    run: Callable[[str, dict[str, int]], Any],
-) -> bool:
-    """Book a batch's readings on its device's privacy ledger, per UTC day and per UTC hour
-    of their timestamps, if every day and every hour stays within `allowed` (the stream's
-    readings per day and per hour); else book nothing (False). Each period is one
-    conditional upsert (`run` executes the ingest's compiled statements and gives their
-    first row) that takes the period's row lock, so collectors sharing the database cannot
-    together let a device past either cap."""
-    plan = [
-        (kind, tally(timestamps, size), cap)
-        for kind, size, cap in (("day", DAY_MS, allowed[0]), ("hour", HOUR_MS, allowed[1]))
-    ]
-    if any(count > cap for _, pairs, cap in plan for _, count in pairs):
-        return False
-    booked: list[tuple[str, int, int]] = []
-    for kind, pairs, cap in plan:
-        for period, count in pairs:
-            row = {"did": device_id, "period": period, "n": count, "allowed": cap}
-            if run(f"charge_{kind}", row) is None:
-                for done_kind, done, k in booked:  # the batch is refused whole
-                    run(f"uncharge_{done_kind}", {"did": device_id, "period": done, "n": k})
-                return False
-            booked.append((kind, period, count))
-    return True

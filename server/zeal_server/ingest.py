@@ -9,6 +9,16 @@ with other content comes from an outbox that started again (a reinstalled device
 stored, counted as a sequence reset, never dropped. A batch that would take its device past
 the stream's privacy policy (readings per UTC day and per UTC hour) is refused whole as
 ``over_budget``.
+
+A transaction's messages are stored side by side: each stream's payloads decoded together
+(``zeal.wirebatches``), checked with array operations, and written with a few statements
+per table (``dedup``, ``ledger``, ``writes``), in one order of tables and keys so that
+collectors sharing a database do not deadlock. The outcome is, message for message, that
+of storing them one at a time in topic order (tests/server/test_ingest_many.py checks it).
+A device that sends one sequence number twice in a transaction has its later messages
+stored in a later round of the same transaction, after the earlier ones are settled (such
+a round may take rows out of that order: should PostgreSQL then break a deadlock, the
+collector rolls back and stores the messages again).
 """
 
 from __future__ import annotations
@@ -16,60 +26,33 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from sqlalchemy import (
-    delete,
-    func,
-    select,
-)
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from zeal import (
-    Batch,
-    ParameterError,
-    WireError,
-    decode_batch,
-)
+from zeal import ParameterError
 from zeal.policy import DAY_MS, HOUR_MS
 from zeal.protocol import REJECT_REASONS, check_name
-from zeal.topics import parse_data_topic
-from zeal_server.fleet import charge_days, new_device_row
-from zeal_server.models import (
-    BatchSeen,
-    Device,
-    DeviceDay,
-    DeviceHour,
-    Reject,
-    Stream,
-)
-from zeal_server.streams import StoreError, insert_for, params_of, stream_by_name
-from zeal_server.writes import Raw, StreamEntry, Writes, build_statement, collect, write
+from zeal.topics import MAX_TOPIC_LENGTH, parse_data_topic
+from zeal.wirebatches import Batches, decode_many
+from zeal_server.fleet import add_devices, device_ids
+from zeal_server.groups import Group, Outcome, implausible, rounds, select_batches
+from zeal_server.models import DeviceDay, DeviceHour, Reject, Stream
+from zeal_server.rawsql import Raw
+from zeal_server.settle import Round
+from zeal_server.streams import params_of, stream_by_name
+from zeal_server.writes import StreamEntry, Writes, build_statement, write
+
+__all__ = ["FOREIGN", "MAX_REJECT_ROWS", "Ingest", "Outcome", "payload_digest"]
 
 #: The wire reason of a payload made with other parameters (or for another topic).
 FOREIGN = "fingerprint_mismatch"
 #: The rejects table keeps at most about this many (stream, device, reason) rows.
 MAX_REJECT_ROWS = 10_000
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What happened to one message: stored, duplicate, or rejected with a reason.
-
-    ``reset`` marks a stored batch whose sequence number the device had used before for
-    other content; ``last_sequence`` is then the highest sequence stored from the device.
-    """
-
-    status: str  # "stored" | "duplicate" | "rejected"
-    reason: str | None = None
-    stream: str = ""
-    device: str = ""
-    readings: int = 0
-    sequence: int | None = None
-    reset: bool = False
-    last_sequence: int | None = None
+#: Topics whose names were checked, remembered at most (then forgotten all at once).
+_TOPICS = 50_000
 
 
 def payload_digest(payload: bytes) -> int:
@@ -104,6 +87,7 @@ class Ingest:
         self.backfill_ms, self.max_buckets = backfill_ms, max_buckets
         self._streams: dict[str, StreamEntry | None] = {}
         self._devices: dict[tuple[int, str], int] = {}
+        self._topics: dict[str, tuple[str, str] | None] = {}
         self._reject_keys: dict[tuple[str, str], None] = {}
         self._reject_rows: tuple[int, float] = (0, -1e18)  # (rows, when counted)
         self._statements: dict[tuple[str, str], Any] = {}
@@ -185,27 +169,42 @@ class Ingest:
         del self._streams[name]
         return self._stream(session, name)
 
-    def _device(self, session: Session, stream_id: int, name: str, when: int) -> int:
-        key = (stream_id, name)
-        device_id = self._devices.get(key)
-        if device_id is None:
-            session.execute(
-                insert_for(session)(Device)
-                .values(**new_device_row(stream_id, name, when))
-                .on_conflict_do_nothing()
-            )
-            device_id = session.scalar(
-                select(Device.id).where(Device.stream_id == stream_id, Device.name == name)
-            )
-            assert device_id is not None
-            self._devices[key] = device_id
-        return device_id
+    def _look_up(self, session: Session, stream_id: int, names: list[str]) -> None:
+        """Cache the ids of those of `names` that are devices of the stream."""
+        missing = [n for n in names if (stream_id, n) not in self._devices]
+        for name, device_id in device_ids(session, stream_id, missing).items():
+            self._devices[(stream_id, name)] = device_id
 
-    def reject(
-        self, session: Session, stream: str, device: str, reason: str, *, when: int, count: int = 1
-    ) -> Outcome:
-        """Count a reject under (stream, device, reason). Once the table holds
-        MAX_REJECT_ROWS rows, rejects of names it does not know yet are counted under
+    def _devices_of(self, session: Session, stream_id: int, first_seen: dict[str, int]) -> None:
+        """Cache the ids of the devices named in `first_seen`, creating the new ones."""
+        self._look_up(session, stream_id, list(first_seen))
+        new = {n: t for n, t in first_seen.items() if (stream_id, n) not in self._devices}
+        if new:
+            add_devices(session, stream_id, new)
+            self._look_up(session, stream_id, list(new))
+
+    def _names(self, topic: str) -> tuple[str, str] | None:
+        """(stream, device) of a data topic whose names are valid, else None (cached)."""
+        if topic in self._topics:
+            return self._topics[topic]
+        names = parse_data_topic(topic)
+        try:
+            if names is not None:
+                check_name("stream", names[0])
+                check_name("device", names[1])
+        except ParameterError:  # names a client chose are kept only when valid
+            names = None
+        if len(topic) <= MAX_TOPIC_LENGTH:  # what the door lets through: short keys only
+            if len(self._topics) >= _TOPICS:
+                self._topics.clear()
+            self._topics[topic] = names
+        return names
+
+    def _reject_key(
+        self, session: Session, stream: str, device: str, reason: str
+    ) -> tuple[str, str, str]:
+        """The rejects row a reject of (stream, device, reason) counts under. Once the table
+        holds MAX_REJECT_ROWS rows, rejects of names it does not know yet are counted under
         ("*", "*", reason): clients cannot grow it without bound. `reason` is one of
         zeal.protocol.REJECT_REASONS (anything else is a bug, refused loudly)."""
         if reason not in REJECT_REASONS:
@@ -225,176 +224,173 @@ class Ingest:
                 self._reject_keys[key] = None
                 if len(self._reject_keys) > MAX_REJECT_ROWS:
                     self._reject_keys.clear()
-        stmt = insert_for(session)(Reject).values(
-            stream=key[0], device=key[1], reason=reason, count=count, last_ms=when
-        )
+        return (*key, reason)
+
+    def reject(
+        self, session: Session, stream: str, device: str, reason: str, *, when: int, count: int = 1
+    ) -> Outcome:
+        """Count `count` rejects under (stream, device, reason) at once (see _reject_key)."""
+        key = self._reject_key(session, stream, device, reason)
         session.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["stream", "device", "reason"],
-                set_={
-                    "count": Reject.count + stmt.excluded.count,
-                    "last_ms": stmt.excluded.last_ms,
-                },
-            )
+            self._statement(session, "reject"),
+            {"stream": key[0], "device": key[1], "reason": reason, "count": count, "last_ms": when},
         )
         return Outcome("rejected", reason, stream, device)
+
+    def _refuse(
+        self,
+        session: Session,
+        writes: Writes,
+        names: tuple[str, str],
+        reason: str,
+        *,
+        when: int,
+        sequence: int | None = None,
+    ) -> Outcome:
+        """A reject counted in `writes` (written with the transaction's other rows)."""
+        writes.reject(self._reject_key(session, *names, reason), when)
+        return Outcome("rejected", reason, *names, sequence=sequence)
 
     def add(self, session: Session, topic: str, payload: bytes, received_ms: int) -> Outcome:
         """Validate and store one message (see add_many)."""
         return self.add_many(session, [(topic, payload, received_ms)])[0]
 
     def add_many(self, session: Session, messages: list[tuple[str, bytes, int]]) -> list[Outcome]:
-        """Validate messages and store the accepted ones, in the caller's transaction.
-
-        Each message is checked and deduplicated on its own, in a stable topic order (all
-        collectors lock rows in one order: no deadlock); what the accepted ones add to the
-        aggregates, totals, segments and devices is then written by ``write``.
-        """
-        writes, order = Writes(), sorted(range(len(messages)), key=lambda i: messages[i][0])
-        try:  # the per-message statements' cursor lives as long as this batch of messages
-            outcomes = {i: self._one(session, *messages[i], writes) for i in order}
+        """Validate messages and store the accepted ones, in the caller's transaction: the
+        outcome of each, as if they were stored one at a time in topic order."""
+        outcomes: list[Outcome | None] = [None] * len(messages)
+        writes = Writes()
+        refuse = functools.partial(self._refuse, session)
+        seen = lambda: self._statement(session, "seen")  # noqa: E731
+        try:  # the statements' cursor lives as long as this batch of messages
+            groups = self._validate(session, messages, outcomes, writes)
+            for round_ in rounds(groups):
+                Round(session, self._raw, seen, refuse, outcomes, writes).store(round_)
         finally:
             self._raw.close()
         write(session, writes, self._statement)
-        return [outcomes[i] for i in range(len(messages))]
+        assert all(o is not None for o in outcomes)
+        return outcomes  # type: ignore[return-value]
 
-    def _one(  # noqa: PLR0911 (one return per check, in the order docs/server.md lists them)
-        self, session: Session, topic: str, payload: bytes, received_ms: int, writes: Writes
-    ) -> Outcome:
-        names = parse_data_topic(topic)
-        if names is None:
-            return self.reject(session, "", "", "bad_topic", when=received_ms)
-        stream_name, device_name = names
-        try:
-            check_name("stream", stream_name)
-            check_name("device", device_name)
-        except ParameterError:  # names a client chose are kept only when valid
-            return self.reject(session, "", "", "bad_topic", when=received_ms)
-        entry = self._stream(session, stream_name)
-        if entry is None:
-            return self.reject(
-                session, stream_name, device_name, "unknown_stream", when=received_ms
-            )
-        try:
-            batch = decode_batch(payload, entry.params, stream=stream_name, device=device_name)
-        except WireError as exc:
-            entry = self._changed(session, stream_name, entry) if exc.reason == FOREIGN else None
+    def _validate(
+        self,
+        session: Session,
+        messages: list[tuple[str, bytes, int]],
+        outcomes: list[Outcome | None],
+        writes: Writes,
+    ) -> list[Group]:
+        """Check everything a message can be refused for before the store, stream by
+        stream in topic order (docs/server.md lists the checks): the groups that passed."""
+        streams: dict[str, list[tuple[int, str]]] = {}
+        for i in sorted(range(len(messages)), key=lambda i: messages[i][0]):
+            names = self._names(messages[i][0])
+            if names is None:
+                outcomes[i] = self._refuse(
+                    session, writes, ("", ""), "bad_topic", when=messages[i][2]
+                )
+            else:
+                streams.setdefault(names[0], []).append((i, names[1]))
+        groups = []
+        for name, members in streams.items():
+            entry = self._stream(session, name)
             if entry is None:
-                return self.reject(session, stream_name, device_name, exc.reason, when=received_ms)
-            return self._one(session, topic, payload, received_ms, writes)
-        reason = self._implausible(entry, batch, received_ms)
-        if (
-            reason is None
-            and entry.enrolled_only
-            and not self._enrolled(session, entry, device_name)
-        ):
-            reason = "not_enrolled"
-        if reason is not None:
-            return replace(
-                self.reject(session, stream_name, device_name, reason, when=received_ms),
-                sequence=batch.sequence,
-            )
-        device_id = self._device(session, entry.id, device_name, received_ms)
-        row = {
-            "device_id": device_id,
-            "sequence": batch.sequence - (1 << 64) if batch.sequence >= 1 << 63 else batch.sequence,
-            "generation": 0,
-            "digest": payload_digest(payload),
-            "received_ms": received_ms,
-            "readings": len(batch),
-            "bytes": len(payload),
-        }
-        # RETURNING tells whether the row went in; rowcount is not reliable for
-        # ON CONFLICT DO NOTHING across drivers (psycopg reported 1 for a duplicate).
-        inserted = self._raw.first(session, "seen", row)
-        dev = writes.device(device_id, received_ms)
-        last_sequence = None
-        if inserted is None:
-            if not self._next_generation(session, row):
-                dev[4] += 1
-                return Outcome("duplicate", None, stream_name, device_name, 0, batch.sequence)
-            dev[5] += 1
-            last_sequence = session.scalar(
-                select(func.max(BatchSeen.sequence)).where(BatchSeen.device_id == device_id)
-            )
-        daily, hourly = entry.params.readings_per_day, entry.params.readings_per_hour
-        run = functools.partial(self._raw.first, session)
-        if (
-            daily is not None
-            and hourly is not None
-            and not charge_days((daily, hourly), device_id, batch.timestamps, run)
-        ):
-            session.execute(
-                delete(BatchSeen).where(
-                    BatchSeen.device_id == device_id,
-                    BatchSeen.sequence == row["sequence"],
-                    BatchSeen.generation == row["generation"],
+                for i, device in members:
+                    when = messages[i][2]
+                    outcomes[i] = self._refuse(
+                        session, writes, (name, device), "unknown_stream", when=when
+                    )
+                continue
+            for part in self._decode(
+                session, name, entry, messages, members, outcomes=outcomes, writes=writes
+            ):
+                groups.append(self._plausible(session, part, messages, outcomes, writes))
+        return [g for g in groups if g.positions]
+
+    def _decode(
+        self,
+        session: Session,
+        name: str,
+        entry: StreamEntry,
+        messages: list[tuple[str, bytes, int]],
+        members: list[tuple[int, str]],
+        *,
+        outcomes: list[Outcome | None],
+        writes: Writes,
+    ) -> list[tuple[StreamEntry, str, list[tuple[int, str]], Batches]]:
+        """Decode a stream's messages: (entry, messages, their batches) for those that
+        decode. A payload made with a policy another process gave the stream meanwhile
+        reads the stream again, and it and the messages after it are decoded anew."""
+        parts = []
+        while members:
+            payloads = [messages[i][1] for i, _ in members]
+            devices = [d for _, d in members]
+            batches, errors = decode_many(payloads, entry.params, stream=name, devices=devices)
+            foreign = [k for k, e in errors.items() if e.reason == FOREIGN]
+            changed = self._changed(session, name, entry) if foreign else None
+            cut = min(foreign) if changed is not None else len(members)
+            for k in sorted(k for k in errors if k < cut):
+                i, device = members[k]
+                reason = errors[k].reason
+                outcomes[i] = self._refuse(
+                    session, writes, (name, device), reason, when=messages[i][2]
                 )
+            keep = batches.index < cut
+            decoded = [members[k] for k in batches.index[keep].tolist()]
+            parts.append((entry, name, decoded, select_batches(batches, keep)))
+            if changed is None:
+                break
+            entry, members = changed, members[cut:]
+        return parts
+
+    def _plausible(
+        self,
+        session: Session,
+        part: tuple[StreamEntry, str, list[tuple[int, str]], Batches],
+        messages: list[tuple[str, bytes, int]],
+        outcomes: list[Outcome | None],
+        writes: Writes,
+    ) -> Group:
+        """The decoded messages whose times are plausible (``_implausible``) and whose
+        device may send (enrolment), with their devices' ids."""
+        entry, name, members, batches = part
+        received = np.array([messages[i][2] for i, _ in members], dtype=np.int64)
+        reasons = implausible(self, entry, batches, received)
+        keep = np.ones(len(members), dtype=bool)
+        if entry.enrolled_only:  # enrolled, or heard from before the stream was closed
+            self._look_up(session, entry.id, list(dict.fromkeys(d for _, d in members)))
+            for k, (_, device) in enumerate(members):
+                if reasons[k] is None and (entry.id, device) not in self._devices:
+                    reasons[k] = "not_enrolled"
+        for k, reason in enumerate(reasons):
+            if reason is None:
+                continue
+            i, device = members[k]
+            outcomes[i] = self._refuse(
+                session,
+                writes,
+                (name, device),
+                reason,
+                when=messages[i][2],
+                sequence=int(batches.sequences[k]),
             )
-            return replace(
-                self.reject(session, stream_name, device_name, "over_budget", when=received_ms),
-                sequence=batch.sequence,
-            )
-        collect(entry, device_id, batch, writes)
-        dev[1] += len(batch)
-        dev[2] += 1
-        dev[3] += len(payload)
-        return Outcome(
-            "stored",
-            None,
-            stream_name,
-            device_name,
-            len(batch),
-            batch.sequence,
-            reset=last_sequence is not None,
-            last_sequence=last_sequence,
+            keep[k] = False
+        if not keep.all():
+            members = [m for m, ok in zip(members, keep.tolist(), strict=True) if ok]
+            received = received[keep]
+        first_seen: dict[str, int] = {}
+        for (_, device), when in zip(members, received.tolist(), strict=True):
+            first_seen.setdefault(device, when)
+        self._devices_of(session, entry.id, first_seen)
+        ids = {d: self._devices[(entry.id, d)] for d in first_seen}
+        payloads = [messages[i][1] for i, _ in members]
+        return Group(
+            entry,
+            name,
+            [i for i, _ in members],
+            [d for _, d in members],
+            select_batches(batches, keep),
+            np.array([ids[d] for _, d in members], dtype=np.int64),
+            received,
+            np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads)),
+            np.array([payload_digest(p) for p in payloads], dtype=np.int64),
         )
-
-    def _enrolled(self, session: Session, entry: StreamEntry, name: str) -> bool:
-        """Whether the device exists already (enrolled, or heard from before the stream
-        was closed); looked up, never created."""
-        key = (entry.id, name)
-        if key in self._devices:
-            return True
-        found = session.scalar(
-            select(Device.id).where(Device.stream_id == entry.id, Device.name == name)
-        )
-        if found is not None:
-            self._devices[key] = found
-        return found is not None
-
-    def _implausible(self, entry: StreamEntry, batch: Batch, received_ms: int) -> str | None:
-        """Why a well-formed batch is still refused (its times), or None."""
-        first, last = int(batch.timestamps[0]), int(batch.timestamps[-1])  # never decreasing
-        if self.max_buckets is not None and last // entry.bucket_ms - first // entry.bucket_ms >= (
-            self.max_buckets
-        ):
-            buckets = batch.timestamps // entry.bucket_ms
-            if 1 + int(np.count_nonzero(np.diff(buckets))) > self.max_buckets:
-                return "too_many_buckets"
-        if self.max_future_ms is not None and last > received_ms + self.max_future_ms:
-            return "future_timestamp"
-        if self.max_age_ms is not None and first < received_ms - self.max_age_ms:
-            return "too_old"
-        if entry.retention_ms is not None and first < received_ms - entry.retention_ms:
-            return "too_old"  # it would be deleted at once; and a replay must not return
-        if self.backfill_ms is not None and first < entry.created_ms - self.backfill_ms:
-            return "before_stream"
-        return None
-
-    def _next_generation(self, session: Session, row: dict[str, Any]) -> bool:
-        """The (device, sequence) is taken: store this batch as the next generation of it
-        (True), unless one of them has its content, or predates digests (False: a
-        duplicate)."""
-        for _ in range(10):  # another collector may take the same generation meanwhile
-            taken = session.execute(
-                select(BatchSeen.generation, BatchSeen.digest).where(
-                    BatchSeen.device_id == row["device_id"], BatchSeen.sequence == row["sequence"]
-                )
-            ).all()
-            if any(digest is None or digest == row["digest"] for _, digest in taken):
-                return False
-            row["generation"] = max((g for g, _ in taken), default=-1) + 1
-            if session.execute(self._statement(session, "seen"), row).first() is not None:
-                return True
-        raise StoreError(f"could not store a generation of sequence {row['sequence']}")

@@ -1,6 +1,7 @@
 """The write path's parts below ``Ingest``: the cached stream entry, what one transaction
-writes (``Writes``), how an accepted batch becomes rows (``collect``), the statements and
-their execution (``build_statement``, ``write``)."""
+writes (``Writes``), how accepted batches become rows (``collect``, all of a stream's at
+once), the statements (``build_statement``, ``build_rows``) and their execution
+(``write``; the per-message and multi-row ones run through ``rawsql.Raw``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from sqlalchemy import (
     Table,
     bindparam,
@@ -17,15 +19,14 @@ from sqlalchemy import (
     insert,
     update,
 )
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from zeal import (
-    Batch,
     Zeal,
     exact_sum,
     exact_sum_squares,
 )
+from zeal.wirebatches import Batches
 from zeal_server.models import (
     SQUARE_LIMBS,
     SUM_LIMBS,
@@ -35,6 +36,7 @@ from zeal_server.models import (
     Device,
     DeviceDay,
     DeviceHour,
+    Reject,
     Segment,
 )
 from zeal_server.segments import Columns, encode_columns
@@ -53,6 +55,10 @@ class StreamEntry:
     retention_ms: int | None = None
 
 
+#: The columns of a dedup row (``batches``), in the order ``Raw.many`` takes them.
+SEEN_COLUMNS = ("device_id", "sequence", "generation", "digest", "received_ms", "readings", "bytes")
+
+
 class Writes:
     """Everything one transaction's accepted batches add, written with one executemany each."""
 
@@ -64,15 +70,39 @@ class Writes:
         self.parts: dict[tuple[int, int], tuple[int, list[Columns]]] = {}
         # id -> [last_seen, readings, batches, bytes, duplicates, sequence resets]
         self.devices: dict[int, list[int]] = {}
+        #: (stream, device, reason) -> [count, last_ms] of the transaction's rejects.
+        self.rejects: dict[tuple[str, str, str], list[int]] = {}
 
     def device(self, device_id: int, received_ms: int) -> list[int]:
         dev = self.devices.setdefault(device_id, [received_ms, 0, 0, 0, 0, 0])
         dev[0] = max(dev[0], received_ms)
         return dev
 
+    def count_devices(self, device_ids: npt.NDArray[np.int64], columns: list[Any]) -> None:
+        """Add per-message counters to the devices': `columns` are the messages' arrival
+        times (a maximum), then readings, batches, bytes, duplicates and sequence resets
+        (sums), each an array beside `device_ids`."""
+        found, inverse = np.unique(device_ids, return_inverse=True)
+        latest = np.full(found.size, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(latest, inverse, np.asarray(columns[0], dtype=np.int64))
+        sums = np.zeros((len(columns) - 1, found.size), dtype=np.int64)
+        for row, values in enumerate(columns[1:]):
+            np.add.at(sums[row], inverse, np.asarray(values, dtype=np.int64))
+        for device_id, seen, *counts in zip(
+            found.tolist(), latest.tolist(), *sums.tolist(), strict=True
+        ):
+            dev = self.device(device_id, seen)
+            for i, count in enumerate(counts, start=1):
+                dev[i] += count
+
     def add(self, key: tuple[int, int, int], values: list[int]) -> None:
         _accumulate(self.aggregates, key, values)
         _accumulate(self.totals, (key[0], key[1]), values)
+
+    def reject(self, key: tuple[str, str, str], when: int) -> None:
+        counted = self.rejects.setdefault(key, [0, when])
+        counted[0] += 1
+        counted[1] = when
 
 
 def _accumulate(table: dict[Any, list[int]], key: Any, values: list[int]) -> None:
@@ -140,29 +170,102 @@ def build_statement(session: Session, name: str) -> Any:
         ).returning(ledger.c.readings)
     elif name == "segments":
         stmt = insert(typing.cast(Table, Segment.__table__))
+    elif name == "reject":
+        rejects = typing.cast(Table, Reject.__table__)
+        base = insert_(rejects)
+        stmt = base.on_conflict_do_update(
+            index_elements=["stream", "device", "reason"],
+            set_={"count": rejects.c.count + base.excluded.count, "last_ms": base.excluded.last_ms},
+        )
     else:
         raise KeyError(name)
     return stmt
 
 
-def collect(entry: StreamEntry, device_id: int, batch: Batch, writes: Writes) -> None:
-    """Add an accepted batch's aggregate increments, device counters and raw segment parts
-    (one per bucket it touches) to `writes`."""
-    k = entry.params.payload_bits
-    stamps = batch.timestamps
-    first, last = int(stamps[0]) // entry.bucket_ms, int(stamps[-1]) // entry.bucket_ms
-    buckets = None if first == last else stamps // entry.bucket_ms  # stamps never decrease
-    for bucket in [first] if buckets is None else np.unique(buckets).tolist():
-        mask = slice(None) if buckets is None else buckets == bucket
-        codes = batch.codes[mask]
-        values = [
-            int(codes.size),
-            *to_limbs(exact_sum(codes, k), SUM_LIMBS),
-            *to_limbs(exact_sum_squares(codes, k), SQUARE_LIMBS),
+def build_rows(session: Session, name: str, rows: int) -> Any:
+    """The multi-row form of a per-message statement (``seen``, ``charge_day``,
+    ``charge_hour``) for `rows` rows, its parameters named ``r{row}_{column}``: one
+    statement stores a transaction's dedup rows, or books its devices' days, and RETURNING
+    names the rows it wrote."""
+    insert_ = insert_for(session)
+    if name == "seen":
+        seen = typing.cast(Table, BatchSeen.__table__)
+        values: list[dict[str, Any]] = [
+            {c: bindparam(f"r{r}_{c}") for c in SEEN_COLUMNS} for r in range(rows)
         ]
-        writes.add((entry.id, bucket, device_id), values)
-        columns = Columns(codes, stamps[mask], np.full(codes.size, device_id, dtype=np.int64))
+        return (
+            insert_(seen)
+            .values(values)
+            .on_conflict_do_nothing()
+            .returning(seen.c.device_id, seen.c.sequence)
+        )
+    if name in ("charge_day", "charge_hour"):
+        ledger = typing.cast(Table, (DeviceHour if name.endswith("hour") else DeviceDay).__table__)
+        period = ledger.c.hour if name.endswith("hour") else ledger.c.day
+        base = insert_(ledger).values(
+            [
+                {
+                    "device_id": bindparam(f"r{r}_did"),
+                    period.name: bindparam(f"r{r}_period"),
+                    "readings": bindparam(f"r{r}_n"),
+                }
+                for r in range(rows)
+            ]
+        )
+        return base.on_conflict_do_update(
+            index_elements=["device_id", period.name],
+            set_={"readings": ledger.c.readings + base.excluded.readings},
+            where=ledger.c.readings + base.excluded.readings <= bindparam("allowed"),
+        ).returning(ledger.c.device_id, period)
+    raise KeyError(name)
+
+
+def collect(
+    entry: StreamEntry, batches: Batches, device_ids: npt.NDArray[np.int64], writes: Writes
+) -> None:
+    """Add accepted batches' aggregate increments (per bucket and device) and raw segment
+    parts (per bucket: the batches' readings in their order) to `writes`; batch ``i`` came
+    from ``device_ids[i]``."""
+    if not len(batches):
+        return
+    k = entry.params.payload_bits
+    codes, stamps = batches.codes, batches.timestamps
+    devices = np.repeat(device_ids, batches.counts)
+    buckets = stamps // entry.bucket_ms
+    by_bucket = np.argsort(buckets, kind="stable")
+    found, starts = np.unique(buckets[by_bucket], return_index=True)
+    for bucket, part in zip(found.tolist(), np.split(by_bucket, starts[1:]), strict=True):
+        columns = Columns(codes[part], stamps[part], devices[part])
         writes.parts.setdefault((entry.id, bucket), (k, []))[1].append(columns)
+    order = np.lexsort((devices, buckets))
+    keys = np.stack([buckets[order], devices[order]])
+    first = np.flatnonzero(np.concatenate([[True], (keys[:, 1:] != keys[:, :-1]).any(axis=0)]))
+    for (bucket, device), values in zip(
+        keys[:, first].T.tolist(), _group_sums(codes[order], first, k), strict=True
+    ):
+        writes.add((entry.id, bucket, device), values)
+
+
+def _group_sums(
+    codes: npt.NDArray[np.uint64], first: npt.NDArray[np.int64], k: int
+) -> list[list[int]]:
+    """[n, sum limbs..., square limbs...] of each run of `codes` starting at `first`, exact:
+    uint64 sums where they cannot wrap (codes of up to 32 bits, squares split in 32-bit
+    halves), exact_sum on each run otherwise."""
+    counts = np.diff(np.append(first, codes.size))
+    if k > 32:
+        runs = np.split(codes, first[1:])
+        totals = [(exact_sum(r, k), exact_sum_squares(r, k)) for r in runs]
+    else:
+        sums = np.add.reduceat(codes, first).tolist()
+        squares = codes * codes
+        low = np.add.reduceat(squares & np.uint64(0xFFFFFFFF), first).tolist()
+        high = np.add.reduceat(squares >> np.uint64(32), first).tolist()
+        totals = [(s, (h << 32) + lo) for s, h, lo in zip(sums, high, low, strict=True)]
+    return [
+        [n, *to_limbs(s, SUM_LIMBS), *to_limbs(q, SQUARE_LIMBS)]
+        for n, (s, q) in zip(counts.tolist(), totals, strict=True)
+    ]
 
 
 def _segments(writes: Writes) -> list[dict[str, Any]]:
@@ -191,8 +294,8 @@ def write(session: Session, writes: Writes, statement: Callable[[Session, str], 
 
     Rows are updated in key order, table after table in one order, so that transactions of
     collectors sharing a database take their row locks in one global order and never
-    deadlock. The bucket totals, which every device of a bucket updates, come last: their
-    locks are held only from there to the commit.
+    deadlock. The bucket totals, which every device of a bucket updates, come last but for
+    the rejects: their locks are held only from there to the commit.
     """
     if writes.aggregates:
         session.execute(
@@ -225,51 +328,11 @@ def write(session: Session, writes: Writes, statement: Callable[[Session, str], 
                 for (s, b), v in sorted(writes.totals.items())
             ],
         )
-
-
-class Raw:
-    """The per-message statements of the write path (``seen``, the policy's ``charge_*``
-    and ``uncharge_*``) run on the session's own DBAPI cursor, in its transaction: compiled
-    once per dialect to SQL text with its parameter order. SQLAlchemy's execution pipeline
-    costs about 100 microseconds a statement, several times the database's own work for a
-    one-reading message. ``open`` gives a cursor for one batch of messages."""
-
-    def __init__(self) -> None:
-        self._compiled: dict[tuple[str, str, tuple[str, ...]], tuple[str, list[str] | None]] = {}
-        self._session: Session | None = None
-        self._cursor: Any = None
-
-    def open(self, session: Session) -> None:
-        self.close()
-        self._session, self._cursor = session, session.connection().connection.cursor()
-
-    def close(self) -> None:
-        if self._cursor is not None:
-            self._cursor.close()
-        self._session = self._cursor = None
-
-    def first(self, session: Session, name: str, params: dict[str, Any]) -> Any:
-        """The statement's first row (None if it returns none)."""
-        if self._session is not session:
-            self.open(session)
-        dialect = session.get_bind().dialect
-        key = (dialect.name, name, tuple(params))
-        found = self._compiled.get(key)
-        if found is None:
-            compiled = build_statement(session, name).compile(
-                dialect=dialect, column_keys=list(params)
-            )
-            order = list(compiled.positiontup or []) if dialect.positional else None
-            found = self._compiled[key] = (str(compiled), order)
-        sql, order = found
-        cursor = self._cursor
-        values = [params[k] for k in order] if order is not None else params
-        try:
-            cursor.execute(sql, values)
-            return cursor.fetchone() if cursor.description is not None else None
-        except dialect.loaded_dbapi.Error as exc:
-            # As SQLAlchemy would raise it (IntegrityError, OperationalError, ...): the
-            # collector's retry and rollback paths catch those, not the driver's own.
-            raise DBAPIError.instance(
-                sql, values, exc, dialect.loaded_dbapi.Error, dialect=dialect
-            ) from exc
+    if writes.rejects:
+        session.execute(
+            statement(session, "reject"),
+            [
+                {"stream": s, "device": d, "reason": r, "count": n, "last_ms": when}
+                for (s, d, r), (n, when) in sorted(writes.rejects.items())
+            ],
+        )

@@ -36,6 +36,7 @@ from zeal.errors import ZealError
 __all__ = [
     "CONFIG_FILTER",
     "DATA_FILTER",
+    "FLUSH_FILTER",
     "MAX_TOPIC_LENGTH",
     "NOTICE_FORMAT",
     "PREFIX",
@@ -57,6 +58,9 @@ PREFIX: Final = "zeal/v1"
 DATA_FILTER: Final = f"{PREFIX}/+/+/up"
 #: Every stream's configuration.
 CONFIG_FILTER: Final = f"{PREFIX}/+/config"
+#: A filter no client subscribes to: the broker's answer to unsubscribing from it comes
+#: after it has read everything the client sent before (the collector's last PUBACKs).
+FLUSH_FILTER: Final = f"{PREFIX}/flush"
 NOTICE_FORMAT: Final = "zeal-notice/1"
 PRESENCE_FORMAT: Final = "zeal-presence/1"
 

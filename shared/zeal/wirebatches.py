@@ -51,14 +51,13 @@ _IRREGULAR = 0x01
 class Batches:
     """Decoded batches side by side. Batch ``i`` came from payload ``index[i]``; its
     sequence number is ``sequences[i]``, its readings are ``timestamps`` and ``codes`` from
-    ``starts[i]`` to ``starts[i + 1]``, and ``fingerprints[i]`` are its wire bytes."""
+    ``starts[i]`` to ``starts[i + 1]``."""
 
     index: _I64
     sequences: _U64
     starts: _I64
     timestamps: _I64
     codes: _U64
-    fingerprints: list[bytes]
 
     def __post_init__(self) -> None:
         for name in ("index", "sequences", "starts", "timestamps", "codes"):
@@ -72,11 +71,11 @@ class Batches:
         """Readings per batch."""
         return np.diff(self.starts)
 
-    def batch(self, i: int) -> Batch:
-        """Batch ``i`` as ``decode_batch`` gives it."""
+    def batch(self, i: int, fingerprint: bytes) -> Batch:
+        """Batch ``i`` as ``decode_batch`` gives it (with its payload's `fingerprint`)."""
         part = slice(int(self.starts[i]), int(self.starts[i + 1]))
         return Batch(
-            self.fingerprints[i],
+            fingerprint,
             int(self.sequences[i]),
             self.timestamps[part].copy(),
             self.codes[part].copy(),
@@ -139,7 +138,6 @@ def _one_by_one(
         np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
         np.concatenate([b.timestamps for _, b in batches]),
         np.concatenate([b.codes for _, b in batches]),
-        [b.fingerprint for _, b in batches],
     ), errors
 
 
@@ -150,16 +148,13 @@ def _empty() -> Batches:
         np.zeros(1, np.int64),
         np.zeros(0, np.int64),
         np.zeros(0, np.uint64),
-        [],
     )
 
 
 def _shifted(part: Batches, by: int) -> Batches:
     if by == 0:
         return part
-    return Batches(
-        part.index + by, part.sequences, part.starts, part.timestamps, part.codes, part.fingerprints
-    )
+    return Batches(part.index + by, part.sequences, part.starts, part.timestamps, part.codes)
 
 
 def _merge(parts: list[Batches]) -> Batches:
@@ -176,14 +171,12 @@ def _merge(parts: list[Batches]) -> Batches:
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     within = np.arange(int(starts[-1])) - np.repeat(starts[:-1], counts)
     take = np.repeat(offsets, counts) + within
-    fingerprints = [f for p in parts for f in p.fingerprints]
     return Batches(
         index[order],
         np.concatenate([p.sequences for p in parts])[order],
         starts,
         np.concatenate([p.timestamps for p in parts])[take],
         np.concatenate([p.codes for p in parts])[take],
-        [fingerprints[i] for i in order.tolist()],
     )
 
 
@@ -298,5 +291,4 @@ def _vectorized(  # noqa: PLR0915 (the byte layout, field by field, as decode_ba
         starts,
         stamps.astype(np.int64),
         codes,
-        [fingerprints[i] for i in live.tolist()],
     ), np.flatnonzero(~good)

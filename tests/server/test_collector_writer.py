@@ -18,7 +18,7 @@ from sqlalchemy.exc import OperationalError
 from tests.server.test_api import settings
 from zeal_server.api import create_app
 from zeal_server.collector import Collector
-from zeal_server.door import Received, take_batch
+from zeal_server.door import Received
 from zeal_server.settings import ServerSettings
 
 
@@ -83,7 +83,7 @@ def test_a_database_error_is_retried_and_nothing_is_acknowledged_meanwhile(
 
     collector.ingest.add_many = flaky  # type: ignore[method-assign]
     collector._backoff = 0.01
-    pending = take_batch(collector.queue, 10)
+    pending = collector.queue.take(10)
     assert collector._commit(pending) == "retry"
     assert (acked, collector.database_ok) == ([], False)
     assert collector.last_error == "database: Exception: database is locked"

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import psycopg
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.server.metrics_check import metric_samples
@@ -23,7 +24,7 @@ from tools.testbed.server import Server, create, stats, stream_body, verify, wai
 from zeal import encode_batch
 from zeal.streamconfig import params_from_config
 from zeal.topics import data_topic
-from zeal_server import store
+from zeal_server import rawsql, store
 from zeal_server.api import create_app
 
 DEVICES, SECONDS = 200, 60
@@ -97,14 +98,15 @@ def test_two_collectors_share_200_devices_at_full_speed_without_deadlock(
 
 
 def test_two_transactions_meeting_the_same_devices_in_opposite_orders_do_not_deadlock(
-    postgres_url: str,
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The interleaving that deadlocks rows locked in arrival order, forced: collector A
-    stores dev1's batch, then waits (at most 3 s) until collector B has stored its first
-    message before it goes on to dev2's. In arrival order B's first is dev2's: B then
-    holds dev2's ledger rows and waits for dev1's while A waits for dev2's, and PostgreSQL
-    breaks the cycle by failing one. In topic order B's first is dev1's: B waits for A's
-    commit, A goes on after 3 s, and both store."""
+    """The interleaving that deadlocks rows locked in arrival order, forced: with both devices
+    enrolled and one row per statement, collector A books dev1's day, then waits (at most
+    3 s) until collector B has booked its first ledger row before it goes on to dev2's. In
+    arrival order B's first is dev2's: B then holds dev2's row and waits for dev1's while A
+    waits for dev2's, and PostgreSQL breaks the cycle by failing one. In key order B's first
+    is dev1's: B waits for A's commit, A goes on after 3 s, and both store."""
+    monkeypatch.setattr(rawsql, "MAX_ROWS", 1)
     with TestClient(create_app(settings(postgres_url), collector=False)) as client:
         client.post("/api/v1/streams", json=stream_body())
         sessions = client.app.state.sessions  # type: ignore[attr-defined]
@@ -127,22 +129,35 @@ def test_two_transactions_meeting_the_same_devices_in_opposite_orders_do_not_dea
         b_started = threading.Event()
         outcomes: dict[str, Any] = {}
 
-        class Paused(store.Ingest):
-            """Collector A: after its first message, waits (at most 3 s) for B."""
+        class Paused(rawsql.Raw):
+            """Collector A: after its first ledger row, waits (at most 3 s) for B."""
 
-            def _one(self, *args: Any, **kwargs: Any) -> Any:
-                done = super()._one(*args, **kwargs)
-                b_started.wait(3)
+            def _run(self, session: Any, sql: str, values: Any) -> list[Any]:
+                done = super()._run(session, sql, values)
+                if "device_days" in sql:
+                    b_started.wait(3)
                 return done
 
-        class Signalling(store.Ingest):
-            """Collector B: says when it has stored its first message (in topic order
-            that never happens before A commits: B waits for dev1's rows)."""
+        class Signalling(rawsql.Raw):
+            """Collector B: says when it has booked its first ledger row (in key order
+            that never happens before A commits: B waits for dev1's row)."""
 
-            def _one(self, *args: Any, **kwargs: Any) -> Any:
-                done = super()._one(*args, **kwargs)
-                b_started.set()
+            def _run(self, session: Any, sql: str, values: Any) -> list[Any]:
+                done = super()._run(session, sql, values)
+                if "device_days" in sql:
+                    b_started.set()
                 return done
+
+        with sessions() as session, session.begin():  # known devices: no wait on their rows
+            stream = store.stream_by_name(session, "temps")
+            assert stream is not None
+            for name in ("dev1", "dev2"):
+                store.enroll(session, stream, name)
+
+        def collector(raw: rawsql.Raw) -> store.Ingest:
+            made = store.Ingest()
+            made._raw = raw
+            return made
 
         def run(name: str, ingest: store.Ingest, messages: list[Any]) -> None:
             try:
@@ -152,12 +167,13 @@ def test_two_transactions_meeting_the_same_devices_in_opposite_orders_do_not_dea
                 outcomes[name] = exc
 
         first = threading.Thread(
-            target=run, args=("A", Paused(), [message("dev1", 0), message("dev2", 0)])
+            target=run, args=("A", collector(Paused()), [message("dev1", 0), message("dev2", 0)])
         )
         first.start()
         time.sleep(0.5)  # A holds dev1's rows and waits
         second = threading.Thread(
-            target=run, args=("B", Signalling(), [message("dev2", 1), message("dev1", 1)])
+            target=run,
+            args=("B", collector(Signalling()), [message("dev2", 1), message("dev1", 1)]),
         )
         second.start()
         first.join(30)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from tests.shared.test_wire import STREAM_A, blocks, mutated
 from zeal import CodecParams, WireError, decode_batch, encode_batch
+from zeal.wire import wire_fingerprint
 from zeal.wirebatches import decode_many
 
 
@@ -21,7 +22,8 @@ def assert_same(
     assert len(batches) + len(errors) == len(payloads)
     assert batches.index.tolist() == sorted(batches.index.tolist())
     for k, i in enumerate(batches.index.tolist()):
-        assert batches.batch(k) == decode_batch(
+        fingerprint = wire_fingerprint(params, stream, devices[i])
+        assert batches.batch(k, fingerprint) == decode_batch(
             payloads[i], params, stream=stream, device=devices[i]
         )
     for i, error in errors.items():

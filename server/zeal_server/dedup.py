@@ -1,0 +1,119 @@
+"""Deduplication: a transaction's dedup rows (``batches``) inserted together, and what each
+batch whose (device, sequence) is taken turns out to be: a redelivery (the same content:
+nothing to store) or a device whose outbox started again (other content: stored under the
+next generation of that sequence, never dropped).
+
+``insert`` writes all fresh rows with one multi-row statement per 128, in (device, sequence)
+order; RETURNING names the rows that went in. ``resolve`` reads the rows of every taken
+(device, sequence) with one query and inserts the next generations together; a generation
+another collector takes meanwhile is retried row by row (``next_generation``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import func, select, tuple_
+from sqlalchemy.orm import Session
+
+from zeal_server.models import BatchSeen
+from zeal_server.rawsql import MAX_ROWS, Raw
+from zeal_server.streams import StoreError
+from zeal_server.writes import SEEN_COLUMNS
+
+__all__ = ["insert", "last_sequence", "next_generation", "resolve"]
+
+_GENERATION = SEEN_COLUMNS.index("generation")
+_DIGEST = SEEN_COLUMNS.index("digest")
+
+
+def insert(session: Session, raw: Raw, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Insert dedup rows (one per line, SEEN_COLUMNS; distinct (device, sequence)): which
+    went in (the others' (device, sequence, generation) is taken)."""
+    order = np.lexsort((rows[:, 1], rows[:, 0]))
+    written = raw.many(session, "seen", SEEN_COLUMNS, rows[order])
+    if len(written) == len(rows):
+        return np.ones(len(rows), dtype=bool)
+    went = {(int(d), int(s)) for d, s in written}
+    return np.array([(int(d), int(s)) in went for d, s in rows[:, :2].tolist()], dtype=bool)
+
+
+def resolve(
+    session: Session, raw: Raw, rows: npt.NDArray[np.int64], statement: Callable[[], Any]
+) -> list[int | None]:
+    """For dedup rows whose (device, sequence) is taken (distinct pairs): the generation
+    each was stored under, or None for a duplicate (one of the taken rows has its content,
+    or predates digests). `statement` gives the compiled single-row insert, for retries."""
+    taken: dict[tuple[int, int], list[tuple[int, int | None]]] = {}
+    pairs = [(int(d), int(s)) for d, s in rows[:, :2].tolist()]
+    for first in range(0, len(pairs), MAX_ROWS):
+        found = session.execute(
+            select(
+                BatchSeen.device_id, BatchSeen.sequence, BatchSeen.generation, BatchSeen.digest
+            ).where(
+                tuple_(BatchSeen.device_id, BatchSeen.sequence).in_(pairs[first : first + MAX_ROWS])
+            )
+        )
+        for device, sequence, generation, digest in found:
+            taken.setdefault((device, sequence), []).append((generation, digest))
+    outcome: list[int | None] = []
+    fresh = []
+    for k, (pair, digest) in enumerate(zip(pairs, rows[:, _DIGEST].tolist(), strict=True)):
+        rows_of = taken.get(pair, [])
+        if any(d is None or d == digest for _, d in rows_of):
+            outcome.append(None)
+            continue
+        outcome.append(max((g for g, _ in rows_of), default=-1) + 1)
+        fresh.append(k)
+    if fresh:
+        again = rows[fresh].copy()
+        again[:, _GENERATION] = [g for g in (outcome[k] for k in fresh) if g is not None]
+        went = insert(session, raw, again)
+        for k, row, ok in zip(fresh, again, went.tolist(), strict=True):
+            if not ok:  # another collector took that generation meanwhile
+                outcome[k] = next_generation(
+                    session, dict(zip(SEEN_COLUMNS, row.tolist(), strict=True)), statement
+                )
+    return outcome
+
+
+def next_generation(
+    session: Session, row: dict[str, Any], statement: Callable[[], Any]
+) -> int | None:
+    """Store `row` as the next free generation of its (device, sequence): that generation,
+    or None if one of the taken rows has its content (or predates digests)."""
+    for _ in range(10):  # another collector may take the same generation meanwhile
+        taken = session.execute(
+            select(BatchSeen.generation, BatchSeen.digest).where(
+                BatchSeen.device_id == row["device_id"], BatchSeen.sequence == row["sequence"]
+            )
+        ).all()
+        if any(digest is None or digest == row["digest"] for _, digest in taken):
+            return None
+        row["generation"] = max((g for g, _ in taken), default=-1) + 1
+        if session.execute(statement(), row).first() is not None:
+            return int(row["generation"])
+    raise StoreError(f"could not store a generation of sequence {row['sequence']}")
+
+
+def last_sequence(session: Session, device_id: int, later: set[tuple[int, int]]) -> int | None:
+    """The highest sequence stored from the device, but for the rows `later` ((sequence,
+    generation) stored in this transaction for batches after the one asking): what a
+    one-by-one ingest would have found at that batch."""
+    if not later:
+        return session.scalar(
+            select(func.max(BatchSeen.sequence)).where(BatchSeen.device_id == device_id)
+        )
+    found = session.execute(
+        select(BatchSeen.sequence, BatchSeen.generation)
+        .where(BatchSeen.device_id == device_id)
+        .order_by(BatchSeen.sequence.desc())
+        .limit(len(later) + 1)
+    )
+    for sequence, generation in found:
+        if (sequence, generation) not in later:
+            return int(sequence)
+    return None

@@ -1,0 +1,253 @@
+"""Ingest stores a transaction's messages side by side with the outcome of storing them one at
+a time in topic order: message for message, row for row.
+
+The same seeded mix (fresh batches of 1 to 700 readings across buckets, hours and days,
+redeliveries, outbox resets, a sequence sent twice in one transaction, devices running past
+a tight privacy policy, corrupt payloads, foreign fingerprints, bad topics, unknown streams,
+implausible times, a closed stream's strangers) goes into one database in transactions of
+up to 300 messages, and into another one message per transaction. Outcomes and every table
+(by names, not ids) must be equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy import select
+
+from tests.server.conftest import _postgres_database
+from zeal import Zeal, encode_batch
+from zeal_server import store
+from zeal_server.db import make_engine, migrate, session_factory
+from zeal_server.models import (
+    Aggregate,
+    BatchSeen,
+    BucketTotal,
+    Device,
+    DeviceDay,
+    DeviceHour,
+    Reject,
+    Segment,
+    Stream,
+)
+from zeal_server.segments import decode_columns
+from zeal_server.sums import SQUARE_COLUMNS, SUM_COLUMNS, from_limbs
+
+HOUR, DAY = 3_600_000, 86_400_000
+DEVICES = ["a", "a-b", "b", "c1", "c10", "c2", "d", "e"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def two_databases(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'many.sqlite'}", f"sqlite:///{tmp_path / 'one.sqlite'}"
+        return
+    first, second = _postgres_database(), _postgres_database()
+    yield next(first), next(second)
+    for database in (first, second):
+        next(database, None)
+
+
+def streams(url: str, now: int) -> Any:
+    """A migrated database with the streams `tight` (a policy of 40 readings a day, so 4
+    an hour), `loose` and `closed` (enrolled devices only: `a`), and its session maker."""
+    engine = make_engine(url)
+    migrate(engine)
+    sessions = session_factory(engine)
+    with sessions() as session, session.begin():
+        store.create_stream(
+            session, name="tight", lower=0, upper=110, epsilon=1, max_epsilon_per_day=40
+        )
+        store.create_stream(
+            session, name="loose", lower=-5, upper=5, epsilon=2, max_epsilon_per_day=1e6
+        )
+        store.create_stream(
+            session, name="closed", lower=0, upper=1, epsilon=1, enrolled_only=True,
+            max_epsilon_per_day=1e6,
+        )  # fmt: skip
+        closed = store.stream_by_name(session, "closed")
+        assert closed is not None
+        store.enroll(session, closed, "a")
+        session.execute(Stream.__table__.update().values(created_ms=now - 3 * DAY))
+        session.execute(Device.__table__.update().values(first_seen_ms=now, last_seen_ms=now))
+    return engine, sessions
+
+
+def mix(seed: int, now: int, count: int) -> list[tuple[str, bytes, int]]:
+    """`count` messages of every kind, in arrival order, each with its arrival time."""
+    rng = np.random.default_rng(seed)
+    params = {
+        "tight": Zeal(lower=0, upper=110, epsilon=1, max_epsilon_per_day=40),
+        "loose": Zeal(lower=-5, upper=5, epsilon=2, max_epsilon_per_day=1e6),
+        "closed": Zeal(lower=0, upper=1, epsilon=1, max_epsilon_per_day=1e6),
+    }
+    sent: list[tuple[str, str, bytes]] = []
+    sequences: dict[tuple[str, str], int] = {}
+    out = []
+    for _ in range(count):
+        stream = ["tight", "tight", "loose", "loose", "closed"][int(rng.integers(0, 5))]
+        device = DEVICES[int(rng.integers(0, len(DEVICES)))]
+        topic = f"zeal/v1/{stream}/{device}/up"
+        received = now + int(rng.integers(0, 1000))
+        roll = rng.random()
+        if sent and roll < 0.12:  # a redelivery, or another copy within the transaction
+            topic, payload = sent[int(rng.integers(max(0, len(sent) - 30), len(sent)))][::2]
+            out.append((topic, payload, received))
+            continue
+        p = params[stream]
+        size = [1, 1, 1, 3, 10, 60, 700][int(rng.integers(0, 7))]
+        start = now - int(rng.integers(0, 2 * DAY))
+        if rng.random() < 0.5:
+            stamps = start + int(rng.integers(0, 100_000)) * np.arange(size)
+        else:
+            stamps = start + np.concatenate([[0], np.cumsum(rng.integers(0, 60_000, size - 1))])
+        stamps = np.minimum(stamps, now + 1000)
+        key = (stream, device)
+        sequence = sequences.get(key, 0)
+        if roll < 0.17 and sequence:  # an outbox that started again: old number, new content
+            sequence = int(rng.integers(0, sequence))
+        else:
+            sequences[key] = sequence + 1
+        if roll > 0.97:  # too far in the future, or before the stream
+            stamps = stamps + [2 * HOUR, -10 * DAY][int(rng.integers(0, 2))]
+        codes = p.perturb(rng.uniform(p.lower, p.upper, size), rng=rng)
+        payload = encode_batch(
+            p, stream=stream, device=device, sequence=sequence, timestamps=stamps, codes=codes
+        )
+        if 0.17 <= roll < 0.2:  # damaged on the way
+            data = bytearray(payload)
+            data[int(rng.integers(0, len(data)))] ^= 1 << int(rng.integers(0, 8))
+            payload = bytes(data[: int(rng.integers(1, len(data) + 1))])
+        elif 0.2 <= roll < 0.22:  # another device's payload on this topic
+            topic = f"zeal/v1/{stream}/{DEVICES[int(rng.integers(0, len(DEVICES)))]}/up"
+        elif 0.22 <= roll < 0.23:
+            topic = f"zeal/v1/nowhere/{device}/up"
+        elif 0.23 <= roll < 0.24:
+            topic = f"zeal/v1/{stream}/bad name/up"
+        sent.append((topic, stream, payload))
+        out.append((topic, payload, received))
+    return out
+
+
+def contents(sessions: Any) -> dict[str, Any]:
+    """Every table, by names: what a one-message-at-a-time ingest must also have written."""
+    with sessions() as s:
+        names = {d.id: (d.stream_id, d.name) for d in s.scalars(select(Device))}
+        streams_ = {x.id: x.name for x in s.scalars(select(Stream))}
+        dev = {i: (streams_[sid], name) for i, (sid, name) in names.items()}
+        bits = {x.id: store.params_of(x).payload_bits for x in s.scalars(select(Stream))}
+
+        def sums(row: Any) -> tuple[int, int, int]:
+            return (
+                row.n,
+                from_limbs([getattr(row, c) for c in SUM_COLUMNS]),
+                from_limbs([getattr(row, c) for c in SQUARE_COLUMNS]),
+            )
+
+        readings: dict[Any, list[Any]] = {}
+        for seg in s.scalars(select(Segment)):
+            columns = decode_columns(
+                seg.codes, seg.timestamps, seg.devices, bits[seg.stream_id],
+                compressed=seg.compacted,
+            )  # fmt: skip
+            readings.setdefault((streams_[seg.stream_id], seg.bucket), []).extend(
+                zip(
+                    [dev[d] for d in columns.devices.tolist()],
+                    columns.timestamps.tolist(),
+                    columns.codes.tolist(),
+                    strict=True,
+                )
+            )
+        return {
+            "devices": sorted(
+                (
+                    dev[d.id],
+                    d.first_seen_ms,
+                    d.last_seen_ms,
+                    d.readings,
+                    d.batches,
+                    d.bytes,
+                    d.duplicates,
+                    d.sequence_resets,
+                )
+                for d in s.scalars(select(Device))
+            ),
+            "batches": sorted(
+                (
+                    dev[b.device_id],
+                    b.sequence,
+                    b.generation,
+                    b.digest,
+                    b.received_ms,
+                    b.readings,
+                    b.bytes,
+                )
+                for b in s.scalars(select(BatchSeen))
+            ),
+            "days": sorted(
+                (dev[r.device_id], r.day, r.readings)
+                for r in s.scalars(select(DeviceDay))
+                if r.readings
+            ),
+            "hours": sorted(
+                (dev[r.device_id], r.hour, r.readings)
+                for r in s.scalars(select(DeviceHour))
+                if r.readings
+            ),
+            "aggregates": sorted(
+                (streams_[a.stream_id], a.bucket, dev[a.device_id], sums(a))
+                for a in s.scalars(select(Aggregate))
+            ),
+            "totals": sorted(
+                (streams_[t.stream_id], t.bucket, sums(t)) for t in s.scalars(select(BucketTotal))
+            ),
+            "readings": {k: sorted(v) for k, v in readings.items()},
+            "rejects": sorted(
+                (r.stream, r.device, r.reason, r.count, r.last_ms)
+                for r in s.scalars(select(Reject))
+            ),
+        }
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_transaction_of_many_messages_stores_what_one_at_a_time_stores(
+    two_databases: tuple[str, str], seed: int
+) -> None:
+    """1,200 messages of every kind: transactions of up to 300 give the outcomes and rows of
+    one transaction per message in topic order."""
+    now = store.now_ms()
+    messages = mix(seed, now, 1200)
+    limits = {"max_future_ms": 600_000, "max_age_ms": 7 * DAY, "backfill_ms": DAY}
+    rng = np.random.default_rng(seed)
+    (engine_many, many), (engine_one, one) = (streams(url, now) for url in two_databases)
+    together, alone = (
+        store.Ingest(max_buckets=300, **limits),
+        store.Ingest(max_buckets=300, **limits),
+    )
+    got, expected = [], []
+    first = 0
+    while first < len(messages):
+        chunk = messages[first : first + int(rng.integers(1, 301))]
+        first += len(chunk)
+        with many() as session, session.begin():
+            got.extend(together.add_many(session, chunk))
+        order = sorted(range(len(chunk)), key=lambda i: chunk[i][0])
+        outcomes: dict[int, Any] = {}
+        for i in order:
+            with one() as session, session.begin():
+                outcomes[i] = alone.add(session, *chunk[i])
+        expected.extend(outcomes[i] for i in range(len(chunk)))
+    assert got == expected
+    statuses = {o.status for o in got} | {o.reason for o in got}
+    for kind in ("stored", "duplicate", "over_budget", "fingerprint_mismatch", "bad_topic"):
+        assert kind in statuses, kind  # the mix reached every path
+    assert any(o.reset for o in got)
+    try:
+        assert contents(many) == contents(one)
+    finally:
+        engine_many.dispose()
+        engine_one.dispose()
