@@ -4,14 +4,21 @@ Devices publish MQTT (3.1.1, QoS 1) to any node of a NATS cluster. NATS's MQTT l
 stores every QoS 1 PUBLISH in its own JetStream stream, ``$MQTT_msgs`` (subject
 ``$MQTT.msgs.`` + the NATS subject, here ``zeal.v1.{stream}.{device}.up``; replicated as
 its ``mqtt { stream_replicas }`` says), before it sends the PUBACK. Every collector pulls
-from one durable consumer of that stream (``ZEAL_NATS_CONSUMER``, filtered to the data
-subjects) that they share: JetStream hands each message to one of them, and redelivers
-what is not acknowledged within ``ZEAL_NATS_ACK_WAIT`` seconds (a collector that died);
-through a database stall the collector keeps extending the wait of what it holds
-(``in_progress``). A collector acknowledges a message only after the transaction that
-stored it committed; a redelivered message that had been stored is a duplicate to the
-store (``batches``), so nothing is stored twice. The stream keeps a message while a
-consumer has yet to acknowledge it (interest retention).
+from one durable consumer of that stream (``ZEAL_NATS_CONSUMER``) that they share: JetStream
+hands each message to one of them, and redelivers what is not acknowledged within
+``ZEAL_NATS_ACK_WAIT`` seconds (a collector that died); through a database stall the
+collector keeps extending the wait of what it holds (``in_progress``). A collector
+acknowledges a message only after the transaction that stored it committed; a redelivered
+message that had been stored is a duplicate to the store (``batches``), so nothing is
+stored twice. The stream keeps a message while a consumer has yet to acknowledge it
+(interest retention).
+
+The consumer takes the whole stream, not a filter of the data subjects: a message on
+another topic (a notice, a presence) is acknowledged as it comes and counted
+(``skipped``, ``zeal_collector_jetstream_skipped_total``). With the filter
+``$MQTT.msgs.zeal.v1.*.*.up``, NATS 2.9.10 handed two collectors sharing the consumer 100
+to 200 messages/s for seconds at a time while both had room: a fifth to a tenth of what
+the unfiltered consumer gives them (deploy/SCALING.md).
 
 Why not a stream of our own capturing ``zeal.v1.*.*.up``: NATS 2.9 acknowledges the MQTT
 PUBLISH once ``$MQTT_msgs`` has it, whatever became of the plain NATS message. While such a
@@ -43,7 +50,9 @@ import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-__all__ = ["MQTT_STREAM", "SUBJECTS", "JetStreamSource", "name_problem", "topic_of"]
+from zeal.topics import parse_data_topic
+
+__all__ = ["MQTT_STREAM", "JetStreamSource", "name_problem", "topic_of"]
 
 log = logging.getLogger("zeal_server.collector")
 
@@ -51,8 +60,6 @@ log = logging.getLogger("zeal_server.collector")
 MQTT_STREAM = "$MQTT_msgs"
 #: Its subjects: this prefix and the NATS subject of the MQTT topic.
 MQTT_PREFIX = "$MQTT.msgs."
-#: What the collectors' consumer takes from it: every data topic, as NATS maps it.
-SUBJECTS = MQTT_PREFIX + "zeal.v1.*.*.up"
 #: At most this many messages per fetch.
 FETCH_MAX = 1000
 
@@ -96,6 +103,7 @@ class JetStreamSource:
         self.ack_wait, self.login = ack_wait, login
         self.connected = False
         self.last_error: str | None = None
+        self.skipped = 0  # messages of $MQTT_msgs on other topics than the data topics
         self._held: dict[int, tuple[Any, float]] = {}  # token -> (nats Msg, when fetched)
         self._refused: list[Any] = []  # shed at the door: acknowledged after the fetch
         self._logged = -1e18  # connection errors are logged once a minute
@@ -233,9 +241,14 @@ class JetStreamSource:
                     return
 
     def _take(self, message: Any) -> None:
+        topic = topic_of(message.subject)
+        if parse_data_topic(topic) is None:  # a notice, a presence: not the collector's
+            self.skipped += 1
+            self._refused.append(message)
+            return
         token = self._next_token = self._next_token + 1
         self._held[token] = (message, time.monotonic())
-        if not self.offer(topic_of(message.subject), bytes(message.data), token):
+        if not self.offer(topic, bytes(message.data), token):
             self._held.pop(token, None)
             self._refused.append(message)
 
@@ -258,7 +271,6 @@ class JetStreamSource:
             MQTT_STREAM,
             ConsumerConfig(
                 durable_name=self.consumer,
-                filter_subject=SUBJECTS,
                 ack_policy=AckPolicy.EXPLICIT,
                 deliver_policy=DeliverPolicy.ALL,
                 ack_wait=self.ack_wait,

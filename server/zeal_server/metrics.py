@@ -221,6 +221,12 @@ class _ProcessFigures(PrometheusCollector):
             "the data come over MQTT instead: ZEAL_NATS_URL unset) (this process).",
             value=int(bool(source is not None and source.connected)),
         )
+        yield CounterMetricFamily(
+            "zeal_collector_jetstream_skipped",
+            "Messages of NATS's $MQTT_msgs on other topics than the data topics (notices, "
+            "presence), acknowledged and left alone (this process).",
+            value=source.skipped if source is not None else 0,
+        )
         yield GaugeMetricFamily(
             "zeal_collector_database_ok",
             "1 while the collector's last database write succeeded (this process).",
