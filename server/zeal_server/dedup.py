@@ -59,18 +59,14 @@ def resolve(
         )
         for device, sequence, generation, digest in found:
             taken.setdefault((device, sequence), []).append((generation, digest))
-    outcome: list[int | None] = []
-    fresh = []
-    for k, (pair, digest) in enumerate(zip(pairs, rows[:, _DIGEST].tolist(), strict=True)):
-        rows_of = taken.get(pair, [])
-        if any(d is None or d == digest for _, d in rows_of):
-            outcome.append(None)
-            continue
-        outcome.append(max((g for g, _ in rows_of), default=-1) + 1)
-        fresh.append(k)
+    outcome = [
+        _generation_for(taken.get(pair, []), digest)
+        for pair, digest in zip(pairs, rows[:, _DIGEST].tolist(), strict=True)
+    ]
+    fresh = [k for k, generation in enumerate(outcome) if generation is not None]
     if fresh:
         again = rows[fresh].copy()
-        again[:, _GENERATION] = [g for g in (outcome[k] for k in fresh) if g is not None]
+        again[:, _GENERATION] = [g for g in outcome if g is not None]  # those of `fresh`
         went = insert(session, raw, again)
         for k, row, ok in zip(fresh, again, went.tolist(), strict=True):
             if not ok:  # another collector took that generation meanwhile
@@ -78,6 +74,15 @@ def resolve(
                     session, dict(zip(SEEN_COLUMNS, row.tolist(), strict=True)), statement
                 )
     return outcome
+
+
+def _generation_for(taken: list[tuple[int, int | None]], digest: int) -> int | None:
+    """The generation a batch with `digest` is stored under, given the (generation, digest)
+    rows its (device, sequence) has: None (a duplicate) if one has its content or predates
+    digests, else the next free one."""
+    if any(d is None or d == digest for _, d in taken):
+        return None
+    return max((g for g, _ in taken), default=-1) + 1
 
 
 def next_generation(
@@ -91,9 +96,10 @@ def next_generation(
                 BatchSeen.device_id == row["device_id"], BatchSeen.sequence == row["sequence"]
             )
         ).all()
-        if any(digest is None or digest == row["digest"] for _, digest in taken):
+        generation = _generation_for([(g, d) for g, d in taken], row["digest"])
+        if generation is None:
             return None
-        row["generation"] = max((g for g, _ in taken), default=-1) + 1
+        row["generation"] = generation
         if session.execute(statement(), row).first() is not None:
             return int(row["generation"])
     raise StoreError(f"could not store a generation of sequence {row['sequence']}")

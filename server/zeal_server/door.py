@@ -339,6 +339,8 @@ class Inbox:
             before = len(taken)
             while items and len(taken) < batch_max:
                 taken.append(items.popleft())
+            if len(taken) > before and not self._room.is_set():
+                self._room.set()  # a network thread waiting in put may go on
             now = time.monotonic()
             if before == 0 and len(taken) >= backlog:  # a backlog: no need to wait for more
                 deadline = now + 5 * _POLL

@@ -11,7 +11,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from zeal.wirebatches import Batches
+from zeal.wirebatches import Batches, starts_of
 from zeal_server.writes import StreamEntry
 
 __all__ = ["Group", "Limits", "Outcome", "implausible", "rounds", "select_batches"]
@@ -102,7 +102,7 @@ def select_batches(batches: Batches, keep: npt.NDArray[np.bool_]) -> Batches:
     return Batches(
         batches.index[keep],
         batches.sequences[keep],
-        np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+        starts_of(counts),
         batches.timestamps[readings],
         batches.codes[readings],
     )

@@ -50,9 +50,9 @@ def charge(
     booked: list[tuple[str, int, int, int]] = []
     for (kind, size), cap in zip(PERIODS, allowed, strict=True):
         keys, counts = np.unique(owners * _SPAN + batches.timestamps // size, return_counts=True)
-        devices, periods = (keys // _SPAN).tolist(), (keys % _SPAN).tolist()
         over = counts > cap
         rows = np.stack([keys // _SPAN, keys % _SPAN, np.where(over, 0, counts)], axis=1)
+        devices, periods = rows[:, 0].tolist(), rows[:, 1].tolist()
         written = raw.many(
             session, f"charge_{kind}", ("did", "period", "n"), rows, {"allowed": cap}
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,7 +32,7 @@ from zeal.wire import (
     wire_fingerprint,
 )
 
-__all__ = ["Batches", "decode_many"]
+__all__ = ["Batches", "decode_many", "starts_of"]
 
 _I64 = npt.NDArray[np.int64]
 _U64 = npt.NDArray[np.uint64]
@@ -80,6 +81,12 @@ class Batches:
             self.timestamps[part].copy(),
             self.codes[part].copy(),
         )
+
+
+def starts_of(counts: Sequence[int] | npt.NDArray[np.integer[Any]]) -> _I64:
+    """Where each batch's readings start, and where the last ends (``Batches.starts``),
+    from the readings per batch."""
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
 def decode_many(
@@ -135,7 +142,7 @@ def _one_by_one(
     return Batches(
         np.array([i for i, _ in batches], dtype=np.int64),
         np.array([b.sequence for _, b in batches], dtype=np.uint64),
-        np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+        starts_of(counts),
         np.concatenate([b.timestamps for _, b in batches]),
         np.concatenate([b.codes for _, b in batches]),
     ), errors
@@ -168,7 +175,7 @@ def _merge(parts: list[Batches]) -> Batches:
     order = np.argsort(index, kind="stable")
     counts = np.concatenate([p.counts for p in parts])[order]
     offsets = np.concatenate([p.starts[:-1] + s for p, s in _reading_offsets(parts)])[order]
-    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    starts = starts_of(counts)
     within = np.arange(int(starts[-1])) - np.repeat(starts[:-1], counts)
     take = np.repeat(offsets, counts) + within
     return Batches(
@@ -259,7 +266,7 @@ def _vectorized(  # noqa: PLR0915 (the byte layout, field by field, as decode_ba
     # Readings of the payloads still good: timestamps, then codes from 5-byte windows.
     live = np.flatnonzero(good)
     counts, pos = counts[live], pos[live]
-    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    starts = starts_of(counts)
     owner = np.repeat(np.arange(live.size), counts)
     j = np.arange(int(starts[-1])) - starts[:-1][owner]
     step = np.where(j > 0, periods[live][owner], np.uint64(0))
@@ -282,7 +289,7 @@ def _vectorized(  # noqa: PLR0915 (the byte layout, field by field, as decode_ba
     if not fine.all():  # drop them, and their readings
         readings = np.repeat(fine, counts)
         stamps, codes, counts, live = stamps[readings], codes[readings], counts[fine], live[fine]
-        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        starts = starts_of(counts)
     good[:] = False
     good[live] = True
     return Batches(

@@ -8,6 +8,7 @@ as told; the database, the app and /livez are real."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 from tests.server.test_api import settings
 from zeal_server.api import create_app
 from zeal_server.collector import Collector
-from zeal_server.door import Received
+from zeal_server.door import Inbox, Received
 from zeal_server.settings import ServerSettings
 
 
@@ -90,3 +91,39 @@ def test_a_database_error_is_retried_and_nothing_is_acknowledged_meanwhile(
     assert collector._commit(pending) == "stored"
     assert (acked, collector.database_ok, collector.writer_error) == ([7], True, None)
     assert collector.rejected_by == {"unknown_stream": 1}  # stored as a reject, acknowledged
+
+
+def received(n: int) -> Received:
+    return Received("zeal/v1/temps/a/up", b"\x02", n, 1, 0)
+
+
+def test_the_inbox_hands_messages_over_in_order_at_most_batch_max_at_a_time() -> None:
+    inbox = Inbox(100)
+    assert inbox.take(10, wait=0.01) == []  # nothing came
+    for n in range(25):
+        assert inbox.put(received(n))
+    first = inbox.take(10, gather=0.01)
+    rest = inbox.take(100, gather=0.01)
+    assert [m.mid for m in first] == list(range(10))
+    assert [m.mid for m in rest] == list(range(10, 25))
+    assert inbox.empty()
+
+
+def test_a_full_inbox_holds_the_network_thread_until_the_writer_takes_some() -> None:
+    """More than its size came (the broker sent more than Receive Maximum): put waits for
+    room, says it had to (counted as queue_full), and loses nothing; the writer's take
+    lets it go on."""
+    inbox = Inbox(3)
+    for n in range(3):
+        assert inbox.put(received(n))
+    outcome: list[bool] = []
+    late = threading.Thread(target=lambda: outcome.append(inbox.put(received(3))))
+    late.start()
+    late.join(0.3)
+    assert late.is_alive()  # waiting for room
+    assert inbox.qsize() == 3
+    taken = inbox.take(2, gather=0.01)
+    late.join(5)
+    assert not late.is_alive()
+    assert outcome == [False]
+    assert [m.mid for m in taken + inbox.take(10, gather=0.01)] == [0, 1, 2, 3]
