@@ -503,6 +503,13 @@ def test_preview_shows_the_loss_per_day_against_the_policy(client: TestClient) -
     assert (raised["readings_per_day"], raised["within_policy"]) == (1440, True)
     bare = client.get("/api/v1/preview", params={"lower": 0, "upper": 1, "epsilon": 2}).json()
     assert (bare["epsilon_per_day"], bare["within_policy"]) == (None, None)
+    # Found by schemathesis: 86,400 / 5e-324 overflowed to infinity and answered 500.
+    for tiny in (5e-324, 0.0009):
+        fast = client.get("/api/v1/preview", params={**query, "reading_every": tiny})
+        assert fast.status_code == 422, fast.text
+        assert "reading_every" in fast.text
+    fastest = client.get("/api/v1/preview", params={**query, "reading_every": 0.001}).json()
+    assert fastest["epsilon_per_day"] == 86_400_000.0
     low = client.get("/api/v1/preview", params={**query, "max_epsilon_per_day": 0.5})
     assert low.status_code == 422
     assert "allows no reading" in low.text

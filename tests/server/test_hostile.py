@@ -498,6 +498,7 @@ def test_schemathesis_cli_finds_no_server_error(tmp_path: Path) -> None:
                 capture_output=True,
                 text=True,
                 timeout=600,
+                cwd=tmp_path,  # its cache of crashes (.schemathesis/) goes there
                 check=False,
             )
             tail = "\n".join(result.stdout.splitlines()[-15:])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,9 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
+# Examples per operation; ZEAL_FUZZ_EXAMPLES=400 for a longer hunt than make test's.
+EXAMPLES = int(os.environ.get("ZEAL_FUZZ_EXAMPLES", "40"))
+
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -82,7 +86,10 @@ def test_api_never_errors_and_keeps_its_schema(api_schema: Any) -> None:
     for operation in operations:
 
         @settings(
-            max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+            max_examples=EXAMPLES,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
         )
         @given(case=operation.as_strategy())
         def run(case: Any) -> None:

@@ -1014,7 +1014,7 @@ function createView(main) {
     field("bucket_seconds", "Bucket (seconds)", { type: "number", min: "1", max: "86400", step: "1", value: "60" }),
     field("unit", "Unit (e.g. degF, kWh)", { maxlength: "32", placeholder: "degF" }),
     field("max_epsilon_per_day", "Privacy policy: ε per device per UTC day", { type: "number", step: "any", min: "0", required: true, value: "8" }),
-    field("reading_every", "Seconds between a device's readings (for the preview)", { type: "number", step: "any", min: "0", placeholder: "60" }),
+    field("reading_every", "Seconds between a device's readings (for the preview)", { type: "number", step: "any", min: "0.001", placeholder: "60" }),
     field("preview_n", "Readings in an average (for the preview)", { type: "number", min: "1", step: "1", value: "10000" }),
     el("label", { for: "description", class: "wide" }, "Description",
       el("input", { id: "description", name: "description", maxlength: "500" })),

@@ -66,7 +66,11 @@ def preview(
     ] = DEFAULT_MAX_EPSILON_PER_DAY,
     reading_every: Annotated[
         float | None,
-        Query(gt=0, le=86_400, description="seconds between two readings of one device"),
+        Query(
+            ge=0.001,
+            le=86_400,
+            description="seconds between two readings of one device (at most 1,000 a second)",
+        ),
     ] = None,
 ) -> PreviewOut:
     """The derived parameters of a stream, the error of an average of n readings, and the
