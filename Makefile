@@ -24,8 +24,11 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# Most tests two at a time (they mostly wait on brokers, servers and clocks); those marked
+# serial (they stop the shared PostgreSQL or time themselves against the machine) alone after.
 pytest: install
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup -m "not serial"
+	$(BIN)/pytest -m serial
 
 test: lint typecheck pytest
 

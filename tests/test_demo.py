@@ -22,7 +22,8 @@ from tools.testbed.broker import Mosquitto, free_port
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = re.compile(r"dashboard: (http://\S+/)")
 SERVED = re.compile(r"served average +[0-9.]+ F .* true average +[0-9.]+ F")
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# One worker runs both files: they share fresh_clone's environment (and port 8000).
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("fresh_clone")]
 
 
 def processes_mentioning(text: str) -> list[str]:

@@ -16,7 +16,8 @@ import pytest
 from tools.testbed.broker import Mosquitto
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# One worker runs both files: they share fresh_clone's environment (and port 8000).
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("fresh_clone")]
 LONG_RUNNING = ("zeal-server serve", "zeal-edge run")
 
 

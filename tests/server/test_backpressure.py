@@ -88,6 +88,7 @@ def publish_all(
     client.loop_stop()
 
 
+@pytest.mark.serial  # the stall is timed against the broker's keepalive
 def test_a_database_stall_longer_than_the_keepalive_leaves_the_backlog_at_the_broker(
     database_url: str, tmp_path: Path
 ) -> None:

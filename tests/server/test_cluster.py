@@ -46,7 +46,8 @@ from zeal_server.api import create_app
 from zeal_server.jetstream import MQTT_STREAM
 from zeal_server.settings import ServerSettings
 
-pytestmark = pytest.mark.integration
+# Three NATS nodes electing leaders, and timed stalls: alone on the machine (see serial).
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 NODES = 3
 DEVICES = (34, 33, 33)  # 100 devices, each simulator publishing to its own node

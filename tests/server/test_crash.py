@@ -91,6 +91,7 @@ def _pg_cluster(action: str) -> None:
     )
 
 
+@pytest.mark.serial  # stops the PostgreSQL every other test uses
 def test_postgresql_outage_is_waited_out(
     postgres_url: str, broker: Mosquitto, tmp_path: Path
 ) -> None:

@@ -46,6 +46,7 @@ def stored_by(server: Server) -> float:
     return samples[("zeal_collector_readings_total", ())]
 
 
+@pytest.mark.serial  # full speed for 60 s: the machine to itself
 def test_two_collectors_share_200_devices_at_full_speed_without_deadlock(
     postgres_url: str, broker: Mosquitto, tmp_path: Path
 ) -> None:
