@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
@@ -58,6 +59,14 @@ _TOPICS = 50_000
 def payload_digest(payload: bytes) -> int:
     """BLAKE2b-64 of a payload as a signed 64-bit integer (the dedup content key)."""
     return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big", signed=True)
+
+
+def payload_digests(payloads: list[bytes]) -> npt.NDArray[np.int64]:
+    """``payload_digest`` of each payload, as an array (one join of the digests, not a
+    Python integer per message)."""
+    blake2b = hashlib.blake2b
+    joined = b"".join([blake2b(p, digest_size=8).digest() for p in payloads])
+    return np.frombuffer(joined, dtype=">i8").astype(np.int64)
 
 
 class Ingest:
@@ -281,15 +290,20 @@ class Ingest:
     ) -> list[Group]:
         """Check everything a message can be refused for before the store, stream by
         stream in topic order (docs/server.md lists the checks): the groups that passed."""
+        by_topic: dict[str, list[int]] = {}
+        for i, message in enumerate(messages):  # a few topics, many messages each
+            by_topic.setdefault(message[0], []).append(i)
         streams: dict[str, list[tuple[int, str]]] = {}
-        for i in sorted(range(len(messages)), key=lambda i: messages[i][0]):
-            names = self._names(messages[i][0])
+        for topic in sorted(by_topic):
+            names = self._names(topic)
             if names is None:
-                outcomes[i] = self._refuse(
-                    session, writes, ("", ""), "bad_topic", when=messages[i][2]
-                )
+                for i in by_topic[topic]:
+                    outcomes[i] = self._refuse(
+                        session, writes, ("", ""), "bad_topic", when=messages[i][2]
+                    )
             else:
-                streams.setdefault(names[0], []).append((i, names[1]))
+                device = names[1]
+                streams.setdefault(names[0], []).extend([(i, device) for i in by_topic[topic]])
         groups = []
         for name, members in streams.items():
             entry = self._stream(session, name)
@@ -392,5 +406,5 @@ class Ingest:
             np.array([ids[d] for _, d in members], dtype=np.int64),
             received,
             np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads)),
-            np.array([payload_digest(p) for p in payloads], dtype=np.int64),
+            payload_digests(payloads),
         )

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -62,13 +63,16 @@ OUTCOMES = ("stored", "duplicate", "rejected")
 #: light load and within about 2 s under a heavy inflow (door.Inbox.take gathers); a
 #: database stall shows up in the upper buckets.
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: Commit lags the health details summarise, at most (the most recent).
+RECENT_LAGS = 20_000
 #: Confidence of the average's bands.
 CONFIDENCE = 0.95
 
 
 class CommitLags:
     """Receive-to-commit lag of stored messages: the histogram /metrics exposes, and the
-    last 20,000 lags (bounded: memory stays flat) for the health details.
+    last RECENT_LAGS lags (bounded: memory stays flat) for the health details, an array
+    per commit.
 
     The histogram is counted here, a commit's messages at once (numpy), and exposed as a
     Prometheus histogram family: prometheus_client's Histogram takes one value a call,
@@ -79,7 +83,9 @@ class CommitLags:
         self._counts = np.zeros(len(LAG_BUCKETS) + 1, dtype=np.int64)  # the last: above all
         self._sum = 0.0
         self._lock = threading.Lock()
-        self._recent: deque[tuple[float, int]] = deque(maxlen=20_000)
+        #: The last RECENT_LAGS lags, by commit: (committed_ms, lags in ms).
+        self._recent: deque[tuple[float, npt.NDArray[np.int64]]] = deque()
+        self._held = 0
 
     def observe(self, committed_ms: float, received_ms: int) -> None:
         self.observe_many(committed_ms, [received_ms])
@@ -96,7 +102,15 @@ class CommitLags:
         with self._lock:
             self._counts += found
             self._sum += float(seconds.sum())
-        self._recent.extend((committed_ms, lag) for lag in lags.astype(np.int64).tolist())
+        with self._lock:
+            self._recent.append((committed_ms, lags.astype(np.int64)[-RECENT_LAGS:]))
+            self._held += len(self._recent[-1][1])
+            while self._held - len(self._recent[0][1]) >= RECENT_LAGS:
+                self._held -= len(self._recent.popleft()[1])
+            if self._held > RECENT_LAGS:  # the oldest commit's first lags go
+                when, oldest = self._recent[0]
+                self._recent[0] = (when, oldest[self._held - RECENT_LAGS :])
+                self._held = RECENT_LAGS
 
     def collect(self) -> Iterator[Metric]:
         """The histogram family ``zeal_collector_commit_lag_seconds``."""
@@ -119,9 +133,11 @@ class CommitLags:
         """Lags (ms) of the messages stored in the last `window_s`: p50, p99, max, how
         many."""
         since = time.time() * 1000 - window_s * 1000
-        lags = sorted(lag for when, lag in list(self._recent) if when >= since)
-        if not lags:
+        with self._lock:
+            chunks = [chunk for when, chunk in self._recent if when >= since]
+        if not chunks:
             return None
+        lags = np.sort(np.concatenate(chunks)).tolist()
 
         def pick(q: float) -> float:
             return float(lags[min(len(lags) - 1, int(q * len(lags)))])

@@ -81,6 +81,7 @@ class Round:
         batch (-1: a duplicate), `stored` whether it is in (within the policy)."""
         duplicate, reset = generation < 0, generation > 0
         counts = group.batches.counts
+        counts_of, resets_of = counts.tolist(), reset.tolist()
         sequences = group.batches.sequences.tolist()
         signed = group.batches.sequences.view(np.int64).tolist()
         for k in np.flatnonzero((generation >= 0) & ~stored).tolist():  # over the policy
@@ -100,22 +101,13 @@ class Round:
                 "duplicate", None, group.stream, group.names[k], 0, sequences[k]
             )
         lasts = self._last_sequences(group, generation, reset & stored)
-        stream, outcomes = group.stream, self.outcomes
-        for k, (position, name, count, sequence, again, ok) in enumerate(
-            zip(
-                group.positions,
-                group.names,
-                counts.tolist(),
-                sequences,
-                reset.tolist(),
-                stored.tolist(),
-                strict=True,
-            )
-        ):
-            if ok:
-                outcomes[position] = Outcome(
-                    "stored", None, stream, name, count, sequence, again, lasts.get(k)
-                )
+        stream, outcomes, new = group.stream, self.outcomes, tuple.__new__
+        for k in np.flatnonzero(stored).tolist():  # a tuple each, without Outcome's __new__
+            outcomes[group.positions[k]] = new(
+                Outcome,
+                ("stored", None, stream, group.names[k], counts_of[k], sequences[k],
+                 resets_of[k], lasts.get(k)),
+            )  # fmt: skip
         self.writes.count_devices(
             group.device_ids,
             [

@@ -13,7 +13,9 @@ import ssl
 import threading
 from collections.abc import Iterable
 
+import numpy as np
 import paho.mqtt.client as mqtt
+from paho.mqtt.client import PUBACK
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -22,8 +24,12 @@ from zeal.brokerurl import BrokerSettings
 
 __all__ = ["acknowledge", "connect_persistent", "flush", "make_client"]
 
-#: paho 2.1's socket that wakes the network thread (private: see ``acknowledge``).
+#: paho 2.1's socket that wakes the network thread, and its method that queues a packet
+#: to write (both private: see ``acknowledge``).
 _WAKE = "_sockpairW"
+_QUEUE = "_packet_queue"
+#: A PUBACK's fixed header (type 4, remaining length 2) before its 16-bit message id.
+_PUBACK_HEADER = (PUBACK << 24) | (2 << 16)
 
 
 def make_client(
@@ -94,20 +100,31 @@ def acknowledge(client: mqtt.Client, messages: Iterable[tuple[int, int]]) -> Non
     """Acknowledge (mid, qos) pairs of a client with manual acknowledgement, waking its
     network thread once for all of them.
 
-    ``Client.ack`` queues the PUBACK and writes a byte to the socket pair that wakes the
-    network thread, every call. From another thread each such write hands Python's
-    interpreter lock to the network thread and back: 18,000 acknowledgements after a
-    commit took 150 to 210 ms, and 40 to 70 ms with one wake-up at the end (measured with
-    bench/message_cost.py). The wake-up socket is paho 2.1's private ``_sockpairW``
-    (constraints.txt pins paho-mqtt; tests/shared/test_mqttclient.py checks that it is
-    there): while it is set aside, packets queued by any thread wait for that last
-    wake-up. Without it, the messages are acknowledged one by one as usual.
+    ``Client.ack`` builds and queues one PUBACK packet and writes a byte to the socket pair
+    that wakes the network thread, every call. From another thread each such write hands
+    Python's interpreter lock to the network thread and back: 18,000 acknowledgements
+    after a commit took 150 to 210 ms, 40 to 100 ms with one wake-up at the end, and a
+    few ms as one write of all the PUBACKs (measured with bench/message_cost.py). So the
+    QoS 1 PUBACKs (4 bytes each, the same under MQTT v5 and 3.1.1: success needs no
+    reason code) are queued as one write, in the order given, through paho 2.1's private
+    ``_packet_queue``; the wake-up socket is its private ``_sockpairW``. constraints.txt
+    pins paho-mqtt and tests/shared/test_mqttclient.py checks that both are there; while
+    the socket is set aside, packets queued by any thread wait for that last wake-up.
+    Without them, the messages are acknowledged one by one as usual. QoS 2 messages are
+    completed with ``Client.ack``; QoS 0 ones need nothing.
     """
+    pairs = list(messages)
+    queue = getattr(client, _QUEUE, None)
     wake = getattr(client, _WAKE, None)
     if wake is not None:
         setattr(client, _WAKE, None)
     try:
-        for mid, qos in messages:
+        qos1 = [mid for mid, qos in pairs if qos == 1]
+        if queue is not None and qos1:
+            packets = np.asarray(qos1, dtype=np.uint32) | np.uint32(_PUBACK_HEADER)
+            queue(PUBACK, packets.astype(">u4").tobytes(), 0, 0)
+            pairs = [(mid, qos) for mid, qos in pairs if qos != 1]
+        for mid, qos in pairs:
             client.ack(mid, qos)
     finally:
         if wake is not None:
