@@ -18,8 +18,6 @@ import logging
 import threading
 import time
 from collections import Counter
-from itertools import compress
-from operator import attrgetter
 from typing import Any, Literal
 
 import paho.mqtt.client as mqtt
@@ -37,15 +35,11 @@ from zeal_server.jetstream import JetStreamSource
 from zeal_server.metrics import CommitLags
 from zeal_server.notices import Notifier
 from zeal_server.settings import ServerSettings
+from zeal_server.settle import tally
 
 __all__ = ["Collector"]
 
 log = logging.getLogger("zeal_server.collector")
-
-#: What _acknowledge reads of each message and outcome (C-level getters).
-_TOKEN = attrgetter("mid", "qos")
-_RECEIVED_MS = attrgetter("received_ms")
-_STATUS, _READINGS, _RESET = attrgetter("status"), attrgetter("readings"), attrgetter("reset")
 
 
 class Collector:
@@ -361,24 +355,9 @@ class Collector:
         if self.jetstream is not None:
             self.jetstream.ack([message.mid for message in pending])
         else:
-            acknowledge(self.client, list(map(_TOKEN, pending)))
+            acknowledge(self.client, [(message.mid, message.qos) for message in pending])
         self.acknowledged += len(pending)
-        # A pass per figure over the round (attrgetter and compress: no Python code per
-        # message), then a loop over the few messages that need more: resets and rejects.
-        statuses = Counter(map(_STATUS, outcomes))
-        if statuses["stored"] == len(outcomes):  # the usual round
-            lags = list(map(_RECEIVED_MS, pending))
-            readings = sum(map(_READINGS, outcomes))
-            unusual = list(compress(zip(pending, outcomes, strict=True), map(_RESET, outcomes)))
-        else:
-            stored = [status == "stored" for status in map(_STATUS, outcomes)]
-            lags = list(map(_RECEIVED_MS, compress(pending, stored)))
-            readings = sum(map(_READINGS, compress(outcomes, stored)))
-            unusual = [
-                (message, outcome)
-                for message, outcome in zip(pending, outcomes, strict=True)
-                if outcome.reset or outcome.status == "rejected"
-            ]
+        statuses, lags, unusual = tally(pending, outcomes)
         for message, outcome in unusual:
             if outcome.status == "stored":  # a reset (only stored batches are)
                 statuses["sequence_reset"] += 1
@@ -388,7 +367,6 @@ class Collector:
                 self.budget.spend(message.topic)
                 self._log_rejects.reject(outcome.reason or "", outcome.stream, outcome.device)
                 self.notices.notify(self.configs.server_id, outcome, outcome.reason or "")
-        statuses["readings"] = readings
         self.counts.update(statuses)
         self.lags.observe_many(committed, lags)
 

@@ -24,12 +24,10 @@ collector rolls back and stores the messages again).
 from __future__ import annotations
 
 import functools
-import hashlib
 import time
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
@@ -38,6 +36,7 @@ from zeal.policy import DAY_MS, HOUR_MS
 from zeal.protocol import REJECT_REASONS, check_name
 from zeal.topics import MAX_TOPIC_LENGTH, parse_data_topic
 from zeal.wirebatches import Batches, decode_many
+from zeal_server.dedup import payload_digests
 from zeal_server.fleet import add_devices, device_ids
 from zeal_server.groups import Group, Outcome, implausible, rounds, select_batches
 from zeal_server.models import DeviceDay, DeviceHour, Reject, Stream
@@ -46,7 +45,7 @@ from zeal_server.settle import Round
 from zeal_server.streams import params_of, stream_by_name
 from zeal_server.writes import StreamEntry, Writes, build_statement, write
 
-__all__ = ["FOREIGN", "MAX_REJECT_ROWS", "Ingest", "Outcome", "payload_digest"]
+__all__ = ["FOREIGN", "MAX_REJECT_ROWS", "Ingest", "Outcome"]
 
 #: The wire reason of a payload made with other parameters (or for another topic).
 FOREIGN = "fingerprint_mismatch"
@@ -54,19 +53,6 @@ FOREIGN = "fingerprint_mismatch"
 MAX_REJECT_ROWS = 10_000
 #: Topics whose names were checked, remembered at most (then forgotten all at once).
 _TOPICS = 50_000
-
-
-def payload_digest(payload: bytes) -> int:
-    """BLAKE2b-64 of a payload as a signed 64-bit integer (the dedup content key)."""
-    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big", signed=True)
-
-
-def payload_digests(payloads: list[bytes]) -> npt.NDArray[np.int64]:
-    """``payload_digest`` of each payload, as an array (one join of the digests, not a
-    Python integer per message)."""
-    blake2b = hashlib.blake2b
-    joined = b"".join([blake2b(p, digest_size=8).digest() for p in payloads])
-    return np.frombuffer(joined, dtype=">i8").astype(np.int64)
 
 
 class Ingest:

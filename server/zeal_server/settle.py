@@ -7,8 +7,11 @@ transaction). Every message gets its outcome.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -22,7 +25,11 @@ from zeal_server.models import BatchSeen
 from zeal_server.rawsql import Raw
 from zeal_server.writes import Writes, collect
 
-__all__ = ["Round"]
+__all__ = ["Round", "tally"]
+
+#: What ``tally`` reads of each message and outcome (C-level getters).
+_RECEIVED_MS = attrgetter("received_ms")
+_STATUS, _READINGS, _RESET = attrgetter("status"), attrgetter("readings"), attrgetter("reset")
 
 #: How a refusal is counted and told: (writes, (stream, device), reason, when=, sequence=).
 Refuse = Callable[..., Outcome]
@@ -138,3 +145,27 @@ class Round:
             }
             out[k] = dedup.last_sequence(self.session, int(device), later)
         return out
+
+
+def tally(
+    messages: Sequence[Any], outcomes: list[Outcome]
+) -> tuple[Counter[str], list[int], list[tuple[Any, Outcome]]]:
+    """A committed round's figures: its outcomes counted by status (and "readings", those
+    stored), the arrival times (``received_ms``) of the stored messages, and the messages
+    that need more than counting, resets and rejects, with their outcomes. A pass per
+    figure with C-level getters: no Python code runs per message of a usual round."""
+    statuses = Counter(map(_STATUS, outcomes))
+    if statuses["stored"] == len(outcomes):  # the usual round
+        lags = list(map(_RECEIVED_MS, messages))
+        statuses["readings"] = sum(map(_READINGS, outcomes))
+        unusual = list(compress(zip(messages, outcomes, strict=True), map(_RESET, outcomes)))
+        return statuses, lags, unusual
+    stored = [status == "stored" for status in map(_STATUS, outcomes)]
+    lags = list(map(_RECEIVED_MS, compress(messages, stored)))
+    statuses["readings"] = sum(map(_READINGS, compress(outcomes, stored)))
+    unusual = [
+        (message, outcome)
+        for message, outcome in zip(messages, outcomes, strict=True)
+        if (outcome.reset and outcome.status == "stored") or outcome.status == "rejected"
+    ]
+    return statuses, lags, unusual

@@ -16,6 +16,7 @@ from zeal_server.compaction import (
     storage_bytes,
     verify,
 )
+from zeal_server.dedup import payload_digest
 from zeal_server.fleet import (
     MAX_TAG_KEY,
     MAX_TAG_VALUE,
@@ -34,7 +35,7 @@ from zeal_server.fleet import (
     set_tags,
     stream_totals,
 )
-from zeal_server.ingest import MAX_REJECT_ROWS, Ingest, Outcome, payload_digest
+from zeal_server.ingest import MAX_REJECT_ROWS, Ingest, Outcome
 from zeal_server.streams import (
     MAX_SERVER_BITS,
     StoreError,

@@ -22,7 +22,9 @@ from zeal_server import collector as collector_module
 from zeal_server.api import create_app
 from zeal_server.collector import Collector
 from zeal_server.door import Inbox, Received
+from zeal_server.groups import Outcome
 from zeal_server.settings import ServerSettings
+from zeal_server.settle import tally
 
 
 @pytest.fixture
@@ -145,3 +147,27 @@ def test_what_start_up_made_is_frozen_for_the_garbage_collector_while_the_app_ru
     with TestClient(create_app(settings(f"sqlite:///{tmp_path / 'f.sqlite'}"))):
         assert gc.get_freeze_count() > 10_000  # modules, classes, SQLAlchemy's metadata, ...
     assert gc.get_freeze_count() == 0
+
+
+def test_a_committed_rounds_figures_count_every_outcome_and_single_out_resets_and_rejects() -> None:
+    """tally, on a round of only stored messages and on a mixed one: the counts by status,
+    the readings stored, the arrival times of the stored messages, and the resets and
+    rejects with their messages (a duplicate needs nothing more)."""
+    stored = [Outcome("stored", None, "temps", "a", 3, k) for k in range(4)]
+    reset = Outcome("stored", None, "temps", "b", 2, 0, True, 9)
+    messages = [Received("zeal/v1/temps/a/up", b"", k, 1, 1000 + k) for k in range(5)]
+    statuses, lags, unusual = tally(messages, [*stored, reset])
+    assert statuses == {"stored": 5, "readings": 14}
+    assert lags == [1000, 1001, 1002, 1003, 1004]
+    assert unusual == [(messages[4], reset)]
+    mixed = [
+        stored[0],
+        Outcome("duplicate", None, "temps", "a", 0, 1),
+        Outcome("rejected", "too_old", "temps", "c", sequence=4),
+        reset,
+        Outcome("rejected", "bad_topic"),
+    ]
+    statuses, lags, unusual = tally(messages, mixed)
+    assert statuses == {"stored": 2, "duplicate": 1, "rejected": 2, "readings": 5}
+    assert lags == [1000, 1003]
+    assert unusual == [(messages[2], mixed[2]), (messages[3], reset), (messages[4], mixed[4])]
