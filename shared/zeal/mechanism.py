@@ -152,7 +152,7 @@ class Zeal(Aggregation):
         object.__setattr__(self, "readings_per_hour", hourly)
         object.__setattr__(self, "fingerprint", self._fingerprint())
 
-    def _setup(  # noqa: PLR0915 (the derivation, Eqs. (9), (10), (21), (31), (28), in order)
+    def _setup(
         self,
         lower: float,
         upper: float,
@@ -176,18 +176,8 @@ class Zeal(Aggregation):
             raise ParameterError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         if payload_bits is not None and exponent is not None:
             raise ParameterError("give payload_bits or exponent, not both")
-        half = (hi - lo) / 2
+        half, c, p = _range_terms(lo, hi, eps, (lower, upper, epsilon))
         ebar = lo + half
-        if not (math.isfinite(half) and half > 0):
-            raise ParameterError(f"the range [{lower!r}, {upper!r}] is too wide for float64")
-        s = math.exp(eps / 2)
-        c = half * (s + 1) / (s - 1)  # Eq. (10)
-        p = (math.exp(eps) - s) / (2 * half * (s + 1))  # Eq. (9)
-        if not (math.isfinite(2 * c) and math.isfinite(math.exp(eps) / p) and p > 0):
-            raise ParameterError(
-                f"the range [{lower!r}, {upper!r}] at epsilon={epsilon!r} gives an output range "
-                f"(C = {c!r}) that does not fit in float64"
-            )
         e_enc = ceil_log2(2 * c)  # Eq. (21)
         e_vul = max(ceil_log2(math.exp(eps) / p) - 1, e_enc)  # Eq. (31)
         for name, value in (
@@ -392,3 +382,30 @@ def _rebuild(*key: Any) -> Zeal:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ZealWarning)
         return Zeal(**dict(zip(names, key, strict=False)))
+
+
+def _range_terms(
+    lo: float, hi: float, eps: float, given: tuple[float, float, float]
+) -> tuple[float, float, float]:
+    """The half range, C of Eq. (10) and the density p of Eq. (9), refused when float64
+    cannot hold them (`given`: lower, upper and epsilon as the caller wrote them)."""
+    lower, upper, epsilon = given
+    half = (hi - lo) / 2
+    if not math.isfinite(half):
+        raise ParameterError(f"the range [{lower!r}, {upper!r}] is too wide for float64")
+    if not half > 0:  # (upper - lower) / 2 rounds to 0
+        raise ParameterError(f"the range [{lower!r}, {upper!r}] is too narrow for float64")
+    s = math.exp(eps / 2)
+    c = half * (s + 1) / (s - 1)  # Eq. (10)
+    p = (math.exp(eps) - s) / (2 * half * (s + 1))  # Eq. (9)
+    if not (math.isfinite(2 * c) and math.isfinite(math.exp(eps) / p) and p > 0):
+        raise ParameterError(
+            f"the range [{lower!r}, {upper!r}] at epsilon={epsilon!r} gives an output range "
+            f"(C = {c!r}) that does not fit in float64"
+        )
+    if not (math.isfinite(p) and c > 0 and math.exp(eps) / p > 0):  # a subnormal range
+        raise ParameterError(
+            f"the range [{lower!r}, {upper!r}] at epsilon={epsilon!r} is too narrow for "
+            f"float64 (the density p = {p!r} of Eq. (9) overflows)"
+        )
+    return half, c, p

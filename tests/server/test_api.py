@@ -510,6 +510,14 @@ def test_preview_shows_the_loss_per_day_against_the_policy(client: TestClient) -
         assert "reading_every" in fast.text
     fastest = client.get("/api/v1/preview", params={**query, "reading_every": 0.001}).json()
     assert fastest["epsilon_per_day"] == 86_400_000.0
+    # Found by schemathesis: a subnormal range made Eq. (9)'s density overflow; 500 before.
+    narrow = {"epsilon": 0.5, "lower": -2.2250738585e-313, "upper": 0.0}
+    answer = client.get("/api/v1/preview", params=narrow)
+    assert answer.status_code == 422, answer.text
+    assert "too narrow for float64" in answer.text
+    made = client.post("/api/v1/streams", json={"name": "narrow", **narrow})
+    assert made.status_code == 422, made.text
+    assert "too narrow for float64" in made.text
     low = client.get("/api/v1/preview", params={**query, "max_epsilon_per_day": 0.5})
     assert low.status_code == 422
     assert "allows no reading" in low.text

@@ -89,6 +89,9 @@ def test_default_width_is_the_fewest_bits_within_one_percent_variance() -> None:
         ({"lower": 0, "upper": 1, "epsilon": 1, "sampler": "fast"}, "sampler must be one of"),
         ({"lower": -1e308, "upper": 1e308, "epsilon": 1}, "too wide for float64"),
         ({"lower": 0, "upper": 1e308, "epsilon": 1}, "does not fit in float64"),
+        # Found by schemathesis on /preview: a subnormal range made p overflow to infinity.
+        ({"lower": -2.2250738585e-313, "upper": 0.0, "epsilon": 0.5}, "too narrow for float64"),
+        ({"lower": 0.0, "upper": 5e-324, "epsilon": 20}, "too narrow for float64"),
         ({"lower": 0, "upper": 1e300, "epsilon": 1e-6}, "too extreme for float64"),
     ],
 )
