@@ -29,7 +29,14 @@ from zeal.paper import PaperSampler
 from zeal.policy import check_policy, readings_per_day, readings_per_hour
 from zeal.protocol import EPSILON_MAX, EXPONENT, PAYLOAD_BITS
 from zeal.randomness import Randomness
-from zeal.width import bits_at, default_bits, exact_grid, exponent_for_bits, smallest_exponent
+from zeal.width import (
+    bits_at,
+    default_bits,
+    exact_grid,
+    exponent_for_bits,
+    range_terms,
+    smallest_exponent,
+)
 
 if TYPE_CHECKING:
     from zeal.privacy_audit import AuditReport
@@ -176,7 +183,7 @@ class Zeal(Aggregation):
             raise ParameterError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         if payload_bits is not None and exponent is not None:
             raise ParameterError("give payload_bits or exponent, not both")
-        half, c, p = _range_terms(lo, hi, eps, (lower, upper, epsilon))
+        half, c, p = range_terms(lo, hi, eps, (lower, upper, epsilon))
         ebar = lo + half
         e_enc = ceil_log2(2 * c)  # Eq. (21)
         e_vul = max(ceil_log2(math.exp(eps) / p) - 1, e_enc)  # Eq. (31)
@@ -382,30 +389,3 @@ def _rebuild(*key: Any) -> Zeal:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ZealWarning)
         return Zeal(**dict(zip(names, key, strict=False)))
-
-
-def _range_terms(
-    lo: float, hi: float, eps: float, given: tuple[float, float, float]
-) -> tuple[float, float, float]:
-    """The half range, C of Eq. (10) and the density p of Eq. (9), refused when float64
-    cannot hold them (`given`: lower, upper and epsilon as the caller wrote them)."""
-    lower, upper, epsilon = given
-    half = (hi - lo) / 2
-    if not math.isfinite(half):
-        raise ParameterError(f"the range [{lower!r}, {upper!r}] is too wide for float64")
-    if not half > 0:  # (upper - lower) / 2 rounds to 0
-        raise ParameterError(f"the range [{lower!r}, {upper!r}] is too narrow for float64")
-    s = math.exp(eps / 2)
-    c = half * (s + 1) / (s - 1)  # Eq. (10)
-    p = (math.exp(eps) - s) / (2 * half * (s + 1))  # Eq. (9)
-    if not (math.isfinite(2 * c) and math.isfinite(math.exp(eps) / p) and p > 0):
-        raise ParameterError(
-            f"the range [{lower!r}, {upper!r}] at epsilon={epsilon!r} gives an output range "
-            f"(C = {c!r}) that does not fit in float64"
-        )
-    if not (math.isfinite(p) and c > 0 and math.exp(eps) / p > 0):  # a subnormal range
-        raise ParameterError(
-            f"the range [{lower!r}, {upper!r}] at epsilon={epsilon!r} is too narrow for "
-            f"float64 (the density p = {p!r} of Eq. (9) overflows)"
-        )
-    return half, c, p

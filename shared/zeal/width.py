@@ -1,5 +1,6 @@
 """The code width: how many low bits of a privatized float64 are sent (Theorem 6, Eq. (28)),
-and the binade exponent E_U* that gives it."""
+and the binade exponent E_U* that gives it; and the range's terms C and p (Eqs. (9),
+(10)), refused when float64 cannot hold them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ __all__ = [
     "default_bits",
     "exact_grid",
     "exponent_for_bits",
+    "range_terms",
     "smallest_exponent",
 ]
 
@@ -104,3 +106,30 @@ def exact_grid(
             f"the grid sampler for lower={lower!r}, upper={upper!r}, "
             f"epsilon={epsilon!r}: it supports {limit} here ({exc})"
         ) from exc
+
+
+def range_terms(
+    lo: float, hi: float, eps: float, given: tuple[float, float, float]
+) -> tuple[float, float, float]:
+    """The half range, C of Eq. (10) and the density p of Eq. (9), refused when float64
+    cannot hold them (`given`: lower, upper and epsilon as the caller wrote them)."""
+    lower, upper, epsilon = given
+    half = (hi - lo) / 2
+    if not math.isfinite(half):
+        raise ParameterError(f"the range [{lower!r}, {upper!r}] is too wide for float64")
+    if not half > 0:  # (upper - lower) / 2 rounds to 0
+        raise ParameterError(f"the range [{lower!r}, {upper!r}] is too narrow for float64")
+    s = math.exp(eps / 2)
+    c = half * (s + 1) / (s - 1)  # Eq. (10)
+    p = (math.exp(eps) - s) / (2 * half * (s + 1))  # Eq. (9)
+    if not (math.isfinite(2 * c) and math.isfinite(math.exp(eps) / p) and p > 0):
+        raise ParameterError(
+            f"the range [{lower!r}, {upper!r}] at epsilon={epsilon!r} gives an output range "
+            f"(C = {c!r}) that does not fit in float64"
+        )
+    if not (math.isfinite(p) and c > 0 and math.exp(eps) / p > 0):  # a subnormal range
+        raise ParameterError(
+            f"the range [{lower!r}, {upper!r}] at epsilon={epsilon!r} is too narrow for "
+            f"float64 (the density p = {p!r} of Eq. (9) overflows)"
+        )
+    return half, c, p
