@@ -29,7 +29,6 @@ __all__ = [
     "insert",
     "last_sequence",
     "next_generation",
-    "payload_digest",
     "payload_digests",
     "resolve",
 ]
@@ -38,14 +37,9 @@ _GENERATION = SEEN_COLUMNS.index("generation")
 _DIGEST = SEEN_COLUMNS.index("digest")
 
 
-def payload_digest(payload: bytes) -> int:
-    """BLAKE2b-64 of a payload as a signed 64-bit integer (the dedup content key)."""
-    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big", signed=True)
-
-
 def payload_digests(payloads: list[bytes]) -> npt.NDArray[np.int64]:
-    """``payload_digest`` of each payload, as an array (one join of the digests, not a
-    Python integer per message)."""
+    """BLAKE2b-64 of each payload as a signed 64-bit integer (the dedup content key), as an
+    array (one join of the digests, not a Python integer per message)."""
     blake2b = hashlib.blake2b
     joined = b"".join([blake2b(p, digest_size=8).digest() for p in payloads])
     return np.frombuffer(joined, dtype=">i8").astype(np.int64)

@@ -16,7 +16,6 @@ from zeal_server.compaction import (
     storage_bytes,
     verify,
 )
-from zeal_server.dedup import payload_digest
 from zeal_server.fleet import (
     MAX_TAG_KEY,
     MAX_TAG_VALUE,
@@ -110,7 +109,6 @@ __all__ = [
     "list_streams",
     "now_ms",
     "params_of",
-    "payload_digest",
     "readings_on_day",
     "rejects",
     "segment_columns",
