@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from nats.js.api import ConsumerInfo, StreamState
+from nats.js.errors import ServiceUnavailableError
 from paho.mqtt.enums import MQTTProtocolVersion
 
 from tests.server.metrics_check import metric_samples
@@ -206,16 +207,25 @@ def stored_by_node(database_url: str) -> dict[str, int]:
     return dict(rows)
 
 
-async def jetstream(servers: str) -> tuple[StreamState, ConsumerInfo]:
-    """What NATS's MQTT stream holds, and where the collectors' consumer stands."""
+async def jetstream(servers: str, tries: int = 20) -> tuple[StreamState, ConsumerInfo]:
+    """What NATS's MQTT stream holds, and where the collectors' consumer stands. Asked
+    again while JetStream answers 503 ("temporarily unavailable": the restarted node
+    rejoining; a diagnostic run ended on it)."""
     client = await nats.connect(servers=servers.split(","))
     try:
         js = client.jetstream()
-        return (await js.stream_info(MQTT_STREAM)).state, await js.consumer_info(
-            MQTT_STREAM, CONSUMER
-        )
+        for _ in range(tries - 1):
+            with contextlib.suppress(ServiceUnavailableError):
+                return await _jetstream_state(js)
+            await asyncio.sleep(0.5)
+        return await _jetstream_state(js)
     finally:
         await client.close()
+
+
+async def _jetstream_state(js: Any) -> tuple[StreamState, ConsumerInfo]:
+    stream = (await js.stream_info(MQTT_STREAM)).state
+    return stream, await js.consumer_info(MQTT_STREAM, CONSUMER)
 
 
 def backlog(servers: str) -> int:
