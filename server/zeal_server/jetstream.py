@@ -15,13 +15,16 @@ stored twice. The stream keeps a message while a consumer has yet to acknowledge
 
 The consumer takes the whole stream, not a filter of the data subjects: a message on
 another topic (a notice, a presence) is acknowledged as it comes and counted
-(``skipped``, ``zeal_collector_jetstream_skipped_total``). With the filter
+(``skipped``, ``zeal_collector_jetstream_skipped_total``). A consumer an earlier release
+filtered is widened to ``>`` in place, not unfiltered: removing a filter by an update
+breaks the consumer on NATS 2.15.1 (:meth:`JetStreamSource._widened_filter`). With the filter
 ``$MQTT.msgs.zeal.v1.*.*.up``, NATS 2.9.10 handed two collectors sharing the consumer 100
 to 200 messages/s for seconds at a time while both had room: a fifth to a tenth of what
 the unfiltered consumer gives them (deploy/SCALING.md).
 
-Why not a stream of our own capturing ``zeal.v1.*.*.up``: NATS 2.9 acknowledges the MQTT
-PUBLISH once ``$MQTT_msgs`` has it, whatever became of the plain NATS message. While such a
+Why not a stream of our own capturing ``zeal.v1.*.*.up`` (measured on NATS 2.9.10): NATS
+acknowledges the MQTT PUBLISH once ``$MQTT_msgs`` has it, whatever became of the plain
+NATS message. While such a
 stream elects a new leader (seconds, after its leader's node died), the messages devices
 publish are acknowledged and lost to it; ``$MQTT_msgs`` has each of them (measured:
 docs/reliability.md). tests/server/test_cluster.py kills the node that leads
@@ -275,5 +278,18 @@ class JetStreamSource:
                 deliver_policy=DeliverPolicy.ALL,
                 ack_wait=self.ack_wait,
                 max_ack_pending=self.inflight,
+                filter_subject=await self._widened_filter(js),
             ),
         )
+
+    async def _widened_filter(self, js: Any) -> str | None:
+        """None (no filter) for a new consumer; ``>`` (every subject) for one that has a
+        filter, as an earlier release made it. Updating a filter away on an interest
+        stream makes NATS 2.15.1 deliver nothing more, and drop what is then published
+        as wanted by no consumer (tests/server/test_cluster.py); widening it to ``>`` loses
+        nothing."""
+        try:
+            config = (await js.consumer_info(MQTT_STREAM, self.consumer)).config
+        except NotFoundError:
+            return None
+        return ">" if config.filter_subject or config.filter_subjects else None

@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 
 from tests.deploy.compose_check import KNOWN, compose_config, problems, staged
 from tools.testbed.broker import deploy_broker_config, free_port, wait_for_port
+from tools.testbed.nats import nats_server
 from tools.testbed.server import DeployBroker
 from zeal_server.settings import ServerSettings, SettingsError
 
@@ -136,7 +137,7 @@ def test_images_name_the_versions_the_tests_run(tmp_path: Path) -> None:
     images = {name: s.get("image", "") for name, s in resolved["services"].items()}
     assert images["mosquitto"] == f"eclipse-mosquitto:{_version(['mosquitto', '-h'])}"
     assert images["prometheus"] == f"prom/prometheus:v{_version(['prometheus', '--version'])}"
-    nats = subprocess.run(["nats-server", "--version"], capture_output=True, text=True).stdout
+    nats = subprocess.run([nats_server(), "--version"], capture_output=True, text=True).stdout
     found = re.search(r"v(\d+\.\d+\.\d+)", nats)
     assert found, nats
     for node in ("nats1", "nats2", "nats3"):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tools.testbed.broker import run_agent, seattle_rows
-from tools.testbed.nats import DEPLOY, NatsCluster, deploy_config
+from tools.testbed.nats import DEPLOY, NatsCluster, deploy_config, nats_server
 from tools.testbed.server import Server, create, stats, wait_until
 
 pytestmark = pytest.mark.integration
@@ -26,7 +26,7 @@ def test_nats_server_finds_the_deploy_configuration_valid(tmp_path: Path) -> Non
         path = tmp_path / f"check{node}.conf"
         path.write_text(deploy_config(node, cluster))
         checked = subprocess.run(
-            ["nats-server", "-t", "-c", str(path)],
+            [nats_server(), "-t", "-c", str(path)],
             capture_output=True,
             text=True,
             env={**os.environ, "NATS_NAME": f"nats{node + 1}"},

@@ -52,7 +52,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 NODES = 3
 DEVICES = (34, 33, 33)  # 100 devices, each simulator publishing to its own node
-SECONDS = 24  # of publishing: 5 readings a second per device, a batch a second
+# Of publishing: 5 readings a second per device, a batch a second. Collector 2 is back
+# about 16 s in, and its first JetStream request can then time out once (5 s, 4 of 20
+# trials on NATS 2.15.1, the cluster still recovering the killed node) before it pulls.
+SECONDS = 32
 KILL_AT, DOWN_FOR = 8.0, 5.0
 KILLED = 2  # the node killed (and the simulator publishing to it)
 CONSUMER = "zeal-collectors"
@@ -255,7 +258,7 @@ def test_a_nats_cluster_with_two_collectors_survives_a_node_and_a_collector_kill
     assert trial.messages == trial.batches  # each batch stored exactly once
     assert "verify: OK" in trial.verify, trial.verify
     # Each collector stored a share (the second: after its restart).
-    assert min(trial.shares) > 0, trial.shares
+    assert min(trial.shares) > 0, (trial.shares, trial.logs)
 
 
 def test_the_same_run_with_a_collector_that_acknowledges_before_commit_loses_readings(
@@ -387,8 +390,10 @@ def test_messages_on_other_topics_are_acknowledged_and_counted_not_stored(
 ) -> None:
     """The consumer takes all of $MQTT_msgs (a filtered one was several times slower with
     two collectors): QoS 1 messages on other topics, between data batches, are acknowledged
-    and counted as skipped, not refused at the door; a consumer an earlier release filtered
-    is updated in place, losing no data published while no collector ran."""
+    and counted as skipped, not refused at the door. A consumer an earlier release filtered
+    is widened to every subject (">") in place, losing no data published while no collector
+    ran, nor after. (Updating the filter away instead
+    broke it on NATS 2.15.1: it delivered nothing more, and the stream dropped what came.)"""
     cluster = NatsCluster(tmp_path / "nats").start()
     database = f"sqlite:///{tmp_path / 'zeal.sqlite'}"
     server = Server(database, cluster, tmp_path / "server.log", collector_id="skip")  # type: ignore[arg-type]
@@ -400,7 +405,7 @@ def test_messages_on_other_topics_are_acknowledged_and_counted_not_stored(
         wait_until(lambda: "pulls from JetStream" in server.log.read_text(), 30, "JetStream")
         server.stop()
         asyncio.run(filter_consumer(cluster.nats_url, "$MQTT.msgs.zeal.v1.*.*.up"))
-        data = [(data_topic("temps", "d1"), p) for p in batches(params, "temps", "d1", 6)]
+        data = [(data_topic("temps", "d1"), p) for p in batches(params, "temps", "d1", 8)]
         others = [
             ("zeal/v1/temps/d1/presence", b"{}"),
             ("zeal/v1/temps/d1/notice", b"{}"),
@@ -411,7 +416,9 @@ def test_messages_on_other_topics_are_acknowledged_and_counted_not_stored(
         server.start()
         wait_until(lambda: stats(server)["messages"] == 3, 30, "the first data stored")
         before = metric_samples(server.http.get("/metrics").text)
-        publish_all(cluster.mqtt_ports[0], others + data[3:], protocol=v311)
+        publish_all(cluster.mqtt_ports[0], others + data[3:6], protocol=v311)
+        wait_until(lambda: stats(server)["messages"] == 6, 30, "the data stored")
+        publish_all(cluster.mqtt_ports[1], data[6:], protocol=v311)  # through another node
         wait_until(lambda: stats(server)["messages"] == len(data), 30, "the data stored")
         wait_until(lambda: backlog(cluster.nats_url) == 0, 30, "everything acknowledged")
         samples = metric_samples(server.http.get("/metrics").text)
@@ -419,7 +426,7 @@ def test_messages_on_other_topics_are_acknowledged_and_counted_not_stored(
     finally:
         server.stop()
         cluster.stop()
-    assert consumer.config.filter_subject in (None, "")
+    assert consumer.config.filter_subject == ">"
     skipped = ("zeal_collector_jetstream_skipped_total", ())
     assert samples[skipped] - before[skipped] == len(others)
     assert samples[("zeal_collector_messages_total", (("outcome", "stored"),))] == len(data)

