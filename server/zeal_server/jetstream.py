@@ -17,18 +17,17 @@ The consumer takes the whole stream, not a filter of the data subjects: a messag
 another topic (a notice, a presence) is acknowledged as it comes and counted
 (``skipped``, ``zeal_collector_jetstream_skipped_total``). A consumer an earlier release
 filtered is widened to ``>`` in place, not unfiltered: removing a filter by an update
-breaks the consumer on NATS 2.15.1 (:meth:`JetStreamSource._widened_filter`). With the filter
-``$MQTT.msgs.zeal.v1.*.*.up``, NATS 2.9.10 handed two collectors sharing the consumer 100
-to 200 messages/s for seconds at a time while both had room: a fifth to a tenth of what
-the unfiltered consumer gives them (deploy/SCALING.md).
+breaks the consumer on NATS 2.15.1 (:meth:`JetStreamSource._widened_filter`). With the
+filter ``$MQTT.msgs.zeal.v1.*.*.up``, NATS 2.9.10 handed two collectors sharing the
+consumer 100 to 200 messages/s for seconds at a time while both had room: a fifth to a
+tenth of what the unfiltered consumer gives them (deploy/SCALING.md).
 
 Why not a stream of our own capturing ``zeal.v1.*.*.up`` (measured on NATS 2.9.10): NATS
 acknowledges the MQTT PUBLISH once ``$MQTT_msgs`` has it, whatever became of the plain
-NATS message. While such a
-stream elects a new leader (seconds, after its leader's node died), the messages devices
-publish are acknowledged and lost to it; ``$MQTT_msgs`` has each of them (measured:
-docs/reliability.md). tests/server/test_cluster.py kills the node that leads
-``$MQTT_msgs`` and the collectors' consumer.
+NATS message. While such a stream elects a new leader (seconds, after its leader's node
+died), the messages devices publish are acknowledged and lost to it; ``$MQTT_msgs`` has
+each of them (measured: docs/reliability.md). tests/server/test_cluster.py kills the node
+that leads ``$MQTT_msgs`` and the collectors' consumer.
 
 The collector logs in to NATS with its broker login (``ZEAL_MQTT_USERNAME``, ``_PASSWORD``),
 which on a NATS deployment is one login for both (deploy/nats/users.conf.example).

@@ -392,8 +392,8 @@ def test_messages_on_other_topics_are_acknowledged_and_counted_not_stored(
     two collectors): QoS 1 messages on other topics, between data batches, are acknowledged
     and counted as skipped, not refused at the door. A consumer an earlier release filtered
     is widened to every subject (">") in place, losing no data published while no collector
-    ran, nor after. (Updating the filter away instead
-    broke it on NATS 2.15.1: it delivered nothing more, and the stream dropped what came.)"""
+    ran, nor after. (Updating the filter away instead broke it on NATS 2.15.1: it
+    delivered nothing more, and the stream dropped what came.)"""
     cluster = NatsCluster(tmp_path / "nats").start()
     database = f"sqlite:///{tmp_path / 'zeal.sqlite'}"
     server = Server(database, cluster, tmp_path / "server.log", collector_id="skip")  # type: ignore[arg-type]
