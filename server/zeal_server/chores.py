@@ -34,15 +34,15 @@ def record_shed(
         log.error("could not record %d shed messages: %s", sum(counts.values()), db_error_text(exc))
 
 
-def housekeep(sessions: sessionmaker[Session], ingest: store.Ingest, clock_lead_ms: int) -> None:
-    """Compact closed buckets, prune the privacy ledger, and delete what is past each
-    stream's retention (whole buckets; zeal_server.retention)."""
+def housekeep(sessions: sessionmaker[Session], ingest: store.Ingest) -> None:
+    """Compact closed buckets, delete what is past each stream's retention (whole
+    buckets), and prune the dedup rows and the privacy ledger behind the import window
+    (zeal_server.retention.housekeep)."""
     try:
         with sessions() as session, session.begin():
             streams = store.list_streams(session)
             ingest.refresh(streams)
-            ingest.prune_ledger(session, store.now_ms())
-            retention.housekeep(session, streams, store.now_ms(), clock_lead_ms=clock_lead_ms)
+            retention.housekeep(session, streams, store.now_ms(), max_age_ms=ingest.max_age_ms)
     except SQLAlchemyError as exc:
         log.error("housekeeping failed (will retry): %s", db_error_text(exc))
     except Exception:

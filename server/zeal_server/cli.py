@@ -6,8 +6,8 @@ zeal-server streams list
 zeal-server streams delete NAME --yes        the stream and all its data
 zeal-server streams retention NAME DAYS|none  keep whole buckets of the last DAYS days only
 zeal-server streams delete-device NAME DEVICE --yes   one device's data, from every bucket
-zeal-server verify [STREAM]                  segment sums == aggregates, per device/bucket
-zeal-server compact [STREAM]                 merge closed buckets' parts into segments
+zeal-server verify [STREAM]                  every segment row's sums == its readings'
+zeal-server compact [STREAM]                 merge raw parts into compressed chunks
 zeal-server export STREAM [--start T] [--end T]   decoded estimates as CSV
 zeal-server migrate                          bring the database schema up to date
 zeal-server devices provision NAME           a broker login for a device (password shown once)
@@ -149,8 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     forget.add_argument("device", help="the device")
     forget.add_argument("--yes", action="store_true", help="confirm: the data cannot come back")
     for name, text in (
-        ("verify", "check that segment sums equal the aggregates, per device and bucket"),
-        ("compact", "merge closed buckets into compressed segments"),
+        ("verify", "check that every segment row's sums and buckets are those of its readings"),
+        ("compact", "merge every raw part (and rows from before 0007) into compressed chunks"),
     ):
         p = _command(commands, name, text)
         p.add_argument("stream", nargs="?", help="one stream [all]")
@@ -302,7 +302,7 @@ def _run(engine: Engine, args: argparse.Namespace) -> int:
                 return _fail(f"no stream named {args.stream!r}")
         if args.command == "compact":
             for stream in streams:
-                print(f"{stream.name}: {store.compact(session, stream)} buckets compacted")
+                print(f"{stream.name}: {store.compact(session, stream)} periods compacted")
             session.commit()
             return 0
         if args.command == "verify":

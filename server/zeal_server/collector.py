@@ -299,6 +299,7 @@ class Collector:
             if outcome == "stored":
                 pending = []
                 chores.record_shed(self.sessions, self.ingest, self.shed, self._log_rejects)
+                self._housekeep_when_due()  # a busy writer is never idle
 
     def _keep_in_sync(self) -> None:
         """Sync the retained configurations when due (a new connection, a change, or every
@@ -320,11 +321,16 @@ class Collector:
             self.ingest.forget()
 
     def _idle(self) -> None:
-        """Nothing to store: record what was shed at the door, and compact when due."""
+        """Nothing to store: record what was shed at the door, and housekeep when due."""
         chores.record_shed(self.sessions, self.ingest, self.shed, self._log_rejects)
+        self._housekeep_when_due()
+
+    def _housekeep_when_due(self) -> None:
+        """Compaction, retention and pruning every compact_every seconds (chores.housekeep),
+        between transactions, whether the writer is idle or busy."""
         if time.monotonic() - self._last_compact > self.compact_every:
             self._last_compact = time.monotonic()
-            chores.housekeep(self.sessions, self.ingest, self.settings.max_future_seconds * 1000)
+            chores.housekeep(self.sessions, self.ingest)
 
     def _commit(self, pending: list[door.Received]) -> Literal["stored", "retry", "stopped"]:
         """Store `pending` in one transaction and acknowledge each message ("stored"), or

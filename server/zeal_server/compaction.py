@@ -1,251 +1,175 @@
-"""Segments after ingest: compaction of closed buckets, reading them back (export),
-and verify (segment sums equal the aggregates); what the store occupies.
+"""Compaction: raw parts merged into compressed chunks; and verify.
+
+A transaction adds a raw part per bucket it touches. The collector's housekeeping (every
+30 s) merges the parts of each period (about a day of buckets, ``sums.period_buckets``)
+with the period's *open* chunks (those below ``OPEN_BYTES``) and its rows from before
+revision 0007, and splits what they hold into chunks of at most ``CHUNK_BYTES``, filled in
+bucket order (whole buckets each, where a bucket fits): a chunk stays inline in a
+PostgreSQL page, with no TOAST table and index beside it, and a query that reaches into a
+period decodes a few kilobytes at its edges, not the day. A full chunk is not rewritten
+again: a late part makes a new chunk that may overlap it (rows may overlap in buckets, and
+every sum adds them). A bucket still filling is compacted too: its later parts join the
+open chunk at the next housekeeping, which rewrites a few kilobytes at most.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import secrets
+from typing import Any
 
 import numpy as np
-from sqlalchemy import (
-    Integer,
-    and_,
-    cast,
-    delete,
-    func,
-    or_,
-    select,
-)
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import delete, func, insert, select, tuple_
+from sqlalchemy.orm import Session
 
-from zeal import (
-    Zeal,
-    exact_sum,
-    exact_sum_squares,
+from zeal_server.models import Segment, Stream
+from zeal_server.segments import (
+    CHUNK,
+    Columns,
+    decode,
+    encode_chunk,
+    limb_sums,
 )
-from zeal_server.fleet import devices_of
-from zeal_server.models import (
-    SQUARE_LIMBS,
-    SUM_LIMBS,
-    Aggregate,
-    BucketTotal,
-    Device,
-    Segment,
-    Stream,
-)
-from zeal_server.segments import Columns, decode_columns, encode_columns
-from zeal_server.streams import params_of
-from zeal_server.sums import SQUARE_COLUMNS, SUM_COLUMNS, from_limbs
+from zeal_server.sums import VALUE_COLUMNS, period_buckets
+
+__all__ = ["CHUNK_BYTES", "OPEN_BYTES", "chunk_rows", "compact", "verify"]
+
+#: A chunk's data holds at most this many bytes: with its key and sums the row stays
+#: below the 8,160 bytes PostgreSQL keeps inline in a page.
+CHUNK_BYTES = 7_600
+#: A chunk smaller than this is still open: compaction merges the period's new parts
+#: into it (rewriting a few kilobytes, never a full chunk).
+OPEN_BYTES = CHUNK_BYTES * 7 // 8
+#: Readings tried in a first chunk (then as many as the last chunk's size suggests).
+_FIRST_GUESS = 8_192
+_KEY = (Segment.first_bucket, Segment.last_bucket, Segment.tag)
+
+
+def chunk_rows(
+    stream: Stream, columns: Columns, *, limit: int = CHUNK_BYTES
+) -> list[dict[str, Any]]:
+    """Readings of one period as chunk rows of at most `limit` bytes of data, filled in
+    bucket order: each a run of whole buckets (a bucket is cut only where it alone holds
+    more than a chunk), full but for the last."""
+    size = stream.bucket_seconds * 1000
+    buckets = columns.timestamps // size
+    order = np.lexsort((columns.codes, columns.timestamps, columns.devices, buckets))
+    columns, buckets = columns.take(order), buckets[order]
+    boundaries = np.flatnonzero(buckets[1:] != buckets[:-1]) + 1
+    rows, start, guess = [], 0, _FIRST_GUESS
+    while start < len(columns):
+        take = min(len(columns) - start, guess)
+        while True:
+            cut = start + take
+            if cut < len(columns):  # the last bucket boundary within the piece, if any
+                at = int(np.searchsorted(boundaries, cut, side="right")) - 1
+                cut = int(boundaries[at]) if at >= 0 and boundaries[at] > start else cut
+            piece = columns.take(np.arange(start, cut)).sorted()
+            data = encode_chunk(piece, stream.payload_bits)
+            if len(data) <= limit or cut - start == 1:
+                break
+            take = max(1, int(take * min(0.95, limit / len(data))))
+        rows.append(_row(stream, piece, data, int(buckets[start]), int(buckets[cut - 1])))
+        guess = max(1, int((cut - start) * limit * 0.97 / max(len(data), 1)))
+        start = cut
+    return rows
+
+
+def _row(stream: Stream, columns: Columns, data: bytes, first: int, last: int) -> dict[str, Any]:
+    sums = limb_sums(columns.codes, np.zeros(1, dtype=np.int64), stream.payload_bits)[0]
+    return {
+        "stream_id": stream.id,
+        "first_bucket": first,
+        "last_bucket": last,
+        "tag": secrets.randbits(63),
+        "encoding": CHUNK,
+        "data": data,
+        **dict(zip(VALUE_COLUMNS, sums.tolist(), strict=True)),
+    }
+
+
+def _mergeable(stream: Stream, before_bucket: int | None) -> list[Any]:
+    """Rows compaction may merge: parts and rows from before 0007 (any size), and open
+    chunks (those before `before_bucket` only, if given)."""
+    where = [
+        Segment.stream_id == stream.id,
+        (Segment.encoding != CHUNK) | (func.length(Segment.data) < OPEN_BYTES),
+    ]
+    if before_bucket is not None:
+        where.append(Segment.last_bucket < before_bucket)
+    return where
 
 
 def compact(
-    session: Session, stream: Stream, *, before_bucket: int | None = None, min_parts: int = 1
+    session: Session,
+    stream: Stream,
+    *,
+    before_bucket: int | None = None,
+    max_periods: int | None = None,
 ) -> int:
-    """Merge the parts of each closed bucket into one compressed segment; returns buckets done."""
+    """Merge the mergeable rows (``_mergeable``) of each period that holds a part, or more
+    than one open chunk, into chunks (oldest period first; at most `max_periods`, None: all).
+    Returns the periods rewritten."""
+    size = period_buckets(stream)
+    period = Segment.first_bucket // size
+    where = _mergeable(stream, before_bucket)
     query = (
-        select(Segment.bucket)
-        .where(Segment.stream_id == stream.id)
-        .group_by(Segment.bucket)
-        .having((func.count() > min_parts) | (func.min(cast(Segment.compacted, Integer)) == 0))
-        .order_by(Segment.bucket)  # collectors compacting at once lock buckets in one order
+        select(period)
+        .where(*where)
+        .group_by(period)
+        .having((func.count() > 1) | (func.min(Segment.encoding) < CHUNK))
+        .order_by(period)
+        .limit(max_periods)
     )
-    if before_bucket is not None:
-        query = query.where(Segment.bucket < before_bucket)
     done = 0
-    for bucket in list(session.scalars(query)):
-        # Locked: two collectors compacting one bucket at once would both merge its parts
-        # (seen: every reading of a bucket twice in its segments). The second waits, then
-        # finds the parts the first merged gone, and merges what is left, if anything.
-        parts = list(
-            session.scalars(
-                select(Segment)
-                .where(Segment.stream_id == stream.id, Segment.bucket == bucket)
-                .order_by(Segment.id)
-                .with_for_update()
-            )
-        )
-        if len(parts) <= min_parts and all(p.compacted for p in parts):
+    for number in [int(p) for p in session.scalars(query)]:
+        # Locked: two collectors compacting one period at once would both merge its rows
+        # (every reading of them twice). The second waits, then finds the rows the first
+        # merged gone, and merges what is left, if anything.
+        rows = session.execute(
+            select(*_KEY, Segment.encoding, Segment.data)
+            .where(*where, Segment.first_bucket >= number * size)
+            .where(Segment.first_bucket < (number + 1) * size)
+            .order_by(*_KEY)
+            .with_for_update()
+        ).all()
+        if len(rows) < 2 and all(r.encoding == CHUNK for r in rows):
             continue
-        merged = Columns.concat([columns_of(p, stream.payload_bits) for p in parts]).sorted()
-        blobs = encode_columns(merged, stream.payload_bits, compress=True)
-        session.execute(delete(Segment).where(Segment.id.in_([p.id for p in parts])))
-        session.add(
-            Segment(
-                stream_id=stream.id,
-                bucket=bucket,
-                n=len(merged),
-                compacted=True,
-                codes=blobs[0],
-                timestamps=blobs[1],
-                devices=blobs[2],
-            )
+        merged = Columns.concat([decode(r.data, r.encoding, stream.payload_bits) for r in rows])
+        keys = [(r.first_bucket, r.last_bucket, r.tag) for r in rows]
+        session.execute(
+            delete(Segment).where(Segment.stream_id == stream.id, tuple_(*_KEY).in_(keys))
         )
+        session.execute(insert(Segment), chunk_rows(stream, merged))
         done += 1
     return done
 
 
-def columns_of(segment: Segment, payload_bits: int) -> Columns:
-    """The decoded columns of one segment."""
-    return decode_columns(
-        segment.codes,
-        segment.timestamps,
-        segment.devices,
-        payload_bits,
-        compressed=segment.compacted,
-    )
-
-
-def segment_columns(
-    session: Session,
-    stream: Stream,
-    first_bucket: int | None = None,
-    stop_bucket: int | None = None,
-) -> Iterator[tuple[int, Columns]]:
-    query = select(Segment).where(Segment.stream_id == stream.id)
-    if first_bucket is not None:
-        query = query.where(Segment.bucket >= first_bucket)
-    if stop_bucket is not None:
-        query = query.where(Segment.bucket < stop_bucket)
-    # yield_per: an ORM query otherwise loads every segment before the first is yielded.
-    query = query.order_by(Segment.bucket, Segment.id).execution_options(yield_per=256)
-    for segment in session.scalars(query):
-        yield segment.bucket, columns_of(segment, stream.payload_bits)
-
-
-def export_lines(
-    session: Session,
-    stream: Stream,
-    first_bucket: int | None = None,
-    stop_bucket: int | None = None,
-) -> Iterator[str]:
-    """CSV lines (header first) of the decoded per-reading estimates stored in the segments."""
-    yield "timestamp_ms,device,estimate\n"
-    names = {d.id: d.name for d in devices_of(session, stream)}
-    params = params_of(stream)
-    for _, cols in segment_columns(session, stream, first_bucket, stop_bucket):
-        yield _csv(cols, names, params)
-
-
-def _csv(cols: Columns, names: dict[int, str], params: Zeal) -> str:
-    """The CSV lines of one segment's readings, in one string."""
-    devices = [names.get(d, str(d)) for d in cols.devices.tolist()]
-    values = params.decode(cols.codes).tolist()
-    return "".join(
-        f"{t},{d},{x!r}\n"
-        for t, d, x in zip(cols.timestamps.tolist(), devices, values, strict=True)
-    )
-
-
-def export_chunks(
-    sessions: sessionmaker[Session],
-    stream: Stream,
-    first_bucket: int,
-    stop_bucket: int,
-    segments_per_chunk: int = 64,
-) -> Iterator[str]:
-    """export_lines for an HTTP response: each chunk of segments is read in a session of
-    its own, closed before the chunk is yielded. A client that stops reading (or goes
-    away) holds no database connection, however long the response stays open."""
-    yield "timestamp_ms,device,estimate\n"
-    with sessions() as session:
-        named = select(Device.id, Device.name).where(Device.stream_id == stream.id)
-        names: dict[int, str] = {int(i): str(n) for i, n in session.execute(named)}
-    params = params_of(stream)
-    after: tuple[int, int] | None = None
-    while True:
-        query = select(Segment).where(
-            Segment.stream_id == stream.id,
-            Segment.bucket >= first_bucket,
-            Segment.bucket < stop_bucket,
-        )
-        if after is not None:
-            query = query.where(
-                or_(
-                    Segment.bucket > after[0],
-                    and_(Segment.bucket == after[0], Segment.id > after[1]),
-                )
-            )
-        query = query.order_by(Segment.bucket, Segment.id).limit(segments_per_chunk)
-        with sessions() as session:
-            segments = list(session.scalars(query))
-            chunk = "".join(
-                _csv(columns_of(s, stream.payload_bits), names, params) for s in segments
-            )
-        if chunk:
-            yield chunk
-        if len(segments) < segments_per_chunk:
-            return
-        after = (segments[-1].bucket, segments[-1].id)
-
-
 def verify(session: Session, stream: Stream) -> list[str]:
-    """Compare every (device, bucket)'s segment sums with its aggregates; list mismatches."""
-    from_segments: dict[tuple[int, int], list[int]] = {}
-    k = stream.payload_bits
-    for bucket, cols in segment_columns(session, stream):
-        for device in np.unique(cols.devices):
-            codes = cols.codes[cols.devices == device]
-            acc = from_segments.setdefault((int(device), bucket), [0, 0, 0])
-            acc[0] += int(codes.size)
-            acc[1] += exact_sum(codes, k)
-            acc[2] += exact_sum_squares(codes, k)
-    rows = session.execute(select(Aggregate).where(Aggregate.stream_id == stream.id)).scalars()
-    from_aggregates = {
-        (a.device_id, a.bucket): [
-            a.n,
-            from_limbs([getattr(a, c) for c in SUM_COLUMNS]),
-            from_limbs([getattr(a, c) for c in SQUARE_COLUMNS]),
-        ]
-        for a in rows
-    }
-    totals: dict[int, list[int]] = {}
-    for (_, bucket), sums in from_aggregates.items():
-        acc = totals.setdefault(bucket, [0, 0, 0])
-        for i in range(3):
-            acc[i] += sums[i]
-    rollup = {
-        t.bucket: [
-            t.n,
-            from_limbs([getattr(t, c) for c in SUM_COLUMNS]),
-            from_limbs([getattr(t, c) for c in SQUARE_COLUMNS]),
-        ]
-        for t in session.scalars(select(BucketTotal).where(BucketTotal.stream_id == stream.id))
-    }
-    problems = [
-        f"stream {stream.name} bucket {b}: bucket totals {rollup.get(b)} != sum of device "
-        f"aggregates {totals.get(b)}"
-        for b in sorted(set(totals) | set(rollup))
-        if totals.get(b) != rollup.get(b)
-    ]
-    for key in sorted(set(from_segments) | set(from_aggregates)):
-        seg, agg = from_segments.get(key), from_aggregates.get(key)
-        if seg != agg:
-            problems.append(
-                f"stream {stream.name} device {key[0]} bucket {key[1]}: "
-                f"segments {seg} != aggregates {agg}"
-            )
-    return problems
-
-
-def storage_bytes(session: Session, stream: Stream) -> dict[str, int]:
-    """Bytes the store uses for a stream: segment columns, and aggregates (8 bytes a field)."""
-    lengths = session.execute(
-        select(
-            func.coalesce(func.sum(func.length(Segment.codes)), 0),
-            func.coalesce(func.sum(func.length(Segment.timestamps)), 0),
-            func.coalesce(func.sum(func.length(Segment.devices)), 0),
-        ).where(Segment.stream_id == stream.id)
-    ).one()
-    rows = (
-        session.scalar(
-            select(func.count()).select_from(Aggregate).where(Aggregate.stream_id == stream.id)
-        )
-        or 0
+    """Check every segment row of the stream against what it holds: its count and sums,
+    its first and last bucket, and that it stays within one period; list the mismatches."""
+    problems = []
+    size, per = stream.bucket_seconds * 1000, period_buckets(stream)
+    query = (
+        select(Segment)
+        .where(Segment.stream_id == stream.id)
+        .order_by(*_KEY)
+        .execution_options(yield_per=256)
     )
-    fields = 3 + 1 + SUM_LIMBS + SQUARE_LIMBS
-    return {
-        "codes": int(lengths[0]),
-        "timestamps": int(lengths[1]),
-        "devices": int(lengths[2]),
-        "aggregates": int(rows) * fields * 8,
-    }
+    for row in session.scalars(query):
+        where = f"stream {stream.name} segment ({row.first_bucket}, {row.last_bucket}, {row.tag})"
+        try:
+            columns = decode(row.data, row.encoding, stream.payload_bits)
+        except ValueError as exc:
+            problems.append(f"{where}: cannot be decoded ({exc})")
+            continue
+        found = limb_sums(columns.codes, np.zeros(1, dtype=np.int64), stream.payload_bits)[0]
+        stored = [int(getattr(row, c)) for c in VALUE_COLUMNS]
+        if found.tolist() != stored:
+            problems.append(f"{where}: sums {stored} != its readings' {found.tolist()}")
+        buckets = columns.timestamps // size
+        span = (int(buckets.min()), int(buckets.max())) if len(columns) else None
+        if span != (row.first_bucket, row.last_bucket):
+            problems.append(f"{where}: its readings span buckets {span}")
+        if row.first_bucket // per != row.last_bucket // per:
+            problems.append(f"{where}: crosses a period boundary")
+    return problems

@@ -6,7 +6,9 @@ next generation of that sequence, never dropped).
 ``insert`` writes all fresh rows with one multi-row statement per 128, in (device, sequence)
 order; RETURNING names the rows that went in. ``resolve`` reads the rows of every taken
 (device, sequence) with one query and inserts the next generations together; a generation
-another collector takes meanwhile is retried row by row (``next_generation``).
+another collector takes meanwhile is retried row by row (``next_generation``). ``prune``
+deletes the rows of batches behind the stream's dedup horizon, which the ingest refuses
+anyway (``too_old``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import delete, func, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from zeal_server.models import BatchSeen
+from zeal_server.models import BatchSeen, Device, Stream
 from zeal_server.rawsql import MAX_ROWS, Raw
 from zeal_server.streams import StoreError
 from zeal_server.writes import SEEN_COLUMNS
@@ -30,6 +32,7 @@ __all__ = [
     "last_sequence",
     "next_generation",
     "payload_digests",
+    "prune",
     "resolve",
 ]
 
@@ -138,3 +141,23 @@ def last_sequence(session: Session, device_id: int, later: set[tuple[int, int]])
         if (sequence, generation) not in later:
             return int(sequence)
     return None
+
+
+def prune(session: Session, stream_id: int, horizon_ms: int) -> None:
+    """Move the stream's dedup horizon up to `horizon_ms` (never back) and delete the dedup
+    rows of its batches whose first reading lies before it.
+
+    The ingest reads the horizon in its own transaction, the stream row share-locked on
+    PostgreSQL, and refuses a batch with a reading before it (``too_old``): a collector
+    whose import window is wider, or whose clock is behind, never stores again a batch
+    whose row was deleted here."""
+    session.execute(
+        update(Stream)
+        .where(Stream.id == stream_id)
+        .where(or_(Stream.horizon_ms.is_(None), Stream.horizon_ms < horizon_ms))
+        .values(horizon_ms=horizon_ms)
+    )
+    devices = select(Device.id).where(Device.stream_id == stream_id).scalar_subquery()
+    session.execute(
+        delete(BatchSeen).where(BatchSeen.first_ms < horizon_ms, BatchSeen.device_id.in_(devices))
+    )

@@ -1,8 +1,10 @@
 """Bits per reading on the wire and in the store, beside the formats they replace.
 
 Everything here is measured on the stream's own stored data: the wire figure from the
-payload bytes the collector received, the store figure from the segment columns, and the
-alternatives by encoding a sample of the most recent stored readings in those formats:
+payload bytes the collector received, the store figures from the segment rows (``store_bits``
+their data, ``store_code_bits`` the codes sections of the sample's rows, ``database_bits``
+the stream's share of the whole database, zeal_server.footprint), and the alternatives by
+encoding a sample of the most recent stored readings in those formats:
 
 * a JSON message per reading, ``{"ts": <ms>, "value": <privatized value>}`` (the device is
   in the topic, as with Zeal's own payload);
@@ -14,8 +16,8 @@ alternatives by encoding a sample of the most recent stored readings in those fo
   the whole segment (codes, timestamps, devices) is reported beside it;
 * the paper's transmission format, 64 - gamma_min bits per value (TR, Eq. (27)).
 
-Arriving batches are stored raw until their bucket closes and is compacted; the store
-figures are those of the compacted segments (``compacted`` says which share of the readings
+Arriving batches are stored raw until their bucket closes and is compacted; the segment
+figures are those of the compacted rows (``compacted`` says which share of the readings
 they hold), or of the raw parts while nothing is compacted yet (``compacted`` 0).
 """
 
@@ -30,8 +32,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from zeal_server import store
+from zeal_server.footprint import stream_bytes
 from zeal_server.models import Segment, Stream
-from zeal_server.segments import Columns
+from zeal_server.segments import CHUNK, PART, Columns, decode, section_sizes
 
 __all__ = ["SAMPLE", "efficiency", "json_bits", "recent_columns"]
 
@@ -40,32 +43,43 @@ SAMPLE = 65_536
 
 
 def recent_columns(session: Session, stream: Stream, limit: int = SAMPLE) -> Columns | None:
-    """Up to ``limit`` readings from the stream's most recent segments (None if none).
+    """Up to ``limit`` readings from the stream's most recent segment rows (None if none):
+    compacted ones while there are, else raw parts."""
+    return _recent(session, stream, limit)[0]
 
-    The segment keys are streamed (``yield_per``) and only the segments needed are loaded:
-    an ORM query buffers every row it returns, and a stream of months holds hundreds of
-    thousands of segments (loading them all made ``/stats`` take seconds).
-    """
-    keys = (
-        select(Segment.id, Segment.n)
-        .where(Segment.stream_id == stream.id)
-        .order_by(Segment.bucket.desc(), Segment.id.desc())
-        .execution_options(yield_per=1000)
-    )
-    wanted: list[int] = []
-    held = 0
-    result = session.execute(keys)
-    for segment_id, n in result:
-        wanted.append(segment_id)
-        held += n
-        if held >= limit:
-            break
-    result.close()
-    if not wanted:
-        return None
-    loaded = {s.id: s for s in session.scalars(select(Segment).where(Segment.id.in_(wanted)))}
-    both = Columns.concat([store.columns_of(loaded[i], stream.payload_bits) for i in wanted])
-    return Columns(both.codes[:limit], both.timestamps[:limit], both.devices[:limit])
+
+def _recent(session: Session, stream: Stream, limit: int) -> tuple[Columns | None, int, int]:
+    """The readings of `recent_columns`, and the code bytes and readings of their rows.
+
+    The rows are streamed (``yield_per``), newest first, and the reading stops once it has
+    enough: a stream of months holds a great many rows (loading them all made ``/stats``
+    slow)."""
+    for compacted in (True, False):
+        query = (
+            select(Segment.encoding, Segment.data, Segment.n)
+            .where(
+                Segment.stream_id == stream.id,
+                (Segment.encoding != PART) if compacted else (Segment.encoding == PART),
+            )
+            .order_by(Segment.last_bucket.desc(), Segment.first_bucket.desc(), Segment.tag)
+            .execution_options(yield_per=64)
+        )
+        chosen = []
+        held = 0
+        result = session.execute(query)
+        for row in result:
+            chosen.append(row)
+            held += row.n
+            if held >= limit:
+                break
+        result.close()
+        if not chosen:
+            continue
+        both = Columns.concat([decode(r.data, r.encoding, stream.payload_bits) for r in chosen])
+        code_bytes = sum(section_sizes(r.data)[-1 if r.encoding == CHUNK else 0] for r in chosen)
+        sampled = Columns(both.codes[:limit], both.timestamps[:limit], both.devices[:limit])
+        return sampled, code_bytes, held
+    return None, 0, 0
 
 
 def json_bits(timestamps: np.ndarray, values: np.ndarray) -> float:
@@ -91,7 +105,7 @@ def efficiency(
     received_bytes: int,
 ) -> dict[str, Any] | None:
     """Bits per reading of Zeal and of the alternatives, with the ratios (None: no data)."""
-    sample = recent_columns(session, stream)
+    sample, code_bytes, code_readings = _recent(session, stream, SAMPLE)
     if sample is None or readings == 0:
         return None
     params = store.params_of(stream)
@@ -102,25 +116,20 @@ def efficiency(
         8 * len(zstandard.ZstdCompressor(level=3).compress(privatized.tobytes())) / len(sample)
     )
     wire_bits = 8 * received_bytes / readings
-    by_state = {
-        bool(state): [int(v or 0) for v in rest]
-        for state, *rest in session.execute(
-            select(
-                Segment.compacted,
-                func.sum(Segment.n),
-                func.sum(func.length(Segment.codes)),
-                func.sum(func.length(Segment.timestamps) + func.length(Segment.devices)),
-            )
-            .where(Segment.stream_id == stream.id)
-            .group_by(Segment.compacted)
-        )
-    }
+    by_state: dict[bool, list[int]] = {}
+    for encoding, *rest in session.execute(
+        select(Segment.encoding, func.sum(Segment.n), func.sum(func.length(Segment.data)))
+        .where(Segment.stream_id == stream.id)
+        .group_by(Segment.encoding)
+    ):
+        acc = by_state.setdefault(encoding != PART, [0, 0])
+        for i, v in enumerate(rest):
+            acc[i] += int(v or 0)
     total = sum(v[0] for v in by_state.values()) or 1
-    done = by_state.get(True, [0, 0, 0])
-    n, code_bytes, other_bytes = done if done[0] else by_state.get(False, [0, 0, 0])
-    n = n or 1
-    store_bits = 8 * (code_bytes + other_bytes) / n
-    code_bits = 8 * code_bytes / n
+    done = by_state.get(True, [0, 0])
+    n, data_bytes = done if done[0] else by_state.get(False, [0, 0])
+    code_bits = 8 * code_bytes / (code_readings or 1)
+    database = sum(stream_bytes(session, stream).values())
     return {
         "sample": len(sample),
         "wire_bits": wire_bits,
@@ -128,8 +137,9 @@ def efficiency(
         "float64_bits": 64.0,
         "wire_vs_json": json_size / wire_bits,
         "wire_vs_float64": 64.0 / wire_bits,
-        "store_bits": store_bits,
+        "store_bits": 8 * data_bytes / (n or 1),
         "store_code_bits": code_bits,
+        "database_bits": 8 * database / total,
         "paper_store_bits": paper_bits,
         "paper_wire_bits": float(64 - params.shared_bits),
         "store_vs_paper": paper_bits / code_bits,

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from zeal import ParameterError
 from zeal.policy import DAY_MS, HOUR_MS
 from zeal.protocol import check_name
-from zeal_server.models import BatchSeen, Device, DeviceDay, DeviceHour, DeviceTag, Stream
+from zeal_server.models import Device, DeviceDay, DeviceHour, DeviceTag, Stream
 from zeal_server.streams import StoreError, insert_for, now_ms
 
 __all__ = [
@@ -215,17 +215,13 @@ class StreamTotals:
 
 
 def stream_totals(session: Session, stream: Stream) -> StreamTotals:
-    readings, messages, received = session.execute(
+    """The stream's devices' counters summed (what was received and stored, whatever
+    retention deleted since)."""
+    readings, messages, received, last_ms, active, duplicates, resets = session.execute(
         select(
-            func.coalesce(func.sum(BatchSeen.readings), 0),
-            func.count(),
-            func.coalesce(func.sum(BatchSeen.bytes), 0),
-        )
-        .join(Device, Device.id == BatchSeen.device_id)
-        .where(Device.stream_id == stream.id)
-    ).one()
-    last_ms, active, duplicates, resets = session.execute(
-        select(
+            func.coalesce(func.sum(Device.readings), 0),
+            func.coalesce(func.sum(Device.batches), 0),
+            func.coalesce(func.sum(Device.bytes), 0),
             func.max(Device.last_seen_ms),
             func.count().filter(Device.last_seen_ms >= now_ms() - 3_600_000),
             func.coalesce(func.sum(Device.duplicates), 0),

@@ -85,7 +85,7 @@ class Group:
                 self.batches.sequences.view(np.int64),
                 np.zeros(len(self.positions), dtype=np.int64),
                 self.digests,
-                self.received,
+                self.batches.timestamps[self.batches.starts[:-1]],
                 self.batches.counts,
                 self.sizes,
             ],
@@ -129,6 +129,8 @@ def implausible(
         checks.append(("too_old", first < received - limits.max_age_ms))
     if entry.retention_ms is not None:  # deleted at once else; and a replay must not return
         checks.append(("too_old", first < received - entry.retention_ms))
+    if entry.horizon_ms is not None:  # its dedup rows may be gone: a copy must not return
+        checks.append(("too_old", first < entry.horizon_ms))
     if limits.backfill_ms is not None:
         checks.append(("before_stream", first < entry.created_ms - limits.backfill_ms))
     for reason, failed in reversed(checks):  # the first check that fails names it

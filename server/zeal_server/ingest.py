@@ -28,18 +28,17 @@ import time
 from typing import Any
 
 import numpy as np
-from sqlalchemy import delete, func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from zeal import ParameterError
-from zeal.policy import DAY_MS, HOUR_MS
 from zeal.protocol import REJECT_REASONS, check_name
 from zeal.topics import MAX_TOPIC_LENGTH, parse_data_topic
 from zeal.wirebatches import Batches, decode_many
 from zeal_server.dedup import payload_digests
 from zeal_server.fleet import add_devices, device_ids
 from zeal_server.groups import Group, Outcome, implausible, rounds, select_batches
-from zeal_server.models import DeviceDay, DeviceHour, Reject, Stream
+from zeal_server.models import Reject, Stream
 from zeal_server.rawsql import Raw
 from zeal_server.settle import Round
 from zeal_server.streams import params_of, stream_by_name
@@ -92,15 +91,6 @@ class Ingest:
         """Drop caches (after a rollback, ids created in it are gone)."""
         self._streams.clear()
         self._devices.clear()
-
-    def prune_ledger(self, session: Session, now_ms: int) -> None:
-        """Delete the privacy ledger's days and hours that no batch can be charged to any
-        more (all before the import window, ``max_age_ms``)."""
-        if self.max_age_ms is not None:
-            before = (now_ms - self.max_age_ms) // DAY_MS
-            session.execute(delete(DeviceDay).where(DeviceDay.day < before))
-            hours = before * (DAY_MS // HOUR_MS)
-            session.execute(delete(DeviceHour).where(DeviceHour.hour < hours))
 
     def reload_streams(self) -> None:
         """Read every stream's parameters again when next used (one changed here)."""
@@ -163,6 +153,15 @@ class Ingest:
             return None
         del self._streams[name]
         return self._stream(session, name)
+
+    def _horizon(self, session: Session, entry: StreamEntry) -> None:
+        """Read the stream's dedup horizon into `entry`, the stream row share-locked until
+        the commit on PostgreSQL (a prune moving it waits; see dedup.prune)."""
+        key = (session.get_bind().dialect.name, "horizon")
+        if key not in self._statements:
+            query = select(Stream.horizon_ms).where(Stream.id == bindparam("sid"))
+            self._statements[key] = query.with_for_update(read=True)
+        entry.horizon_ms = session.scalar(self._statements[key], {"sid": entry.id})
 
     def _look_up(self, session: Session, stream_id: int, names: list[str]) -> None:
         """Cache the ids of those of `names` that are devices of the stream."""
@@ -354,6 +353,7 @@ class Ingest:
         device may send (enrolment), with their devices' ids."""
         entry, name, members, batches = part
         received = np.array([messages[i][2] for i, _ in members], dtype=np.int64)
+        self._horizon(session, entry)
         reasons = implausible(self, entry, batches, received)
         keep = np.ones(len(members), dtype=bool)
         if entry.enrolled_only:  # enrolled, or heard from before the stream was closed

@@ -21,13 +21,15 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from zeal.policy import DAY_MS, HOUR_MS, tally
 from zeal.wirebatches import Batches
+from zeal_server.models import DeviceDay, DeviceHour
 from zeal_server.rawsql import Raw
 
-__all__ = ["charge", "charge_days"]
+__all__ = ["charge", "charge_days", "prune"]
 
 #: (table, period length): the ledgers a reading is booked on, in their lock order.
 PERIODS = (("day", DAY_MS), ("hour", HOUR_MS))
@@ -105,3 +107,10 @@ def charge_days(
                 return False
             done.append((kind, period, count))
     return True
+
+
+def prune(session: Session, horizon_ms: int) -> None:
+    """Delete the days and hours that end at or before `horizon_ms`: no batch stamped in them
+    is accepted any more, so their counts can no longer decide one."""
+    session.execute(delete(DeviceDay).where(DeviceDay.day < horizon_ms // DAY_MS))
+    session.execute(delete(DeviceHour).where(DeviceHour.hour < horizon_ms // HOUR_MS))

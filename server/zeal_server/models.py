@@ -1,11 +1,11 @@
 """Database tables (SQLAlchemy 2.0). Schema changes go through Alembic (``migrations/``).
 
-Exact sums: per (stream, device, bucket) the aggregates keep the count and the sums of codes
-and of squared codes as 24-bit *limbs* (``total = sum(limb_i * 2**(24 i))``). Each batch adds
-its own limbs (each below 2**24) with a plain SQL increment, no carries needed, so every
-column stays below 2**63 for fewer than 2**39 batches, SQL ``SUM`` over any rows cannot
-overflow on SQLite or PostgreSQL, and Python recombines the totals exactly: no overflow up to
-2**40 readings per stream for codes of up to 28 bits.
+Exact sums: every segment row keeps the count of its readings and the sums of their codes and
+of their squared codes as 24-bit *limbs* (``total = sum(limb_i * 2**(24 i))``), each limb
+summed over the row's readings (zeal_server.segments.limb_sums), so every column stays below
+2**63 for fewer than 2**39 readings, SQL ``SUM`` over any rows cannot overflow on SQLite or
+PostgreSQL, and Python recombines the totals exactly. docs/server.md gives the layout and
+what each byte of it pays for.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -28,10 +29,8 @@ __all__ = [
     "LIMB_BITS",
     "SQUARE_LIMBS",
     "SUM_LIMBS",
-    "Aggregate",
     "Base",
     "BatchSeen",
-    "BucketTotal",
     "Device",
     "DeviceDay",
     "DeviceHour",
@@ -77,6 +76,10 @@ class Stream(Base):
     #: The privacy policy (zeal.policy): epsilon one device may spend per UTC day of its
     #: readings' timestamps. None only for streams made before policies existed.
     max_epsilon_per_day: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    #: The dedup horizon: a batch with a reading stamped before this is refused (too_old),
+    #: and the dedup rows of such batches are deleted (zeal_server.dedup.prune). It only
+    #: moves forward (the import window, then the retention); None before the first prune.
+    horizon_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
 
 
 class Device(Base):
@@ -133,7 +136,8 @@ class DeviceTag(Base):
 
 
 class BatchSeen(Base):
-    """One row per accepted batch: deduplication, and wire statistics.
+    """One row per accepted batch, kept while a copy of it could still be accepted: until
+    its first reading falls behind the stream's dedup horizon (``Stream.horizon_ms``).
 
     A batch is a duplicate only if the same device already sent the same sequence number
     with the same content (``digest``). The same sequence with other content is new data
@@ -142,6 +146,7 @@ class BatchSeen(Base):
     """
 
     __tablename__ = "batches"
+    __table_args__ = (Index("ix_batches_first_ms", "first_ms"),)
 
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
     #: The sequence number as a signed 64-bit integer (two's complement of the unsigned one).
@@ -150,7 +155,9 @@ class BatchSeen(Base):
     generation: Mapped[int] = mapped_column(Integer, primary_key=True, default=0)
     #: BLAKE2b-64 of the payload, as a signed 64-bit integer.
     digest: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    received_ms: Mapped[int] = mapped_column(BigInteger)
+    #: The timestamp of the batch's first reading (for rows from before revision 0007, an
+    #: upper bound: the arrival time plus the default clock lead of 10 minutes).
+    first_ms: Mapped[int] = mapped_column(BigInteger)
     readings: Mapped[int] = mapped_column(Integer)
     bytes: Mapped[int] = mapped_column(Integer)
 
@@ -168,42 +175,25 @@ class _Sums:
     q3: Mapped[int] = mapped_column(BigInteger)
 
 
-class Aggregate(_Sums, Base):
-    __tablename__ = "aggregates"
+class Segment(_Sums, Base):
+    """Readings of one stream: codes, timestamps and device ids (zeal_server.segments).
 
-    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"), primary_key=True)
-    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
-
-
-class BucketTotal(_Sums, Base):
-    """The same sums per (stream, bucket) over all devices: ungrouped averages read these."""
-
-    __tablename__ = "bucket_totals"
-
-    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"), primary_key=True)
-    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-
-
-class Segment(Base):
-    """Columnar codes of one stream and time bucket: codes, timestamps, device ids.
-
-    Arriving batches land as small raw parts (one per bucket and transaction); compaction
-    merges a closed bucket's parts into one zstandard-compressed segment sorted by (device,
-    time).
+    A transaction adds one raw part per bucket it touches; compaction merges a day's closed
+    buckets into chunks sorted by (device, time), each small enough to stay inline in a
+    PostgreSQL page (``data`` is stored MAIN there: no TOAST). A row covers the buckets
+    ``first_bucket`` to ``last_bucket`` and never crosses a period (``compaction.period``);
+    its sums are those of all its readings. ``tag`` tells apart rows that start and end in
+    the same buckets (random for new rows).
     """
 
     __tablename__ = "segments"
-    __table_args__ = (Index("ix_segments_stream_bucket", "stream_id", "bucket"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"))
-    bucket: Mapped[int] = mapped_column(BigInteger)
-    n: Mapped[int] = mapped_column(Integer)
-    compacted: Mapped[bool] = mapped_column(Boolean, default=False)
-    codes: Mapped[bytes] = mapped_column(LargeBinary)
-    timestamps: Mapped[bytes] = mapped_column(LargeBinary)
-    devices: Mapped[bytes] = mapped_column(LargeBinary)
+    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"), primary_key=True)
+    first_bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    last_bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    tag: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    encoding: Mapped[int] = mapped_column(SmallInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Reject(Base):

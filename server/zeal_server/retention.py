@@ -1,18 +1,18 @@
-"""Deleting stored data on purpose: a stream's retention, and one device's data.
+"""Deleting stored data on purpose: a stream's retention, one device's data; and the
+collector's periodic housekeeping.
 
-Both keep the store's invariant that ``verify`` checks (per device and bucket, the segment
-sums equal the aggregates, and the bucket totals equal the sum of the device aggregates):
-
-* :func:`expire` deletes *whole buckets* older than the stream's retention: their segments,
-  per-device aggregates and bucket totals together, so every bucket left is untouched and
-  every average over the kept window is exactly what it was. Dedup rows of batches that
-  arrived before the cutoff (less the allowed clock lead) go too; the ingest refuses
-  readings older than the retention (``too_old``), so such a batch sent again cannot come
-  back.
-* :func:`delete_device_data` removes one device's readings from every bucket: its
-  aggregates are subtracted from the bucket totals limb by limb (an UPDATE of ``x = x - y``,
-  exact, and commutative with a collector adding to the same bucket meanwhile), its readings
-  are cut out of the segments, and its dedup rows, tags and device row are deleted.
+* :func:`expire` deletes the readings of *whole buckets* older than the stream's retention:
+  the segment rows that lie before the cutoff, and from a chunk that reaches past it the
+  readings before it (the chunk is written again without them), so every bucket left is
+  untouched and every average over the kept window is exactly what it was. The stream's
+  dedup horizon moves up to the cutoff: the ingest refuses readings older than it
+  (``too_old``), so no batch of the deleted buckets can come back.
+* :func:`delete_device_data` removes one device's readings from every segment row that
+  holds some (each row written again without them), and its dedup rows, ledger, tags and
+  device row.
+* :func:`housekeep` compacts closed buckets, expires, and prunes the dedup rows and the
+  privacy ledger behind the import window (``ZEAL_MAX_AGE_SECONDS``): state that can no
+  longer change any outcome.
 
 The caller owns the transaction (functions take a session and never commit).
 """
@@ -20,16 +20,16 @@ The caller owns the transaction (functions take a session and never commit).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, insert, select, tuple_
 from sqlalchemy.orm import Session
 
-from zeal_server.compaction import compact
+from zeal_server import dedup, ledger
+from zeal_server.compaction import chunk_rows, compact
 from zeal_server.models import (
-    Aggregate,
     BatchSeen,
-    BucketTotal,
     Device,
     DeviceDay,
     DeviceHour,
@@ -37,7 +37,7 @@ from zeal_server.models import (
     Segment,
     Stream,
 )
-from zeal_server.segments import Columns, decode_columns, encode_columns
+from zeal_server.segments import PART, Columns, decode, encode_part, limb_sums
 from zeal_server.sums import VALUE_COLUMNS
 
 __all__ = [
@@ -48,11 +48,15 @@ __all__ = [
     "housekeep",
 ]
 
-log = logging.getLogger("zeal_server.collector")
+log = logging.getLogger(__name__)
 
 #: Retention is 1 day to 100 years.
 MAX_RETENTION_DAYS = 36_500
 DAY_MS = 86_400_000
+#: Periods compacted per stream in one housekeeping at most (the rest in the next ones): a
+#: database upgraded from before revision 0007 is converted a few days at a time.
+HOUSEKEEPING_PERIODS = 64
+_KEY = (Segment.first_bucket, Segment.last_bucket, Segment.tag)
 
 
 def cutoff_ms(stream: Stream, now_ms: int) -> int | None:
@@ -64,70 +68,82 @@ def cutoff_ms(stream: Stream, now_ms: int) -> int | None:
     return (now_ms - stream.retention_days * DAY_MS) // size * size
 
 
-def expire(session: Session, stream: Stream, now_ms: int, clock_lead_ms: int = 0) -> int:
-    """Delete the stream's buckets older than its retention; returns the readings deleted.
-    `clock_lead_ms` is how far after its arrival a reading may be stamped (the ingest's
-    max_future): dedup rows of batches received before cutoff - lead are deleted."""
+def expire(session: Session, stream: Stream, now_ms: int) -> int:
+    """Delete the stream's readings of buckets older than its retention; returns how many."""
     cutoff = cutoff_ms(stream, now_ms)
     if cutoff is None:
         return 0
     first_kept = cutoff // (stream.bucket_seconds * 1000)
-    readings = int(
-        session.scalar(
-            select(func.coalesce(func.sum(BucketTotal.n), 0)).where(
-                BucketTotal.stream_id == stream.id, BucketTotal.bucket < first_kept
-            )
-        )
-        or 0
-    )
-    for table in (Segment, Aggregate, BucketTotal):
-        session.execute(
-            delete(table).where(table.stream_id == stream.id, table.bucket < first_kept)
-        )
-    devices = select(Device.id).where(Device.stream_id == stream.id).scalar_subquery()
-    session.execute(
-        delete(BatchSeen).where(
-            BatchSeen.device_id.in_(devices), BatchSeen.received_ms < cutoff - clock_lead_ms
-        )
-    )
+    gone = Segment.stream_id == stream.id, Segment.last_bucket < first_kept
+    readings = int(session.scalar(select(func.coalesce(func.sum(Segment.n), 0)).where(*gone)) or 0)
+    session.execute(delete(Segment).where(*gone))
+    straddling = session.execute(
+        select(*_KEY, Segment.encoding, Segment.data)
+        .where(Segment.stream_id == stream.id, Segment.first_bucket < first_kept)
+        .order_by(*_KEY)
+        .with_for_update()
+    ).all()
+    size = stream.bucket_seconds * 1000
+    for row in straddling:
+        columns = decode(row.data, row.encoding, stream.payload_bits)
+        keep = columns.timestamps // size >= first_kept
+        readings += int(np.count_nonzero(~keep))
+        _rewrite(session, stream, row, columns.take(keep))
+    dedup.prune(session, stream.id, cutoff)
     return readings
+
+
+def _rewrite(session: Session, stream: Stream, row: Any, columns: Columns) -> None:
+    """Replace a segment row by one holding `columns` (none: the row goes)."""
+    session.execute(
+        delete(Segment).where(
+            Segment.stream_id == stream.id,
+            tuple_(*_KEY).in_([(row.first_bucket, row.last_bucket, row.tag)]),
+        )
+    )
+    if not len(columns):
+        return
+    if row.encoding == PART:
+        sums = limb_sums(columns.codes, np.zeros(1, dtype=np.int64), stream.payload_bits)[0]
+        size = stream.bucket_seconds * 1000
+        rows = [
+            {
+                "stream_id": stream.id,
+                "first_bucket": int(columns.timestamps.min()) // size,
+                "last_bucket": int(columns.timestamps.max()) // size,
+                "tag": row.tag,
+                "encoding": PART,
+                "data": encode_part(columns, stream.payload_bits),
+                **dict(zip(VALUE_COLUMNS, sums.tolist(), strict=True)),
+            }
+        ]
+    else:
+        rows = chunk_rows(stream, columns)
+    session.execute(insert(Segment), rows)
 
 
 def delete_device_data(session: Session, stream: Stream, device: Device) -> int:
     """Delete everything stored of one device of the stream; returns its readings."""
-    rows = list(
-        session.scalars(
-            select(Aggregate)
-            .where(Aggregate.stream_id == stream.id, Aggregate.device_id == device.id)
-            .order_by(Aggregate.bucket)  # one order for every writer: no deadlock
-        )
-    )
-    readings = sum(r.n for r in rows)
-    for row in rows:
-        session.execute(
-            update(BucketTotal)
-            .where(BucketTotal.stream_id == stream.id, BucketTotal.bucket == row.bucket)
-            .values({c: getattr(BucketTotal, c) - getattr(row, c) for c in VALUE_COLUMNS})
-        )
-    session.execute(
-        delete(BucketTotal).where(
-            BucketTotal.stream_id == stream.id,
-            BucketTotal.bucket.in_([r.bucket for r in rows]),
-            BucketTotal.n == 0,
-        )
-    )
-    buckets = [r.bucket for r in rows]
-    for start in range(0, len(buckets), 500):
-        segments = session.scalars(
-            select(Segment).where(
-                Segment.stream_id == stream.id, Segment.bucket.in_(buckets[start : start + 500])
-            )
-        )
-        for segment in list(segments):
-            _cut(session, segment, stream.payload_bits, device.id)
-    session.execute(
-        delete(Aggregate).where(Aggregate.stream_id == stream.id, Aggregate.device_id == device.id)
-    )
+    readings = 0
+    keys = session.execute(
+        select(*_KEY)
+        .where(Segment.stream_id == stream.id)
+        .order_by(*_KEY)  # one order for every writer: no deadlock
+        .with_for_update()
+    ).all()
+    for start in range(0, len(keys), 256):  # the rows' data a few at a time
+        rows = session.execute(
+            select(*_KEY, Segment.encoding, Segment.data)
+            .where(Segment.stream_id == stream.id)
+            .where(tuple_(*_KEY).in_([tuple(k) for k in keys[start : start + 256]]))
+            .order_by(*_KEY)
+        ).all()
+        for row in rows:
+            columns = decode(row.data, row.encoding, stream.payload_bits)
+            theirs = columns.devices == device.id
+            if theirs.any():
+                readings += int(np.count_nonzero(theirs))
+                _rewrite(session, stream, row, columns.take(~theirs))
     session.execute(delete(BatchSeen).where(BatchSeen.device_id == device.id))
     session.execute(delete(DeviceTag).where(DeviceTag.device_id == device.id))
     session.execute(delete(DeviceDay).where(DeviceDay.device_id == device.id))
@@ -136,33 +152,23 @@ def delete_device_data(session: Session, stream: Stream, device: Device) -> int:
     return readings
 
 
-def _cut(session: Session, segment: Segment, payload_bits: int, device_id: int) -> None:
-    """Remove one device's readings from a segment (delete it when nothing is left)."""
-    columns = decode_columns(
-        segment.codes,
-        segment.timestamps,
-        segment.devices,
-        payload_bits,
-        compressed=segment.compacted,
-    )
-    keep = columns.devices != device_id
-    if keep.all():
-        return
-    if not keep.any():
-        session.delete(segment)
-        return
-    kept = Columns(columns.codes[keep], columns.timestamps[keep], columns.devices[keep])
-    codes, timestamps, devices = encode_columns(kept, payload_bits, compress=segment.compacted)
-    segment.codes, segment.timestamps, segment.devices = codes, timestamps, devices
-    segment.n = int(np.count_nonzero(keep))
-
-
-def housekeep(session: Session, streams: list[Stream], now_ms: int, *, clock_lead_ms: int) -> None:
-    """The collector's periodic housekeeping: compact each stream's closed buckets, and
-    delete what is past its retention (whole buckets, see expire)."""
+def housekeep(
+    session: Session,
+    streams: list[Stream],
+    now_ms: int,
+    *,
+    max_age_ms: int | None,
+    max_periods: int | None = HOUSEKEEPING_PERIODS,
+) -> None:
+    """The collector's periodic housekeeping: compact each stream's raw parts (into the open
+    chunks of their periods: compaction.compact), delete what is past its retention, then
+    move each stream's dedup horizon to the import window (now - `max_age_ms`: older
+    batches are refused anyway) and delete the dedup rows and the ledger's days and hours
+    behind it. The horizons are moved last, so the stream rows are locked only from there
+    to the commit."""
     for stream in streams:
-        compact(session, stream, before_bucket=now_ms // (stream.bucket_seconds * 1000) - 1)
-        expired = expire(session, stream, now_ms, clock_lead_ms=clock_lead_ms)
+        compact(session, stream, max_periods=max_periods)
+        expired = expire(session, stream, now_ms)
         if expired:
             log.info(
                 "deleted %d readings of %s older than its retention of %d days",
@@ -170,3 +176,8 @@ def housekeep(session: Session, streams: list[Stream], now_ms: int, *, clock_lea
                 stream.name,
                 stream.retention_days,
             )
+    if max_age_ms is None:
+        return
+    for stream in streams:
+        dedup.prune(session, stream.id, now_ms - max_age_ms)
+    ledger.prune(session, now_ms - max_age_ms)

@@ -302,7 +302,8 @@ class TagsIn(BaseModel):
 
 
 class EfficiencyOut(BaseModel):
-    """Bits per reading, measured on the stream's data (see zeal_server.efficiency)."""
+    """Bits per reading, measured on the stream's data (see zeal_server.efficiency); the
+    store figures are those of the compacted rows, or of the raw parts while none is."""
 
     sample: int = Field(description="recent stored readings the alternatives were measured on")
     wire_bits: float = Field(description="Zeal payload bits per reading received")
@@ -310,17 +311,15 @@ class EfficiencyOut(BaseModel):
     float64_bits: float = Field(description="a raw float64 value (timestamp not counted)")
     wire_vs_json: float
     wire_vs_float64: float
-    store_bits: float = Field(description="segment bits per reading (codes, times, devices)")
-    store_code_bits: float = Field(description="bits per reading of the codes column alone")
+    store_bits: float = Field(description="bits per reading of the compacted segments' data")
+    store_code_bits: float = Field(description="bits per reading of the codes (sample's rows)")
+    database_bits: float = Field(description="the stream's database share, bits per reading")
     paper_store_bits: float = Field(
         description="the paper's format: privatized float64 values, zstandard level 3"
     )
     paper_wire_bits: float = Field(description="the paper's transmission: 64 - gamma_min bits")
     store_vs_paper: float = Field(description="paper_store_bits / store_code_bits")
-    compacted: float = Field(
-        description="share of the stored readings in compacted (compressed) segments; the "
-        "store figures are those of the compacted segments, or of the raw parts while it is 0"
-    )
+    compacted: float = Field(description="share of the readings in compressed rows (0: raw)")
     compression_ratio_cr: float = Field(description="paper Eq. (34) on the sample")
     transmission_ratio_tr: float = Field(description="paper Eq. (27)")
 
@@ -336,8 +335,12 @@ class StatsOut(BaseModel):
     duplicates: int = Field(description="batches received again and dropped, all devices")
     sequence_resets: int = Field(description="batches stored after a sequence reset")
     wire_bytes_per_reading: float | None
-    store_bytes: dict[str, int]
-    store_bits_per_reading: dict[str, float] | None
+    stored_readings: int = Field(description="readings held now (retention removes some)")
+    store_bytes: dict[str, int] = Field(
+        description="segments: their data; database: all in (every table and index, docs/server.md)"
+    )
+    store_bits_per_reading: dict[str, float] | None = Field(description="store_bytes, bits/reading")
+    database_bytes: dict[str, int] = Field(description="the database figure, table by table")
     rejects: dict[str, int]
     efficiency: EfficiencyOut | None = Field(description="null until data is stored")
 

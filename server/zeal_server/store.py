@@ -1,21 +1,14 @@
 """The store's repository functions in one namespace (``from zeal_server import store``):
 streams (zeal_server.streams), devices (zeal_server.fleet), ingest (zeal_server.ingest),
-sums over time buckets (zeal_server.sums), compaction, export and verify
-(zeal_server.compaction). The caller owns the session and the transaction; no function here
+sums over time buckets (zeal_server.sums), compaction and verify (zeal_server.compaction),
+export (zeal_server.export). The caller owns the session and the transaction; no function here
 commits.
 """
 
 from __future__ import annotations
 
-from zeal_server.compaction import (
-    columns_of,
-    compact,
-    export_chunks,
-    export_lines,
-    segment_columns,
-    storage_bytes,
-    verify,
-)
+from zeal_server.compaction import compact, verify
+from zeal_server.export import export_chunks, export_lines, segment_columns
 from zeal_server.fleet import (
     MAX_TAG_KEY,
     MAX_TAG_VALUE,
@@ -86,7 +79,6 @@ __all__ = [
     "check_tags",
     "check_unit",
     "closed_window",
-    "columns_of",
     "compact",
     "config_of",
     "count_devices",
@@ -116,7 +108,6 @@ __all__ = [
     "set_policy",
     "set_retention",
     "set_tags",
-    "storage_bytes",
     "stream_by_name",
     "stream_totals",
     "to_limbs",

@@ -27,9 +27,7 @@ from zeal.protocol import BUCKET_SECONDS, check_name
 from zeal.streamconfig import config_document
 from zeal_server.errors import ServerError
 from zeal_server.models import (
-    Aggregate,
     BatchSeen,
-    BucketTotal,
     Device,
     DeviceDay,
     DeviceHour,
@@ -202,12 +200,14 @@ def check_unit(unit: object) -> str:
 
 
 def delete_stream(session: Session, stream: Stream) -> int:
-    """Delete a stream with everything stored for it; returns how many readings it held."""
+    """Delete a stream with everything stored for it; returns how many readings it held.
+
+    The stream row is locked first: a collector storing for it holds it share-locked (the
+    dedup horizon, ingest), so the two take their locks in one order."""
+    session.execute(select(Stream.id).where(Stream.id == stream.id).with_for_update())
     readings = int(
         session.scalar(
-            select(func.coalesce(func.sum(BucketTotal.n), 0)).where(
-                BucketTotal.stream_id == stream.id
-            )
+            select(func.coalesce(func.sum(Segment.n), 0)).where(Segment.stream_id == stream.id)
         )
         or 0
     )
@@ -216,8 +216,7 @@ def delete_stream(session: Session, stream: Stream) -> int:
     session.execute(delete(DeviceTag).where(DeviceTag.device_id.in_(devices)))
     session.execute(delete(DeviceDay).where(DeviceDay.device_id.in_(devices)))
     session.execute(delete(DeviceHour).where(DeviceHour.device_id.in_(devices)))
-    for table in (Aggregate, BucketTotal, Segment):
-        session.execute(delete(table).where(table.stream_id == stream.id))
+    session.execute(delete(Segment).where(Segment.stream_id == stream.id))
     session.execute(delete(Device).where(Device.stream_id == stream.id))
     session.execute(delete(Reject).where(Reject.stream == stream.name))
     session.execute(delete(Stream).where(Stream.id == stream.id))

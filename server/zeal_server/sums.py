@@ -1,42 +1,36 @@
-"""Exact sums over time buckets: the 24-bit limbs the aggregates are kept in, the window
-and series sums averages read, and bucket alignment (the only home of the open-window
-sentinels, +-2**62 buckets).
+"""Exact sums over time buckets, read from the segments: of a window, per point of a series,
+per device; and bucket alignment (the only home of the open-window sentinels, +-2**62
+buckets).
+
+A segment row carries the limb sums of all its readings, so the rows a window holds whole
+are summed in SQL; a row that reaches past the window's edges, or any row when only some
+devices are asked for, is decoded and its readings counted one by one (integer arithmetic
+throughout, so every figure is exact). A row never crosses a period (about a day of
+buckets), so the rows a window touches start at or after its first period.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import (
-    BigInteger,
-    ColumnElement,
-    Select,
-    cast,
-    func,
-    select,
-)
+import numpy.typing as npt
+from sqlalchemy import ColumnElement, Select, func, select
 from sqlalchemy.orm import Session
 
-from zeal import (
-    Estimate,
-    Zeal,
-)
-from zeal_server.models import (
-    LIMB_BITS,
-    SQUARE_LIMBS,
-    SUM_LIMBS,
-    Aggregate,
-    BucketTotal,
-    Stream,
-)
+from zeal import Estimate, Zeal
+from zeal_server.models import LIMB_BITS, SQUARE_LIMBS, SUM_LIMBS, Segment, Stream
+from zeal_server.segments import LIMBS, Columns, decode, limb_sums
 
 _LIMB_MASK = (1 << LIMB_BITS) - 1
 SUM_COLUMNS = [f"s{i}" for i in range(SUM_LIMBS)]
 SQUARE_COLUMNS = [f"q{i}" for i in range(SQUARE_LIMBS)]
 VALUE_COLUMNS = ["n", *SUM_COLUMNS, *SQUARE_COLUMNS]
+#: Buckets per period: a segment row never spans two (compaction merges within one).
+PERIOD_SECONDS = 86_400
 
 
 def to_limbs(value: int, count: int) -> list[int]:
@@ -50,6 +44,11 @@ def from_limbs(limbs: list[int]) -> int:
     return sum(int(v or 0) << (LIMB_BITS * i) for i, v in enumerate(limbs))
 
 
+def period_buckets(stream: Stream) -> int:
+    """Buckets per period (about a day; one bucket if buckets are a day or longer)."""
+    return max(1, PERIOD_SECONDS // stream.bucket_seconds)
+
+
 #: Which devices a sum covers: all (None), a subquery of ids (group_devices), or ids.
 Devices = Select[Any] | list[int] | None
 
@@ -60,41 +59,84 @@ class Sums:
     sum_codes: int
     sum_squares: int
 
+    @staticmethod
+    def of(limbs: npt.NDArray[np.int64] | list[int]) -> Sums:
+        values = [int(v) for v in limbs]
+        return Sums(
+            values[0], from_limbs(values[1 : 1 + SUM_LIMBS]), from_limbs(values[1 + SUM_LIMBS :])
+        )
 
-def _table(device_ids: Devices) -> type[Aggregate] | type[BucketTotal]:
-    """Ungrouped sums read the per-bucket rollup; grouped ones the per-device rows."""
-    return BucketTotal if device_ids is None else Aggregate
+
+def _sum_columns() -> list[ColumnElement[Any]]:
+    return [func.coalesce(func.sum(getattr(Segment, c)), 0) for c in VALUE_COLUMNS]
 
 
-def _sum_columns(table: type[Aggregate] | type[BucketTotal]) -> list[ColumnElement[Any]]:
+def touching(stream: Stream, first: int, stop: int) -> list[ColumnElement[bool]]:
+    """The rows holding readings of buckets [first, stop)."""
+    where = [Segment.stream_id == stream.id, Segment.first_bucket < stop]
+    where.append(Segment.last_bucket >= first)
+    if first > -_FINITE:
+        size = period_buckets(stream)
+        where.append(Segment.first_bucket >= first // size * size)
+    return where
+
+
+def _inside(stream: Stream, first: int, stop: int) -> list[ColumnElement[bool]]:
+    """The rows whose readings all lie in buckets [first, stop)."""
     return [
-        func.coalesce(func.sum(getattr(table, c)), 0) for c in ["n", *SUM_COLUMNS, *SQUARE_COLUMNS]
+        Segment.stream_id == stream.id,
+        Segment.first_bucket >= first,
+        Segment.last_bucket < stop,
     ]
 
 
-def _to_sums(row: Any, offset: int = 0) -> Sums:
-    values = [int(v or 0) for v in row[offset:]]
-    return Sums(
-        values[0], from_limbs(values[1 : 1 + SUM_LIMBS]), from_limbs(values[1 + SUM_LIMBS :])
-    )
+class _Members:
+    """Membership of device ids in a set, by table lookup."""
+
+    def __init__(self, ids: npt.NDArray[np.int64]) -> None:
+        self.top = int(ids.max()) if ids.size else -1
+        self.table = np.zeros(self.top + 2, dtype=bool)
+        self.table[ids[ids >= 0]] = True
+
+    def __call__(self, devices: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        found: npt.NDArray[np.bool_] = self.table[np.clip(devices, -1, self.top + 1)]
+        return found
 
 
-def _window(
-    query: Select[Any],
+def _members(session: Session, device_ids: Devices) -> _Members | None:
+    if device_ids is None:
+        return None
+    ids = list(session.scalars(device_ids)) if isinstance(device_ids, Select) else device_ids
+    return _Members(np.asarray(ids, dtype=np.int64))
+
+
+def _readings(
+    session: Session,
     stream: Stream,
-    first_bucket: int,
-    stop_bucket: int,
-    device_ids: Devices,
-) -> Select[Any]:
-    table = _table(device_ids)
-    query = query.where(
-        table.stream_id == stream.id,
-        table.bucket >= first_bucket,
-        table.bucket < stop_bucket,
+    where: list[ColumnElement[bool]],
+    window: tuple[int, int],
+    *,
+    members: _Members | None,
+) -> Iterator[Columns]:
+    """The readings of buckets `window` [first, stop) (of the member devices) in the rows
+    `where` selects, row by row (each row's in its stored order)."""
+    first, stop = window
+    size = stream.bucket_seconds * 1000
+    query = (
+        select(Segment.first_bucket, Segment.last_bucket, Segment.encoding, Segment.data)
+        .where(*where)
+        .order_by(Segment.first_bucket, Segment.last_bucket, Segment.tag)
+        .execution_options(yield_per=256)
     )
-    if device_ids is not None:
-        query = query.where(Aggregate.device_id.in_(device_ids))
-    return query
+    k = stream.payload_bits
+    for low, high, encoding, data in session.execute(query):
+        columns = decode(data, encoding, k)
+        keep = None if members is None else members(columns.devices)
+        if low < first or high >= stop:
+            buckets = columns.timestamps // size
+            inside = (buckets >= first) & (buckets < stop)
+            keep = inside if keep is None else keep & inside
+        yield columns if keep is None else columns.take(keep)
 
 
 def window_sums(
@@ -105,12 +147,18 @@ def window_sums(
     device_ids: Devices = None,
 ) -> Sums:
     """Exact sums over buckets [first, stop) and (optionally) some devices."""
-    row = session.execute(
-        _window(
-            select(*_sum_columns(_table(device_ids))), stream, first_bucket, stop_bucket, device_ids
-        )
-    ).one()
-    return _to_sums(row)
+    members = _members(session, device_ids)
+    total = np.zeros(LIMBS, dtype=np.int64)
+    where = touching(stream, first_bucket, stop_bucket)
+    if members is None:
+        inside = _inside(stream, first_bucket, stop_bucket)
+        total += np.array(session.execute(select(*_sum_columns()).where(*inside)).one(), np.int64)
+        where.append((Segment.first_bucket < first_bucket) | (Segment.last_bucket >= stop_bucket))
+    k = stream.payload_bits
+    window = (first_bucket, stop_bucket)
+    for cols in _readings(session, stream, where, window, members=members):
+        total += limb_sums(cols.codes, np.zeros(1, dtype=np.int64), k)[0]
+    return Sums.of(total)
 
 
 @dataclass(frozen=True)
@@ -144,40 +192,51 @@ def device_sums(
     *,
     squares: bool = False,
 ) -> DeviceSums:
-    """Exact sums over buckets [first, stop) per device (of `device_ids`, or all). Devices
-    without readings are absent.
-
-    A group can hold 100,000 devices, so the rows come straight from the driver into numpy:
-    every column is a sum of one limb over a device's buckets, far below 2**63, so int64
-    holds them exactly; limbs are combined into exact integers only afterwards. The squares
-    (four more columns per row) are read only when asked for."""
-    names = ["n", *SUM_COLUMNS, *(SQUARE_COLUMNS if squares else [])]
-    limbs = [
-        cast(func.coalesce(func.sum(getattr(Aggregate, c)), 0), BigInteger) for c in names
-    ]  # PostgreSQL's sum(bigint) is numeric (Decimal in Python): bigint is what fits
-    query = select(Aggregate.device_id, *limbs).where(
-        Aggregate.stream_id == stream.id,
-        Aggregate.bucket >= first_bucket,
-        Aggregate.bucket < stop_bucket,
-    )
-    if device_ids is not None:
-        query = query.where(Aggregate.device_id.in_(device_ids))
-    rows = session.connection().execute(query.group_by(Aggregate.device_id)).cursor.fetchall()
-    table = np.array(rows, dtype=np.int64).reshape(-1, 1 + len(names))
-    columns = [int(v) for v in table[:, 1:].sum(axis=0)]
-    codes = table[:, 2 : 2 + SUM_LIMBS].astype(object)
-    combined = codes[:, 0]
+    """Exact sums over buckets [first, stop) per device (of `device_ids`, or all), in
+    ascending device order. Devices without readings are absent."""
+    members = _members(session, device_ids)
+    where = touching(stream, first_bucket, stop_bucket)
+    window = (first_bucket, stop_bucket)
+    rows = _readings(session, stream, where, window, members=members)
+    ids, limbs = _grouped(((c.devices, c.codes) for c in rows), stream.payload_bits)
+    combined = limbs[:, 1].astype(object)
     for i in range(1, SUM_LIMBS):
-        combined = combined + (codes[:, i] << (LIMB_BITS * i))
+        combined = combined + (limbs[:, 1 + i].astype(object) << (LIMB_BITS * i))
+    total = Sums.of(limbs.sum(axis=0))
     return DeviceSums(
-        ids=frozenset(table[:, 0].tolist()),
-        counts=table[:, 1].tolist(),
+        ids=frozenset(ids.tolist()),
+        counts=limbs[:, 0].tolist(),
         sum_codes=[int(c) for c in combined],
-        n=columns[0],
-        total_codes=from_limbs(columns[1 : 1 + SUM_LIMBS]),
-        total_squares=from_limbs(columns[1 + SUM_LIMBS :]) if squares else None,
-        order=tuple(table[:, 0].tolist()),
+        n=total.n,
+        total_codes=total.sum_codes,
+        total_squares=total.sum_squares if squares else None,
+        order=tuple(ids.tolist()),
     )
+
+
+def _grouped(
+    parts: Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64]]], payload_bits: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The keys found in `parts` ((keys, codes) pairs), ascending, and each key's limb
+    vector summed over every part."""
+    found: list[npt.NDArray[np.int64]] = []
+    sums: list[npt.NDArray[np.int64]] = []
+    for keys, codes in parts:
+        if not keys.size:
+            continue
+        if keys.size > 1 and bool((keys[1:] < keys[:-1]).any()):
+            order = np.argsort(keys, kind="stable")
+            keys, codes = keys[order], codes[order]
+        starts = np.concatenate([[0], np.flatnonzero(keys[1:] != keys[:-1]) + 1])
+        found.append(keys[starts])
+        sums.append(limb_sums(codes, starts.astype(np.int64), payload_bits))
+    if not found:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, LIMBS), dtype=np.int64)
+    keys = np.concatenate(found)
+    unique, inverse = np.unique(keys, return_inverse=True)
+    totals = np.zeros((unique.size, LIMBS), dtype=np.int64)
+    np.add.at(totals, inverse, np.concatenate(sums))
+    return unique, totals
 
 
 def series_sums(
@@ -190,13 +249,26 @@ def series_sums(
     device_ids: Devices = None,
 ) -> dict[int, Sums]:
     """Exact sums per point of `buckets_per_point` buckets, keyed by the point's first bucket."""
-    table = _table(device_ids)
-    key = ((table.bucket - first_bucket) // buckets_per_point).label("point")
-    query = _window(
-        select(key, *_sum_columns(table)), stream, first_bucket, stop_bucket, device_ids
+    members = _members(session, device_ids)
+    size, per = stream.bucket_seconds * 1000, buckets_per_point
+    where = touching(stream, first_bucket, stop_bucket)
+    points: dict[int, npt.NDArray[np.int64]] = {}
+    if members is None:  # rows inside one point are summed whole, in SQL
+        point = (Segment.first_bucket - first_bucket) // per
+        whole = [*_inside(stream, first_bucket, stop_bucket)]
+        whole.append(point == (Segment.last_bucket - first_bucket) // per)
+        query = select(point, *_sum_columns()).where(*whole).group_by(point)
+        for p, *values in session.execute(query):
+            points[int(p)] = np.array(values, dtype=np.int64)
+        where.append(point != (Segment.last_bucket - first_bucket) // per)
+    rows = _readings(session, stream, where, (first_bucket, stop_bucket), members=members)
+    keys, limbs = _grouped(
+        (((c.timestamps // size - first_bucket) // per, c.codes) for c in rows),
+        stream.payload_bits,
     )
-    rows = session.execute(query.group_by(key).order_by(key)).all()
-    return {first_bucket + int(r[0]) * buckets_per_point: _to_sums(r, 1) for r in rows}
+    for p, row in zip(keys.tolist(), limbs, strict=True):
+        points[p] = points[p] + row if p in points else row
+    return {first_bucket + p * per: Sums.of(points[p]) for p in sorted(points)}
 
 
 def estimate(params: Zeal, sums: Sums, confidence: float) -> Estimate | None:
@@ -208,7 +280,7 @@ def estimate(params: Zeal, sums: Sums, confidence: float) -> Estimate | None:
 
 
 #: An open window end: bucket numbers at or beyond these are "no bound" (sentinels).
-_OPEN = 1 << 62
+OPEN = 1 << 62
 _FINITE = 1 << 61
 
 
@@ -216,8 +288,8 @@ def bucket_bounds(stream: Stream, start_ms: int | None, end_ms: int | None) -> t
     """Buckets [first, stop) covering [start, end): whole buckets, start rounded down; an
     end not given is open (a sentinel no bucket reaches)."""
     size = stream.bucket_seconds * 1000
-    first = -_OPEN if start_ms is None else math.floor(start_ms / size)
-    stop = _OPEN if end_ms is None else -(-end_ms // size)
+    first = -OPEN if start_ms is None else math.floor(start_ms / size)
+    stop = OPEN if end_ms is None else -(-end_ms // size)
     return first, stop
 
 
@@ -239,8 +311,8 @@ def closed_window(
     if first > -_FINITE and stop < _FINITE:
         return first, stop
     row = session.execute(
-        select(func.min(BucketTotal.bucket), func.max(BucketTotal.bucket)).where(
-            BucketTotal.stream_id == stream.id
+        select(func.min(Segment.first_bucket), func.max(Segment.last_bucket)).where(
+            Segment.stream_id == stream.id
         )
     ).one()
     lowest: int | None = row[0]

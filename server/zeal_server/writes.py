@@ -1,10 +1,12 @@
 """The write path's parts below ``Ingest``: the cached stream entry, what one transaction
 writes (``Writes``), how accepted batches become rows (``collect``, all of a stream's at
-once), the statements (``build_statement``, ``build_rows``) and their execution
-(``write``; the per-message and multi-row ones run through ``rawsql.Raw``)."""
+once: one raw segment part per bucket, with its exact limb sums), the statements
+(``build_statement``, ``build_rows``) and their execution (``write``; the per-message and
+multi-row ones run through ``rawsql.Raw``)."""
 
 from __future__ import annotations
 
+import secrets
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,27 +23,19 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from zeal import (
-    Zeal,
-    exact_sum,
-    exact_sum_squares,
-)
+from zeal import Zeal
 from zeal.wirebatches import Batches
 from zeal_server.models import (
-    SQUARE_LIMBS,
-    SUM_LIMBS,
-    Aggregate,
     BatchSeen,
-    BucketTotal,
     Device,
     DeviceDay,
     DeviceHour,
     Reject,
     Segment,
 )
-from zeal_server.segments import Columns, encode_columns
+from zeal_server.segments import PART, Columns, encode_part, limb_sums
 from zeal_server.streams import insert_for
-from zeal_server.sums import VALUE_COLUMNS, to_limbs
+from zeal_server.sums import VALUE_COLUMNS
 
 
 @dataclass
@@ -53,18 +47,18 @@ class StreamEntry:
     enrolled_only: bool = False
     #: Readings before now - this are refused (too_old); None: no retention.
     retention_ms: int | None = None
+    #: The stream's dedup horizon as this transaction read it (models.Stream.horizon_ms).
+    horizon_ms: int | None = None
 
 
 #: The columns of a dedup row (``batches``), in the order ``Raw.many`` takes them.
-SEEN_COLUMNS = ("device_id", "sequence", "generation", "digest", "received_ms", "readings", "bytes")
+SEEN_COLUMNS = ("device_id", "sequence", "generation", "digest", "first_ms", "readings", "bytes")
 
 
 class Writes:
     """Everything one transaction's accepted batches add, written with one executemany each."""
 
     def __init__(self) -> None:
-        self.aggregates: dict[tuple[int, int, int], list[int]] = {}
-        self.totals: dict[tuple[int, int], list[int]] = {}
         #: Raw segment columns per (stream, bucket), with the stream's payload bits: one
         #: segment part per bucket and transaction, however many messages fill it.
         self.parts: dict[tuple[int, int], tuple[int, list[Columns]]] = {}
@@ -95,23 +89,10 @@ class Writes:
             for i, count in enumerate(counts, start=1):
                 dev[i] += count
 
-    def add(self, key: tuple[int, int, int], values: list[int]) -> None:
-        _accumulate(self.aggregates, key, values)
-        _accumulate(self.totals, (key[0], key[1]), values)
-
     def reject(self, key: tuple[str, str, str], when: int) -> None:
         counted = self.rejects.setdefault(key, [0, when])
         counted[0] += 1
         counted[1] = when
-
-
-def _accumulate(table: dict[Any, list[int]], key: Any, values: list[int]) -> None:
-    acc = table.get(key)
-    if acc is None:
-        table[key] = list(values)
-    else:
-        for i, v in enumerate(values):
-            acc[i] += v
 
 
 def build_statement(session: Session, name: str) -> Any:
@@ -123,15 +104,6 @@ def build_statement(session: Session, name: str) -> Any:
     if name == "seen":
         seen = typing.cast(Table, BatchSeen.__table__)
         stmt = insert_(seen).on_conflict_do_nothing().returning(seen.c.sequence)
-    elif name in ("aggregates", "totals"):
-        table = typing.cast(Table, (Aggregate if name == "aggregates" else BucketTotal).__table__)
-        keys = ["stream_id", "bucket", "device_id"][: 3 if name == "aggregates" else 2]
-        base = insert_(table)
-        excluded = base.excluded
-        stmt = base.on_conflict_do_update(
-            index_elements=keys,
-            set_={c: table.c[c] + excluded[c] for c in VALUE_COLUMNS},
-        )
     elif name == "device":
         devices = typing.cast(Table, Device.__table__)
         greatest = func.max if dialect == "sqlite" else func.greatest
@@ -223,9 +195,8 @@ def build_rows(session: Session, name: str, rows: int) -> Any:
 def collect(
     entry: StreamEntry, batches: Batches, device_ids: npt.NDArray[np.int64], writes: Writes
 ) -> None:
-    """Add accepted batches' aggregate increments (per bucket and device) and raw segment
-    parts (per bucket: the batches' readings in their order) to `writes`; batch ``i`` came
-    from ``device_ids[i]``."""
+    """Add accepted batches' readings to `writes` as raw segment columns per bucket (in
+    their order); batch ``i`` came from ``device_ids[i]``."""
     if not len(batches):
         return
     k = entry.params.payload_bits
@@ -237,53 +208,24 @@ def collect(
     for bucket, part in zip(found.tolist(), np.split(by_bucket, starts[1:]), strict=True):
         columns = Columns(codes[part], stamps[part], devices[part])
         writes.parts.setdefault((entry.id, bucket), (k, []))[1].append(columns)
-    order = np.lexsort((devices, buckets))
-    keys = np.stack([buckets[order], devices[order]])
-    first = np.flatnonzero(np.concatenate([[True], (keys[:, 1:] != keys[:, :-1]).any(axis=0)]))
-    for (bucket, device), values in zip(
-        keys[:, first].T.tolist(), _group_sums(codes[order], first, k), strict=True
-    ):
-        writes.add((entry.id, bucket, device), values)
-
-
-def _group_sums(
-    codes: npt.NDArray[np.uint64], first: npt.NDArray[np.int64], k: int
-) -> list[list[int]]:
-    """[n, sum limbs..., square limbs...] of each run of `codes` starting at `first`, exact:
-    uint64 sums where they cannot wrap (codes of up to 32 bits, squares split in 32-bit
-    halves), exact_sum on each run otherwise."""
-    counts = np.diff(np.append(first, codes.size))
-    if k > 32:
-        runs = np.split(codes, first[1:])
-        totals = [(exact_sum(r, k), exact_sum_squares(r, k)) for r in runs]
-    else:
-        sums = np.add.reduceat(codes, first).tolist()
-        squares = codes * codes
-        low = np.add.reduceat(squares & np.uint64(0xFFFFFFFF), first).tolist()
-        high = np.add.reduceat(squares >> np.uint64(32), first).tolist()
-        totals = [(s, (h << 32) + lo) for s, h, lo in zip(sums, high, low, strict=True)]
-    return [
-        [n, *to_limbs(s, SUM_LIMBS), *to_limbs(q, SQUARE_LIMBS)]
-        for n, (s, q) in zip(counts.tolist(), totals, strict=True)
-    ]
 
 
 def _segments(writes: Writes) -> list[dict[str, Any]]:
-    """One raw segment part per (stream, bucket) of the transaction (compaction merges the
-    parts of a closed bucket later)."""
+    """One raw segment part per (stream, bucket) of the transaction, with its limb sums
+    (compaction merges the parts of closed buckets into chunks later), in key order."""
     rows = []
-    for (stream_id, bucket), (k, parts) in writes.parts.items():
+    for (stream_id, bucket), (k, parts) in sorted(writes.parts.items(), key=lambda p: p[0]):
         columns = parts[0] if len(parts) == 1 else Columns.concat(parts)
-        blobs = encode_columns(columns, k, compress=False)
+        sums = limb_sums(columns.codes, np.zeros(1, dtype=np.int64), k)[0].tolist()
         rows.append(
             {
                 "stream_id": stream_id,
-                "bucket": bucket,
-                "n": len(columns),
-                "compacted": False,
-                "codes": blobs[0],
-                "timestamps": blobs[1],
-                "devices": blobs[2],
+                "first_bucket": bucket,
+                "last_bucket": bucket,
+                "tag": secrets.randbits(63),
+                "encoding": PART,
+                "data": encode_part(columns, k),
+                **dict(zip(VALUE_COLUMNS, sums, strict=True)),
             }
         )
     return rows
@@ -292,24 +234,12 @@ def _segments(writes: Writes) -> list[dict[str, Any]]:
 def write(session: Session, writes: Writes, statement: Callable[[Session, str], Any]) -> None:
     """Everything `writes` holds, one executemany per table.
 
-    Rows are updated in key order, table after table in one order, so that transactions of
-    collectors sharing a database take their row locks in one global order and never
-    deadlock. The bucket totals, which every device of a bucket updates, come last but for
-    the rejects: their locks are held only from there to the commit.
+    Segment parts are only inserted (no row is shared with another transaction). Device
+    counters and rejects are updated in key order, table after table in one order, so that
+    transactions of collectors sharing a database take their row locks in one global order
+    and never deadlock.
     """
-    if writes.aggregates:
-        session.execute(
-            statement(session, "aggregates"),
-            [
-                {
-                    "stream_id": s,
-                    "bucket": b,
-                    "device_id": d,
-                    **dict(zip(VALUE_COLUMNS, v, strict=True)),
-                }
-                for (s, b, d), v in sorted(writes.aggregates.items())
-            ],
-        )
+    if writes.parts:
         session.execute(statement(session, "segments"), _segments(writes))
     if writes.devices:
         session.execute(
@@ -318,14 +248,6 @@ def write(session: Session, writes: Writes, statement: Callable[[Session, str], 
                 {"did": d, "seen": v[0], "n": v[1], "b": v[2], "size": v[3]}
                 | {"dup": v[4], "rst": v[5]}
                 for d, v in sorted(writes.devices.items())
-            ],
-        )
-    if writes.totals:
-        session.execute(
-            statement(session, "totals"),
-            [
-                {"stream_id": s, "bucket": b, **dict(zip(VALUE_COLUMNS, v, strict=True))}
-                for (s, b), v in sorted(writes.totals.items())
             ],
         )
     if writes.rejects:

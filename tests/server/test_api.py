@@ -20,10 +20,11 @@ from sqlalchemy import func, select, update
 
 from zeal import Zeal, encode_batch
 from zeal.streamconfig import config_document
-from zeal_server import efficiency, store
+from zeal_server import efficiency, retention, store
 from zeal_server.api import create_app
 from zeal_server.db import make_engine
-from zeal_server.models import BatchSeen, DeviceDay, Segment
+from zeal_server.models import BatchSeen, DeviceDay, DeviceHour, Segment
+from zeal_server.segments import CHUNK, section_sizes
 from zeal_server.settings import ServerSettings, SettingsError
 
 OPERATOR, READER = "operator-token-0123456789", "reader-token-0123456789"
@@ -252,7 +253,10 @@ def test_devices_stats_export_verify(client: TestClient) -> None:
         assert store.verify(session, stream) == []
         assert store.compact(session, stream) == 1
         assert store.verify(session, stream) == []
-    assert client.get("/api/v1/streams/temps/stats").json()["store_bytes"]["codes"] > 0
+    stats = client.get("/api/v1/streams/temps/stats").json()
+    assert stats["stored_readings"] == 300
+    assert 0 < stats["store_bytes"]["segments"] < stats["store_bytes"]["database"]
+    assert sum(stats["database_bytes"].values()) == stats["store_bytes"]["database"]
     assert "zeal_collector_messages_total" in client.get("/metrics").text
 
 
@@ -536,17 +540,26 @@ def test_preview_shows_the_loss_per_day_against_the_policy(client: TestClient) -
 def test_the_privacy_ledger_keeps_the_days_a_batch_can_still_be_charged_to(
     client: TestClient,
 ) -> None:
-    """Housekeeping deletes ledger days before the import window (no batch stamped then is
-    accepted any more) and keeps the rest; what a device spent since first seen stays."""
+    """Housekeeping deletes ledger days and hours before the import window (no batch
+    stamped then is accepted any more) and keeps the rest; without an import window it
+    keeps all; what a device spent since first seen stays."""
     create(client)
     feed(client, "dev0", 0, np.full(5, 50.0), T0)
-    ingest = store.Ingest(max_age_ms=7 * 86_400_000)
+    week = 7 * 86_400_000
+
+    def rows(table: type[DeviceDay] | type[DeviceHour]) -> int:
+        return int(session.scalar(select(func.count()).select_from(table)) or 0)
+
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
-        ingest.prune_ledger(session, T0 + 7 * 86_400_000)  # T0's day is still in the window
-        assert session.scalar(select(func.count()).select_from(DeviceDay)) == 1
-        ingest.prune_ledger(session, T0 + 8 * 86_400_000)
-        assert session.scalar(select(func.count()).select_from(DeviceDay)) == 0
-        store.Ingest().prune_ledger(session, T0 + 10**12)  # no import window: keeps all
+        streams = store.list_streams(session)
+        retention.housekeep(session, streams, T0 + 10**12, max_age_ms=None)
+        assert (rows(DeviceDay), rows(DeviceHour)) == (1, 1)
+        retention.housekeep(session, streams, T0 + week, max_age_ms=week)  # horizon T0
+        assert (rows(DeviceDay), rows(DeviceHour)) == (1, 1)
+        retention.housekeep(session, streams, T0 + week + 3_600_000, max_age_ms=week)
+        assert (rows(DeviceDay), rows(DeviceHour)) == (1, 0)  # T0's hour is behind it
+        retention.housekeep(session, streams, T0 + week + 86_400_000, max_age_ms=week)
+        assert (rows(DeviceDay), rows(DeviceHour)) == (0, 0)
     device = client.get("/api/v1/streams/temps/devices").json()["devices"][0]
     assert (device["readings"], device["epsilon_spent"]) == (5, 5.0)
 
@@ -601,7 +614,9 @@ def test_efficiency_is_measured_on_the_stored_data(client: TestClient) -> None:
     n = stats["readings"]
     assert n == e["sample"] == 1200
     assert e["wire_bits"] == pytest.approx(8 * stats["bytes_received"] / n)
-    assert e["store_code_bits"] == pytest.approx(8 * stats["store_bytes"]["codes"] / n)
+    assert e["store_code_bits"] == pytest.approx(8 * code_bytes(client) / n)
+    assert e["store_bits"] == pytest.approx(8 * stats["store_bytes"]["segments"] / n)
+    assert e["database_bits"] == pytest.approx(stats["store_bits_per_reading"]["database"])
     codes = np.concatenate(stored)
     # The sample is the stored readings in another order: the same multiset of values.
     values = sorted(PARAMS.decode(codes).tolist())
@@ -628,20 +643,22 @@ def test_store_figures_are_those_of_compacted_segments_while_others_wait(
         feed(client, "dev0", s, np.full(60, 40.0), T0 + 60_000 * s, rng=s)
     stats = client.get("/api/v1/streams/temps/stats").json()
     assert stats["efficiency"]["compacted"] == 0
-    assert stats["efficiency"]["store_code_bits"] == pytest.approx(
-        8 * stats["store_bytes"]["codes"] / 240
-    )
+    assert stats["efficiency"]["store_code_bits"] == 8  # a byte a code, raw
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
         stream = store.stream_by_name(session, "temps")
         assert stream is not None
         store.compact(session, stream, before_bucket=T0 // 60_000 + 2)
-        compacted = session.execute(
-            select(func.sum(func.length(Segment.codes))).where(Segment.compacted.is_(True))
-        ).scalar_one()
     e = client.get("/api/v1/streams/temps/stats").json()["efficiency"]
     assert e["compacted"] == 0.5
-    assert e["store_code_bits"] == pytest.approx(8 * compacted / 120)
+    assert e["store_code_bits"] == pytest.approx(8 * code_bytes(client) / 120)
     assert e["store_vs_paper"] == pytest.approx(e["paper_store_bits"] / e["store_code_bits"])
+
+
+def code_bytes(client: TestClient) -> int:
+    """The stored bytes of the codes sections of the compacted segment rows."""
+    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+        rows = session.scalars(select(Segment).where(Segment.encoding == CHUNK))
+        return sum(section_sizes(r.data)[-1] for r in rows)
 
 
 def test_json_bits_equal_json_dumps_for_every_length_of_timestamp() -> None:

@@ -24,9 +24,7 @@ from zeal import Zeal, encode_batch
 from zeal_server import store
 from zeal_server.db import make_engine, migrate, session_factory
 from zeal_server.models import (
-    Aggregate,
     BatchSeen,
-    BucketTotal,
     Device,
     DeviceDay,
     DeviceHour,
@@ -34,8 +32,8 @@ from zeal_server.models import (
     Segment,
     Stream,
 )
-from zeal_server.segments import decode_columns
-from zeal_server.sums import SQUARE_COLUMNS, SUM_COLUMNS, from_limbs
+from zeal_server.segments import decode
+from zeal_server.sums import VALUE_COLUMNS
 
 HOUR, DAY = 3_600_000, 86_400_000
 DEVICES = ["a", "a-b", "b", "c1", "c10", "c2", "d", "e"]
@@ -140,28 +138,24 @@ def contents(sessions: Any) -> dict[str, Any]:
         streams_ = {x.id: x.name for x in s.scalars(select(Stream))}
         dev = {i: (streams_[sid], name) for i, (sid, name) in names.items()}
         bits = {x.id: store.params_of(x).payload_bits for x in s.scalars(select(Stream))}
-
-        def sums(row: Any) -> tuple[int, int, int]:
-            return (
-                row.n,
-                from_limbs([getattr(row, c) for c in SUM_COLUMNS]),
-                from_limbs([getattr(row, c) for c in SQUARE_COLUMNS]),
-            )
+        buckets = {x.id: x.bucket_seconds * 1000 for x in s.scalars(select(Stream))}
 
         readings: dict[Any, list[Any]] = {}
+        limbs: dict[str, list[int]] = {}
         for seg in s.scalars(select(Segment)):
-            columns = decode_columns(
-                seg.codes, seg.timestamps, seg.devices, bits[seg.stream_id],
-                compressed=seg.compacted,
-            )  # fmt: skip
-            readings.setdefault((streams_[seg.stream_id], seg.bucket), []).extend(
-                zip(
-                    [dev[d] for d in columns.devices.tolist()],
-                    columns.timestamps.tolist(),
-                    columns.codes.tolist(),
-                    strict=True,
-                )
-            )
+            columns = decode(seg.data, seg.encoding, bits[seg.stream_id])
+            name = streams_[seg.stream_id]
+            acc = limbs.setdefault(name, [0] * len(VALUE_COLUMNS))
+            for i, c in enumerate(VALUE_COLUMNS):
+                acc[i] += getattr(seg, c)
+            for device, stamp, code in zip(
+                columns.devices.tolist(),
+                columns.timestamps.tolist(),
+                columns.codes.tolist(),
+                strict=True,
+            ):
+                key = (name, stamp // buckets[seg.stream_id])
+                readings.setdefault(key, []).append((dev[device], stamp, code))
         return {
             "devices": sorted(
                 (
@@ -182,7 +176,7 @@ def contents(sessions: Any) -> dict[str, Any]:
                     b.sequence,
                     b.generation,
                     b.digest,
-                    b.received_ms,
+                    b.first_ms,
                     b.readings,
                     b.bytes,
                 )
@@ -198,13 +192,7 @@ def contents(sessions: Any) -> dict[str, Any]:
                 for r in s.scalars(select(DeviceHour))
                 if r.readings
             ),
-            "aggregates": sorted(
-                (streams_[a.stream_id], a.bucket, dev[a.device_id], sums(a))
-                for a in s.scalars(select(Aggregate))
-            ),
-            "totals": sorted(
-                (streams_[t.stream_id], t.bucket, sums(t)) for t in s.scalars(select(BucketTotal))
-            ),
+            "sums": limbs,
             "readings": {k: sorted(v) for k, v in readings.items()},
             "rejects": sorted(
                 (r.stream, r.device, r.reason, r.count, r.last_ms)

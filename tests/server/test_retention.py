@@ -68,9 +68,9 @@ def test_retention_deletes_whole_old_buckets_and_keeps_the_rest_exact(
     client: TestClient, database_url: str, tmp_path: Any
 ) -> None:
     """Retention 5 days applied by the collector's housekeeping: the buckets before the
-    cutoff are gone (segments, aggregates, totals, dedup rows), the average of the kept
-    window is the same to the last bit, verify passes, and an old batch sent again is
-    refused too_old instead of coming back."""
+    cutoff are gone (segment rows, dedup rows), the average of the kept window is the same
+    to the last bit, verify passes, and an old batch sent again is refused too_old (the
+    dedup horizon moved to the cutoff) instead of coming back."""
     ten_days(client)
     kept_window = {"start": iso(NOW - 5 * DAY)}
     before = average(client, **kept_window)
@@ -91,14 +91,14 @@ def test_retention_deletes_whole_old_buckets_and_keeps_the_rest_exact(
     )
     collector = Collector(server_settings, client.app.state.sessions)  # type: ignore[attr-defined]
     # Its housekeeping, as its writer runs it every 30 s.
-    chores.housekeep(collector.sessions, collector.ingest, clock_lead_ms=600_000)
+    chores.housekeep(collector.sessions, collector.ingest)
 
     after = average(client)
     assert after == {**before, "start": None}
     assert average(client, **kept_window) == before
     assert verify(client) == []
     with client.app.state.sessions() as db:  # type: ignore[attr-defined]
-        oldest = db.scalar(select(func.min(Segment.bucket)))
+        oldest = db.scalar(select(func.min(Segment.first_bucket)))
         assert oldest is not None
         assert oldest * 60_000 >= NOW - 5 * DAY
         assert db.scalar(select(func.count()).select_from(BatchSeen)) == 15  # days 5..9

@@ -23,6 +23,7 @@ from zeal_server.deps import (
     window,
 )
 from zeal_server.efficiency import efficiency
+from zeal_server.footprint import segment_totals, stream_bytes
 from zeal_server.schemas import EfficiencyOut, Problem, StatsOut
 
 __all__ = ["router"]
@@ -46,20 +47,14 @@ def stats(
     stream = stream_or_404(db, name)
     totals = store.stream_totals(db, stream)
     readings, received = totals.readings, totals.received_bytes
-    sizes = store.storage_bytes(db, stream)
     measured = (
         efficiency(db, stream, readings=readings, received_bytes=received)
         if efficiency_figures
         else None
     )
-    per = None
-    if readings:
-        segment = sizes["codes"] + sizes["timestamps"] + sizes["devices"]
-        per = {
-            "codes": 8 * sizes["codes"] / readings,
-            "segment": 8 * segment / readings,
-            "aggregates": 8 * sizes["aggregates"] / readings,
-        }
+    stored, segment_bytes = segment_totals(db, stream)
+    tables = stream_bytes(db, stream)
+    database = sum(tables.values())
     return StatsOut(
         stream=name,
         readings=readings,
@@ -71,8 +66,14 @@ def stats(
         duplicates=totals.duplicates,
         sequence_resets=totals.sequence_resets,
         wire_bytes_per_reading=received / readings if readings else None,
-        store_bytes=sizes,
-        store_bits_per_reading=per,
+        stored_readings=stored,
+        store_bytes={"segments": segment_bytes, "database": database},
+        store_bits_per_reading=(
+            {"segments": 8 * segment_bytes / stored, "database": 8 * database / stored}
+            if stored
+            else None
+        ),
+        database_bytes=tables,
         rejects=store.rejects(db, name),
         efficiency=None if measured is None else EfficiencyOut(**measured),
     )
