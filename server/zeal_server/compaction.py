@@ -1,29 +1,32 @@
 """Compaction: raw parts merged into compressed chunks; and verify.
 
 A transaction adds a raw part per bucket it touches. The collector's housekeeping (every
-30 s) merges the parts of each period (about a day of buckets, ``sums.period_buckets``)
-with the period's *open* chunks (those below ``OPEN_BYTES``) and its rows from before
-revision 0007, and splits what they hold into chunks of at most ``CHUNK_BYTES``, filled in
-bucket order (whole buckets each, where a bucket fits): a chunk stays inline in a
-PostgreSQL page, with no TOAST table and index beside it, and a query that reaches into a
-period decodes a few kilobytes at its edges, not the day. A full chunk is not rewritten
-again: a late part makes a new chunk that may overlap it (rows may overlap in buckets, and
-every sum adds them). A bucket still filling is compacted too: its later parts join the
-open chunk at the next housekeeping, which rewrites a few kilobytes at most.
+30 s) merges the parts of closed buckets (before the previous one) of each period (about a
+day of buckets, ``sums.period_buckets``) with the period's *open* chunks (those below
+``OPEN_BYTES``) and its rows from before revision 0007, and splits what they hold into
+chunks of at most ``CHUNK_BYTES``, filled in bucket order (whole buckets each, where a
+bucket fits): a chunk stays inline in a PostgreSQL page, with no TOAST table and index
+beside it, and a query that reaches into a period decodes a few kilobytes at its edges, not
+the day. A full chunk is not rewritten again: a late part makes a new chunk that may
+overlap it (rows may overlap in buckets, and every sum adds them). A bucket still open but
+holding ``CROWDED`` parts is merged too (its later parts join the open chunk at the next
+housekeeping, which rewrites a few kilobytes at most).
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import delete, func, insert, select, tuple_
+from sqlalchemy import bindparam, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from zeal_server.models import Segment, Stream
 from zeal_server.segments import (
     CHUNK,
+    PART,
     Columns,
     decode,
     encode_chunk,
@@ -31,7 +34,7 @@ from zeal_server.segments import (
 )
 from zeal_server.sums import VALUE_COLUMNS, period_buckets
 
-__all__ = ["CHUNK_BYTES", "OPEN_BYTES", "chunk_rows", "compact", "verify"]
+__all__ = ["CHUNK_BYTES", "CROWDED", "OPEN_BYTES", "chunk_rows", "compact", "delete_rows", "verify"]
 
 #: A chunk's data holds at most this many bytes: with its key and sums the row stays
 #: below the 8,160 bytes PostgreSQL keeps inline in a page.
@@ -39,6 +42,9 @@ CHUNK_BYTES = 7_600
 #: A chunk smaller than this is still open: compaction merges the period's new parts
 #: into it (rewriting a few kilobytes, never a full chunk).
 OPEN_BYTES = CHUNK_BYTES * 7 // 8
+#: Parts in one bucket that get the bucket compacted before it closes: a long bucket that
+#: many transactions fill is merged into its period's open chunk as it goes.
+CROWDED = 64
 #: Readings tried in a first chunk (then as many as the last chunk's size suggests).
 _FIRST_GUESS = 8_192
 _KEY = (Segment.first_bucket, Segment.last_bucket, Segment.tag)
@@ -107,27 +113,33 @@ def compact(
     max_periods: int | None = None,
 ) -> int:
     """Merge the mergeable rows (``_mergeable``) of each period that holds a part, or more
-    than one open chunk, into chunks (oldest period first; at most `max_periods`, None: all).
-    Returns the periods rewritten."""
+    than one open chunk, before `before_bucket`, into chunks; a period with a bucket of
+    ``CROWDED`` parts or more (a long bucket that many transactions fill) has all its
+    mergeable rows merged. Oldest period first; at most `max_periods` (None: all). Returns
+    the periods rewritten."""
     size = period_buckets(stream)
     period = Segment.first_bucket // size
     where = _mergeable(stream, before_bucket)
-    query = (
+    closed = (
         select(period)
         .where(*where)
         .group_by(period)
         .having((func.count() > 1) | (func.min(Segment.encoding) < CHUNK))
-        .order_by(period)
-        .limit(max_periods)
     )
+    periods = {int(p): where for p in session.scalars(closed)}
+    if before_bucket is not None:
+        parts = [Segment.stream_id == stream.id, Segment.encoding == PART]
+        crowded = select(Segment.first_bucket).where(*parts).group_by(Segment.first_bucket)
+        for bucket in session.scalars(crowded.having(func.count() >= CROWDED)):
+            periods[int(bucket) // size] = _mergeable(stream, None)
     done = 0
-    for number in [int(p) for p in session.scalars(query)]:
+    for number in sorted(periods)[:max_periods]:
         # Locked: two collectors compacting one period at once would both merge its rows
         # (every reading of them twice). The second waits, then finds the rows the first
         # merged gone, and merges what is left, if anything.
         rows = session.execute(
             select(*_KEY, Segment.encoding, Segment.data)
-            .where(*where, Segment.first_bucket >= number * size)
+            .where(*periods[number], Segment.first_bucket >= number * size)
             .where(Segment.first_bucket < (number + 1) * size)
             .order_by(*_KEY)
             .with_for_update()
@@ -135,13 +147,26 @@ def compact(
         if len(rows) < 2 and all(r.encoding == CHUNK for r in rows):
             continue
         merged = Columns.concat([decode(r.data, r.encoding, stream.payload_bits) for r in rows])
-        keys = [(r.first_bucket, r.last_bucket, r.tag) for r in rows]
-        session.execute(
-            delete(Segment).where(Segment.stream_id == stream.id, tuple_(*_KEY).in_(keys))
-        )
+        delete_rows(session, stream, rows)
         session.execute(insert(Segment), chunk_rows(stream, merged))
         done += 1
     return done
+
+
+def delete_rows(session: Session, stream: Stream, rows: Sequence[Any]) -> None:
+    """Delete segment rows by their keys (one statement, executed for many rows: a list of
+    keys in one IN clause is not indexed on PostgreSQL and scans the table per row)."""
+    if not rows:
+        return
+    session.connection().execute(
+        delete(Segment).where(
+            Segment.stream_id == stream.id,
+            Segment.first_bucket == bindparam("k_first"),
+            Segment.last_bucket == bindparam("k_last"),
+            Segment.tag == bindparam("k_tag"),
+        ),
+        [{"k_first": r.first_bucket, "k_last": r.last_bucket, "k_tag": r.tag} for r in rows],
+    )
 
 
 def verify(session: Session, stream: Stream) -> list[str]:

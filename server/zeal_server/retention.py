@@ -27,7 +27,7 @@ from sqlalchemy import delete, func, insert, select, tuple_
 from sqlalchemy.orm import Session
 
 from zeal_server import dedup, ledger
-from zeal_server.compaction import chunk_rows, compact
+from zeal_server.compaction import chunk_rows, compact, delete_rows
 from zeal_server.models import (
     BatchSeen,
     Device,
@@ -95,12 +95,7 @@ def expire(session: Session, stream: Stream, now_ms: int) -> int:
 
 def _rewrite(session: Session, stream: Stream, row: Any, columns: Columns) -> None:
     """Replace a segment row by one holding `columns` (none: the row goes)."""
-    session.execute(
-        delete(Segment).where(
-            Segment.stream_id == stream.id,
-            tuple_(*_KEY).in_([(row.first_bucket, row.last_bucket, row.tag)]),
-        )
-    )
+    delete_rows(session, stream, [row])
     if not len(columns):
         return
     if row.encoding == PART:
@@ -160,14 +155,15 @@ def housekeep(
     max_age_ms: int | None,
     max_periods: int | None = HOUSEKEEPING_PERIODS,
 ) -> None:
-    """The collector's periodic housekeeping: compact each stream's raw parts (into the open
-    chunks of their periods: compaction.compact), delete what is past its retention, then
+    """The collector's periodic housekeeping: compact each stream's closed buckets (into the
+    open chunks of their periods: compaction.compact), delete what is past its retention, then
     move each stream's dedup horizon to the import window (now - `max_age_ms`: older
     batches are refused anyway) and delete the dedup rows and the ledger's days and hours
     behind it. The horizons are moved last, so the stream rows are locked only from there
     to the commit."""
     for stream in streams:
-        compact(session, stream, max_periods=max_periods)
+        closed = now_ms // (stream.bucket_seconds * 1000) - 1
+        compact(session, stream, before_bucket=closed, max_periods=max_periods)
         expired = expire(session, stream, now_ms)
         if expired:
             log.info(

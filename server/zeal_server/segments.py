@@ -27,6 +27,7 @@ fewer than 2**39 readings, so limb sums of any rows add up exactly in int64 or i
 from __future__ import annotations
 
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ __all__ = [
     "Columns",
     "code_dtype",
     "decode",
+    "decode_runs",
     "encode_chunk",
     "encode_part",
     "limb_sums",
@@ -62,6 +64,7 @@ _LEVEL = 19
 _MASK = np.uint64((1 << LIMB_BITS) - 1)
 _SECTION = struct.Struct("<BI")
 _HEADER = struct.Struct("<IIq")
+_threads = threading.local()
 _TYPES: tuple[np.dtype[Any], ...] = tuple(np.dtype(f"<u{n}") for n in (1, 2, 4, 8))
 
 
@@ -99,16 +102,30 @@ def _sections(*blobs: tuple[bytes, bool]) -> bytes:
     return b"".join(_SECTION.pack(int(packed), len(b)) + b for b, packed in blobs)
 
 
-def _split(data: bytes) -> list[bytes]:
-    """The sections of `data`, decompressed."""
-    out, at = [], 0
+def _split(data: bytes, wanted: tuple[int, ...] | None = None) -> list[bytes]:
+    """The sections of `data`, decompressed (those not `wanted` left empty)."""
+    out: list[bytes] = []
+    at = 0
+    unzip = _decompressor()
     while at < len(data):
         packed, size = _SECTION.unpack_from(data, at)
         at += _SECTION.size
-        blob = data[at : at + size]
+        if wanted is not None and len(out) not in wanted:
+            out.append(b"")
+        else:
+            blob = data[at : at + size]
+            out.append(unzip.decompress(blob) if packed & 1 else blob)
         at += size
-        out.append(zstandard.ZstdDecompressor().decompress(blob) if packed & 1 else blob)
     return out
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's decompressor (one is not safe to share between threads, and making one
+    costs more than decompressing a section)."""
+    found: zstandard.ZstdDecompressor | None = getattr(_threads, "unzip", None)
+    if found is None:
+        found = _threads.unzip = zstandard.ZstdDecompressor()
+    return found
 
 
 def section_sizes(data: bytes) -> list[int]:
@@ -190,12 +207,8 @@ def decode(data: bytes, encoding: int, payload_bits: int) -> Columns:
             np.cumsum(np.frombuffer(sections[1], dtype="<i8")).astype(np.int64),
             np.frombuffer(sections[2], dtype="<i4").astype(np.int64),
         )
-    if encoding != CHUNK:
-        raise ValueError(f"unknown segment encoding {encoding}")
-    codes = np.frombuffer(sections[-1], dtype=code_dtype(payload_bits)).astype(np.uint64)
-    count, runs, base = _HEADER.unpack(sections[0])
-    run_devices = np.cumsum(_read_ints(sections[1]))
-    lengths = _read_ints(sections[2])
+    codes, run_devices, lengths, count = _chunk_runs(sections, payload_bits, encoding)
+    base = _HEADER.unpack(sections[0])[2]
     firsts = _read_ints(sections[3]) + base
     least = np.repeat(_read_ints(sections[4]), lengths)
     increments = np.zeros(count, dtype=np.int64)
@@ -205,9 +218,37 @@ def decode(data: bytes, encoding: int, payload_bits: int) -> Columns:
     increments[within] = _read_ints(sections[5]) + least[within]
     running = np.cumsum(increments)
     stamps = np.repeat(firsts - running[at], lengths) + running
-    if codes.size != count or run_devices.size != runs:
-        raise ValueError("a chunk's sections disagree with its header")
     return Columns(codes, stamps, np.repeat(run_devices, lengths))
+
+
+def decode_runs(
+    data: bytes, encoding: int, payload_bits: int
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """A row's codes with its runs of one device (ids and lengths), without its timestamps:
+    what a sum over all of a row's readings needs (a part's runs are of its arrival order)."""
+    if encoding in (PART, LEGACY):
+        columns = decode(data, encoding, payload_bits)
+        bounds = np.concatenate(
+            [[0], np.flatnonzero(columns.devices[1:] != columns.devices[:-1]) + 1, [len(columns)]]
+        ).astype(np.int64)
+        return columns.codes, columns.devices[bounds[:-1]], np.diff(bounds)
+    sections = _split(data, (0, 1, 2, 6))
+    codes, run_devices, lengths, _ = _chunk_runs(sections, payload_bits, encoding)
+    return codes, run_devices, lengths
+
+
+def _chunk_runs(
+    sections: list[bytes], payload_bits: int, encoding: int
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+    if encoding != CHUNK:
+        raise ValueError(f"unknown segment encoding {encoding}")
+    codes = np.frombuffer(sections[-1], dtype=code_dtype(payload_bits)).astype(np.uint64)
+    count, runs, _ = _HEADER.unpack(sections[0])
+    run_devices = np.cumsum(_read_ints(sections[1]))
+    lengths = _read_ints(sections[2])
+    if codes.size != count or run_devices.size != runs or int(lengths.sum()) != count:
+        raise ValueError("a chunk's sections disagree with its header")
+    return codes, run_devices, lengths, count
 
 
 def limb_sums(

@@ -21,9 +21,9 @@ import numpy.typing as npt
 from sqlalchemy import ColumnElement, Select, func, select
 from sqlalchemy.orm import Session
 
-from zeal import Estimate, Zeal
+from zeal import Estimate, Zeal, exact_sum, exact_sum_squares
 from zeal_server.models import LIMB_BITS, SQUARE_LIMBS, SUM_LIMBS, Segment, Stream
-from zeal_server.segments import LIMBS, Columns, decode, limb_sums
+from zeal_server.segments import LIMBS, decode, decode_runs
 
 _LIMB_MASK = (1 << LIMB_BITS) - 1
 SUM_COLUMNS = [f"s{i}" for i in range(SUM_LIMBS)]
@@ -60,7 +60,7 @@ class Sums:
     sum_squares: int
 
     @staticmethod
-    def of(limbs: npt.NDArray[np.int64] | list[int]) -> Sums:
+    def of(limbs: npt.NDArray[np.int64] | list[Any]) -> Sums:
         values = [int(v) for v in limbs]
         return Sums(
             values[0], from_limbs(values[1 : 1 + SUM_LIMBS]), from_limbs(values[1 + SUM_LIMBS :])
@@ -117,9 +117,12 @@ def _readings(
     window: tuple[int, int],
     *,
     members: _Members | None,
-) -> Iterator[Columns]:
-    """The readings of buckets `window` [first, stop) (of the member devices) in the rows
-    `where` selects, row by row (each row's in its stored order)."""
+    times: bool = False,
+) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64], npt.NDArray[np.int64]]]:
+    """(devices, codes, timestamps) of the readings of buckets `window` [first, stop) (of
+    the member devices) in the rows `where` selects, row by row, each row's in its stored
+    order. A row that lies inside the window is read without its timestamps (an empty
+    array stands for them) unless `times`."""
     first, stop = window
     size = stream.bucket_seconds * 1000
     query = (
@@ -129,14 +132,25 @@ def _readings(
         .execution_options(yield_per=256)
     )
     k = stream.payload_bits
+    none = np.zeros(0, dtype=np.int64)
     for low, high, encoding, data in session.execute(query):
+        if not times and low >= first and high < stop:
+            codes, run_devices, lengths = decode_runs(data, encoding, k)
+            if members is not None:
+                runs = members(run_devices)
+                codes = codes[np.repeat(runs, lengths)]
+                run_devices, lengths = run_devices[runs], lengths[runs]
+            yield np.repeat(run_devices, lengths), codes, none
+            continue
         columns = decode(data, encoding, k)
         keep = None if members is None else members(columns.devices)
         if low < first or high >= stop:
             buckets = columns.timestamps // size
             inside = (buckets >= first) & (buckets < stop)
             keep = inside if keep is None else keep & inside
-        yield columns if keep is None else columns.take(keep)
+        if keep is not None:
+            columns = columns.take(keep)
+        yield columns.devices, columns.codes, columns.timestamps
 
 
 def window_sums(
@@ -154,11 +168,16 @@ def window_sums(
         inside = _inside(stream, first_bucket, stop_bucket)
         total += np.array(session.execute(select(*_sum_columns()).where(*inside)).one(), np.int64)
         where.append((Segment.first_bucket < first_bucket) | (Segment.last_bucket >= stop_bucket))
-    k = stream.payload_bits
     window = (first_bucket, stop_bucket)
-    for cols in _readings(session, stream, where, window, members=members):
-        total += limb_sums(cols.codes, np.zeros(1, dtype=np.int64), k)[0]
-    return Sums.of(total)
+    found = [c for _, c, _ in _readings(session, stream, where, window, members=members)]
+    codes = np.concatenate(found) if found else np.zeros(0, dtype=np.uint64)
+    k = stream.payload_bits
+    base = Sums.of(total)
+    return Sums(
+        base.n + int(codes.size),
+        base.sum_codes + exact_sum(codes, k),
+        base.sum_squares + exact_sum_squares(codes, k),
+    )
 
 
 @dataclass(frozen=True)
@@ -198,45 +217,67 @@ def device_sums(
     where = touching(stream, first_bucket, stop_bucket)
     window = (first_bucket, stop_bucket)
     rows = _readings(session, stream, where, window, members=members)
-    ids, limbs = _grouped(((c.devices, c.codes) for c in rows), stream.payload_bits)
-    combined = limbs[:, 1].astype(object)
-    for i in range(1, SUM_LIMBS):
-        combined = combined + (limbs[:, 1 + i].astype(object) << (LIMB_BITS * i))
-    total = Sums.of(limbs.sum(axis=0))
+    found = _grouped(((d, c) for d, c, _ in rows), stream.payload_bits, squares=squares)
+    ids = found.keys.tolist()
     return DeviceSums(
-        ids=frozenset(ids.tolist()),
-        counts=limbs[:, 0].tolist(),
-        sum_codes=[int(c) for c in combined],
-        n=total.n,
-        total_codes=total.sum_codes,
-        total_squares=total.sum_squares if squares else None,
-        order=tuple(ids.tolist()),
+        ids=frozenset(ids),
+        counts=found.counts,
+        sum_codes=found.sums,
+        n=sum(found.counts),
+        total_codes=sum(found.sums),
+        total_squares=None if found.squares is None else sum(found.squares),
+        order=tuple(ids),
     )
 
 
+@dataclass(frozen=True)
+class _Grouped:
+    """Readings counted and summed by a non-negative integer key, exactly."""
+
+    keys: npt.NDArray[np.int64]
+    counts: list[int]
+    sums: list[int]
+    squares: list[int] | None
+
+
+#: bincount adds float64 weights: pieces of 14 bits keep every partial sum an integer below
+#: 2**53 (exact) for fewer than 2**39 readings per key. Codes are at most 28 bits.
+_PIECE = 14
+
+
 def _grouped(
-    parts: Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64]]], payload_bits: int
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """The keys found in `parts` ((keys, codes) pairs), ascending, and each key's limb
-    vector summed over every part."""
-    found: list[npt.NDArray[np.int64]] = []
-    sums: list[npt.NDArray[np.int64]] = []
-    for keys, codes in parts:
-        if not keys.size:
-            continue
-        if keys.size > 1 and bool((keys[1:] < keys[:-1]).any()):
-            order = np.argsort(keys, kind="stable")
-            keys, codes = keys[order], codes[order]
-        starts = np.concatenate([[0], np.flatnonzero(keys[1:] != keys[:-1]) + 1])
-        found.append(keys[starts])
-        sums.append(limb_sums(codes, starts.astype(np.int64), payload_bits))
-    if not found:
-        return np.zeros(0, dtype=np.int64), np.zeros((0, LIMBS), dtype=np.int64)
-    keys = np.concatenate(found)
-    unique, inverse = np.unique(keys, return_inverse=True)
-    totals = np.zeros((unique.size, LIMBS), dtype=np.int64)
-    np.add.at(totals, inverse, np.concatenate(sums))
-    return unique, totals
+    parts: Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64]]],
+    payload_bits: int,
+    *,
+    squares: bool,
+) -> _Grouped:
+    """The keys found in `parts` ((keys, codes) pairs; keys >= 0), ascending, with each
+    key's count and exact sums of codes (and of squared codes) over every part."""
+    pairs = [(k, c) for k, c in parts if k.size]
+    if not pairs:
+        return _Grouped(np.zeros(0, dtype=np.int64), [], [], [] if squares else None)
+    keys = np.concatenate([k for k, _ in pairs])
+    codes = np.concatenate([c for _, c in pairs])
+    if payload_bits > 2 * _PIECE:
+        raise ValueError(f"codes of {payload_bits} bits are wider than the store keeps")
+    counts = np.bincount(keys)
+    found = np.flatnonzero(counts)
+    mask = np.uint64((1 << _PIECE) - 1)
+
+    def summed(values: npt.NDArray[np.uint64], pieces: int) -> list[int]:
+        total = np.zeros(found.size, dtype=object)
+        for i in range(pieces):
+            piece = ((values >> np.uint64(_PIECE * i)) & mask).astype(np.float64)
+            weights = np.bincount(keys, weights=piece, minlength=counts.size)[found]
+            total = total + (weights.astype(np.int64).astype(object) << (_PIECE * i))
+        return [int(v) for v in total]
+
+    return _Grouped(
+        found.astype(np.int64),
+        counts[found].tolist(),
+        summed(codes, 2),
+        summed(codes * codes, 4) if squares else None,
+    )
 
 
 def series_sums(
@@ -252,23 +293,29 @@ def series_sums(
     members = _members(session, device_ids)
     size, per = stream.bucket_seconds * 1000, buckets_per_point
     where = touching(stream, first_bucket, stop_bucket)
-    points: dict[int, npt.NDArray[np.int64]] = {}
+    points: dict[int, Sums] = {}
     if members is None:  # rows inside one point are summed whole, in SQL
         point = (Segment.first_bucket - first_bucket) // per
         whole = [*_inside(stream, first_bucket, stop_bucket)]
         whole.append(point == (Segment.last_bucket - first_bucket) // per)
         query = select(point, *_sum_columns()).where(*whole).group_by(point)
         for p, *values in session.execute(query):
-            points[int(p)] = np.array(values, dtype=np.int64)
+            points[int(p)] = Sums.of(values)
         where.append(point != (Segment.last_bucket - first_bucket) // per)
-    rows = _readings(session, stream, where, (first_bucket, stop_bucket), members=members)
-    keys, limbs = _grouped(
-        (((c.timestamps // size - first_bucket) // per, c.codes) for c in rows),
+    window = (first_bucket, stop_bucket)
+    rows = _readings(session, stream, where, window, members=members, times=True)
+    found = _grouped(
+        (((t // size - first_bucket) // per, c) for _, c, t in rows),
         stream.payload_bits,
+        squares=True,
     )
-    for p, row in zip(keys.tolist(), limbs, strict=True):
-        points[p] = points[p] + row if p in points else row
-    return {first_bucket + p * per: Sums.of(points[p]) for p in sorted(points)}
+    assert found.squares is not None
+    for p, n, total, squared in zip(
+        found.keys.tolist(), found.counts, found.sums, found.squares, strict=True
+    ):
+        had = points.get(p, Sums(0, 0, 0))
+        points[p] = Sums(had.n + n, had.sum_codes + total, had.sum_squares + squared)
+    return {first_bucket + p * per: points[p] for p in sorted(points)}
 
 
 def estimate(params: Zeal, sums: Sums, confidence: float) -> Estimate | None:

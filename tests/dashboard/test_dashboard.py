@@ -454,6 +454,9 @@ def test_devices_table_sorts_and_pages(page: Any, server: Server) -> None:
     stats = server.get("/api/v1/streams/temps/stats")
     assert f"{stats['efficiency']['wire_bits']:.2f}" in text(page, "#eff-wire")
     assert f"{stats['efficiency']['wire_vs_json']:.1f}×" in text(page, "#eff-json")
+    assert "all in" in text(page, "#eff-database")
+    assert text(page, "#eff-database").endswith(f"{stats['efficiency']['database_bits']:.2f}")
+    assert stats["efficiency"]["database_bits"] > stats["efficiency"]["store_bits"]
 
 
 def wait_for_message(page: Any, fragment: str) -> None:

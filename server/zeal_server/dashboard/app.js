@@ -795,7 +795,8 @@ function streamView(main, name, params) {
         row("Raw float64 value", e.float64_bits, e.wire_vs_float64, "eff-float64"),
         row(`Zeal's store: codes column${store}`, e.store_code_bits, null, "eff-store"),
         row("Paper's store: float64 x* + zstd", e.paper_store_bits, raw ? null : e.store_vs_paper, "eff-paper-store"),
-        row(`Zeal's store with timestamps and devices${store}`, e.store_bits, null, "eff-segment"));
+        row(`Zeal's segments: codes, timestamps, devices${store}`, e.store_bits, null, "eff-segment"),
+        row("Zeal's database, all in: every table and index", e.database_bits, null, "eff-database"));
       const compaction = raw
         ? "No bucket is compacted yet: readings are stored raw until their bucket closes, " +
           "then compressed (every 30 s for closed buckets); the store rows show the raw parts " +
@@ -809,7 +810,9 @@ function streamView(main, name, params) {
         `paper ratios CR = ${fmt(e.compression_ratio_cr, 4)}, TR = ${fmt(e.transmission_ratio_tr, 4)} ` +
         `(the paper sends ${fmt(e.paper_wire_bits, 0)} bits per value before headers and timestamps). ` +
         "Zeal's wire figure includes its headers and timestamps; the JSON row includes a timestamp; " +
-        `the float64 row is the value alone. ${compaction}`);
+        "the float64 row is the value alone. The segments row is the stored readings alone; the " +
+        "database row is this stream's share of everything the database holds for it (devices, " +
+        `the privacy ledger, recent batches for deduplication, indexes), per stored reading. ${compaction}`);
     }
     const reasons = Object.entries(stats.rejects).sort((x, y) => y[1] - x[1]);
     const row = (reason, count, note, id) => el("tr", { id },

@@ -21,7 +21,7 @@ file, which therefore decodes the old columns itself.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any, NoReturn
 
 import numpy as np
@@ -72,35 +72,39 @@ def _section(blob: bytes, packed: bool) -> bytes:
     return struct.pack("<BI", int(packed), len(blob)) + blob
 
 
-def _segments(bind: sa.Connection) -> Iterator[list[Any]]:
+def _segments(bind: sa.Connection, table: str) -> Generator[list[Any], None, None]:
     """The old segment rows of one (stream, bucket) at a time, in (stream, bucket) order."""
     rows = bind.execute(
         sa.text(
             "SELECT id, stream_id, bucket, compacted, codes, timestamps, devices "
-            "FROM segments_0006 ORDER BY stream_id, bucket, id"
+            f"FROM {table} ORDER BY stream_id, bucket, id"
         ).execution_options(yield_per=500)
     )
     group: list[Any] = []
-    for row in rows:
-        if group and (row.stream_id, row.bucket) != (group[0].stream_id, group[0].bucket):
-            yield group
-            group = []
-        group.append(row)
+    with rows:  # closed however the reading ends (a mismatch raises in the middle)
+        for row in rows:
+            if group and (row.stream_id, row.bucket) != (group[0].stream_id, group[0].bucket):
+                yield group
+                group = []
+            group.append(row)
     if group:
         yield group
 
 
-def _keyed(bind: sa.Connection, sql: str) -> Iterator[tuple[tuple[int, int], list[Any]]]:
+def _keyed(
+    bind: sa.Connection, sql: str
+) -> Generator[tuple[tuple[int, int], list[Any]], None, None]:
     """Rows of `sql` (ordered by stream_id, bucket) grouped by (stream, bucket)."""
     rows = bind.execute(sa.text(sql).execution_options(yield_per=2000))
     key: tuple[int, int] | None = None
     group: list[Any] = []
-    for row in rows:
-        if key is not None and (row.stream_id, row.bucket) != key:
-            yield key, group
-            group = []
-        key = (row.stream_id, row.bucket)
-        group.append(row)
+    with rows:
+        for row in rows:
+            if key is not None and (row.stream_id, row.bucket) != key:
+                yield key, group
+                group = []
+            key = (row.stream_id, row.bucket)
+            group.append(row)
     if key is not None:
         yield key, group
 
@@ -109,7 +113,7 @@ class _Ordered:
     """Rows grouped by (stream, bucket), in order, taken bucket by bucket: a group with
     readings that no segment bucket asks for is a mismatch."""
 
-    def __init__(self, groups: Iterator[tuple[tuple[int, int], list[Any]]]) -> None:
+    def __init__(self, groups: Generator[tuple[tuple[int, int], list[Any]], None, None]) -> None:
         self.groups = groups
         self.head = next(groups, None)
 
@@ -124,9 +128,16 @@ class _Ordered:
         return found
 
 
-def _convert(bind: sa.Connection, new: sa.Table) -> None:
+def _bits(bind: sa.Connection) -> dict[int, int]:
     rows = bind.execute(sa.text("SELECT id, payload_bits FROM streams")).all()
-    bits: dict[int, int] = {int(i): int(b) for i, b in rows}
+    return {int(i): int(b) for i, b in rows}
+
+
+def _check(bind: sa.Connection) -> None:
+    """Every (bucket, device)'s readings in the segments against its aggregate row, and every
+    bucket against its total (before anything is changed: SQLite runs DDL outside the
+    transaction, so a mismatch must be found first)."""
+    bits = _bits(bind)
     aggregates = _Ordered(
         _keyed(
             bind,
@@ -141,17 +152,25 @@ def _convert(bind: sa.Connection, new: sa.Table) -> None:
             "ORDER BY stream_id, bucket",
         )
     )
-    out: list[dict[str, Any]] = []
-    for group in _segments(bind):
+    segments = _segments(bind, "segments")
+    try:
+        _match(segments, aggregates, totals, bits)
+    finally:  # the three readings are closed, whether they matched or not
+        for reading in (segments, aggregates.groups, totals.groups):
+            reading.close()
+
+
+def _match(
+    segments: Iterator[list[Any]], aggregates: _Ordered, totals: _Ordered, bits: dict[int, int]
+) -> None:
+    for group in segments:
         key = (group[0].stream_id, group[0].bucket)
-        converted, per_device = _rows(group, bits[key[0]])
-        out.extend(converted)
+        found = {d: _triple(v) for d, v in _rows(group, bits[key[0]])[1].items()}
         stored = {
             r.device_id: _triple([getattr(r, c) for c in _SUMS])
             for r in aggregates.take(key)
             if r.n
         }
-        found = {d: _triple(v) for d, v in per_device.items()}
         for device in sorted(set(stored) | set(found)):
             if stored.get(device) != found.get(device):
                 _mismatch(
@@ -163,13 +182,21 @@ def _convert(bind: sa.Connection, new: sa.Table) -> None:
         summed = tuple(sum(v[i] for v in found.values()) for i in range(3))
         if (total or (0, 0, 0)) != summed:
             _mismatch(key, f"bucket total {total} != segments {summed}")
+    aggregates.take((_END, _END))  # whatever is left has no segments
+    totals.take((_END, _END))
+
+
+def _copy(bind: sa.Connection, new: sa.Table) -> None:
+    """The old segment rows into the new table, 500 at a time."""
+    bits = _bits(bind)
+    out: list[dict[str, Any]] = []
+    for group in _segments(bind, "segments_0006"):
+        out.extend(_rows(group, bits[group[0].stream_id])[0])
         if len(out) >= 500:
             bind.execute(new.insert(), out)
             out = []
     if out:
         bind.execute(new.insert(), out)
-    aggregates.take((_END, _END))  # whatever is left has no segments
-    totals.take((_END, _END))
 
 
 def _rows(group: list[Any], width: int) -> tuple[list[dict[str, Any]], dict[int, list[int]]]:
@@ -211,6 +238,7 @@ def _mismatch(key: tuple[int, int], what: str) -> NoReturn:
 
 def upgrade() -> None:
     bind = op.get_bind()
+    _check(bind)
     op.rename_table("segments", "segments_0006")
     new = op.create_table(
         "segments",
@@ -228,7 +256,7 @@ def upgrade() -> None:
     if bind.dialect.name == "postgresql":
         # Chunks are sized to stay inline in a page: no TOAST table pages or index for them.
         op.execute("ALTER TABLE segments ALTER COLUMN data SET STORAGE MAIN")
-    _convert(bind, new)
+    _copy(bind, new)
     op.drop_table("segments_0006")
     op.drop_table("aggregates")
     op.drop_table("bucket_totals")

@@ -1,0 +1,168 @@
+"""An existing database converts in place (revision 0007) on SQLite and PostgreSQL: every
+figure the previous code served from it is served again to the last bit, before and after
+compaction turns its rows into chunks, and `verify` passes; a database whose aggregates
+disagree with its segments is refused and left as it was.
+
+The fixture (tests/server/data/store_0006.json) was written by the code of d89e174, the last
+commit at schema 0006, with tools/legacy_store.py: its tables' rows and its answers."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from alembic import command
+from alembic.config import Config
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, MetaData, func, inspect, select, text
+
+from tools.legacy_store import QUERIES, STATS, export_digest
+from zeal import encode_batch
+from zeal_server import store
+from zeal_server.api import create_app
+from zeal_server.db import MIGRATIONS, make_engine, migrate
+from zeal_server.models import Segment
+from zeal_server.segments import CHUNK
+from zeal_server.settings import ServerSettings
+
+FIXTURE = json.loads((Path(__file__).parent / "data" / "store_0006.json").read_text())
+#: Tables in an order their foreign keys allow.
+ORDER = [
+    "streams",
+    "devices",
+    "device_tags",
+    "device_days",
+    "device_hours",
+    "batches",
+    "aggregates",
+    "bucket_totals",
+    "segments",
+    "rejects",
+]
+
+
+def load_0006(url: str, change: Any = None) -> Engine:
+    """A database at revision 0006 holding the fixture's rows (`change` may alter them)."""
+    engine = make_engine(url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    tables = json.loads(json.dumps(FIXTURE["tables"]))
+    if change is not None:
+        change(tables)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0006")
+        meta = MetaData()
+        meta.reflect(connection)
+        for name in ORDER:
+            columns, rows = tables[name]["columns"], tables[name]["rows"]
+            values = [
+                {
+                    c: base64.b64decode(v["b64"]) if isinstance(v, dict) else v
+                    for c, v in zip(columns, row, strict=True)
+                }
+                for row in rows
+            ]
+            if values:
+                connection.execute(meta.tables[name].insert(), values)
+        if engine.dialect.name == "postgresql":  # ids were given: move the sequences past them
+            for name in ("streams", "devices", "segments"):
+                sequence = f"pg_get_serial_sequence('{name}', 'id')"
+                connection.execute(text(f"SELECT setval({sequence}, max(id)) FROM {name}"))
+    return engine
+
+
+def answers(url: str) -> dict[str, Any]:
+    """The fixture's questions, answered by this code."""
+    settings = ServerSettings.from_env({"ZEAL_DATABASE_URL": url, "ZEAL_MQTT_URL": "off"})
+    out: dict[str, Any] = {}
+    with TestClient(create_app(settings)) as client:
+        for path, query in QUERIES:
+            reply = client.get(f"/api/v1/streams/{path}", params=query)
+            assert reply.status_code == 200, reply.text
+            out[json.dumps([path, query], sort_keys=True)] = reply.json()
+        for name in ("temps", "wide"):
+            stats = client.get(f"/api/v1/streams/{name}/stats").json()
+            out[f"{name}/stats"] = {k: stats[k] for k in STATS}
+            lines = client.get(f"/api/v1/streams/{name}/export").text.splitlines()
+            out[f"{name}/export"] = export_digest(lines)
+    return out
+
+
+def problems(engine: Engine) -> list[str]:
+    from sqlalchemy.orm import Session
+
+    with Session(engine) as session:
+        return [p for s in store.list_streams(session) for p in store.verify(session, s)]
+
+
+def test_a_0006_database_converts_in_place_and_serves_the_same_figures(
+    database_url: str,
+) -> None:
+    """After the upgrade, and again after compaction made chunks of every row: the same
+    answers as the previous code gave (averages, series, comparisons, devices, stats,
+    export), verify clean, the old tables gone; then new batches are stored as usual."""
+    engine = load_0006(database_url)
+    before, after = migrate(engine)
+    assert (before, after) == ("0006", "0007")
+    assert {"aggregates", "bucket_totals"}.isdisjoint(inspect(engine).get_table_names())
+    expected = FIXTURE["answers"]
+    assert answers(database_url) == expected
+    assert problems(engine) == []
+
+    from sqlalchemy.orm import Session
+
+    with Session(engine) as session, session.begin():
+        for stream in store.list_streams(session):
+            store.compact(session, stream)
+        encodings = dict(
+            session.execute(select(Segment.encoding, func.count()).group_by(Segment.encoding)).all()
+        )
+    assert set(encodings) == {CHUNK}
+    assert answers(database_url) == expected
+    assert problems(engine) == []
+
+    with Session(engine) as session, session.begin():
+        stream = store.stream_by_name(session, "temps")
+        assert stream is not None
+        params = store.params_of(stream)
+        late = encode_batch(
+            params,
+            stream="temps",
+            device="dev9",
+            sequence=0,
+            codes=np.full(4, params.code_min, dtype=np.uint64),
+            timestamps=1_767_225_600_000 + np.arange(4) * 1000,
+        )
+        outcome = store.Ingest().add(session, "zeal/v1/temps/dev9/up", late, 1_767_225_700_000)
+    assert outcome.status == "stored"
+    assert problems(engine) == []
+    engine.dispose()
+
+
+def test_a_0006_database_whose_aggregates_disagree_is_left_as_it_was(database_url: str) -> None:
+    """One aggregate row off by one reading: the upgrade stops with the mismatch named, and
+    the database is still at 0006 with every table as it was."""
+
+    def tamper(tables: dict[str, Any]) -> None:
+        columns = tables["aggregates"]["columns"]
+        tables["aggregates"]["rows"][7][columns.index("n")] += 1
+
+    engine = load_0006(database_url, tamper)
+    with pytest.raises(Exception, match=r"aggregates .* != segments"):
+        migrate(engine)
+    with engine.connect() as connection:
+        assert connection.scalar(text("SELECT version_num FROM alembic_version")) == "0006"
+        counts = {
+            name: connection.scalar(text(f"SELECT count(*) FROM {name}"))
+            for name in ("segments", "aggregates", "bucket_totals", "batches")
+        }
+    assert counts == {
+        name: len(FIXTURE["tables"][name]["rows"])
+        for name in ("segments", "aggregates", "bucket_totals", "batches")
+    }
+    engine.dispose()
