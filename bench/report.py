@@ -773,6 +773,8 @@ def write_report(res: Results, path: Path) -> None:
         ]
     lines += ["", *embedded_section(HERE / "COMPARISON.md", COMPARISON_TITLE)]
     lines += ["", *embedded_section(HERE / "BAYES.md", BAYES_TITLE)]
+    lines += ["", *embedded_section(HERE / "STORE_FOOTPRINT.md", FOOTPRINT_TITLE)]
+    lines += ["", *embedded_section(HERE / "GROUP_LATENCY.md", LATENCY_TITLE)]
     lines += [
         "",
         "## All utility rows",
@@ -786,6 +788,8 @@ def write_report(res: Results, path: Path) -> None:
 
 COMPARISON_TITLE = "## Group comparisons on simulated fleets (paper 003)"
 BAYES_TITLE = "## Bayes estimates for small windows (paper 004)"
+FOOTPRINT_TITLE = "## The store all in: bytes per reading on disk"
+LATENCY_TITLE = "## Group queries over a month of a large fleet"
 
 
 def embedded_section(path: Path, title: str) -> list[str]:

@@ -302,6 +302,56 @@ def show(result: dict[str, Any]) -> None:
     )
 
 
+def markdown(results: list[dict[str, Any]], jitter: int) -> str:
+    """The figures as bench/STORE_FOOTPRINT.md (embedded in bench/REPORT.md)."""
+    lines = [
+        "# The store all in: bytes per reading on disk",
+        "",
+        f"Written by `python bench/store_footprint.py`: devices reading once a second (clock "
+        f"jitter up to {jitter} ms either way), 300 readings each, `ZEAL_MAX_AGE_SECONDS` = "
+        "60, the collector's housekeeping every 30 s of the simulated clock. Marginal bytes "
+        "over the empty schema (after `VACUUM FULL` on PostgreSQL, `VACUUM` on SQLite), every "
+        "table with its indexes and TOAST, per stored reading. *Settled*: once the import "
+        "window has passed (the dedup rows of its batches pruned); *live*: at the end of "
+        "ingest, the last minute's dedup rows still kept. Beside them, in the same database: "
+        "a plain table `(device_id int, ts timestamptz, value float8, primary key (device_id, "
+        "ts))` of the same readings, the codes' empirical entropy, and what `/stats` reports "
+        "as the stream's all-in figure.",
+        "",
+    ]
+    for devices in sorted({r["devices"] for r in results}):
+        chosen = [r for r in results if r["devices"] == devices]
+        tables = sorted({t for r in chosen for t, v in r["settled"].items() if abs(v) > 0.005})
+        heads = [f"{r['database']}, {r['pattern']}" for r in chosen]
+        lines += [
+            f"## {devices:,} devices, {chosen[0]['readings']:,} readings",
+            "",
+            "| B/reading | " + " | ".join(heads) + " |",
+            "|---|" + "---|" * len(chosen),
+        ]
+        for table in tables:
+            cells = [f"{r['settled'].get(table, 0):.2f}" for r in chosen]
+            lines.append(f"| `{table}` | " + " | ".join(cells) + " |")
+        rows = [
+            ("**all in, settled**", "settled_total", 2),
+            ("all in, live", "live_total", 2),
+            ("`/stats` all in", "stats_reported", 2),
+            ("plain float8 table", "plain_table", 1),
+            ("entropy of the codes", "code_entropy", 3),
+        ]
+        for label, key, digits in rows:
+            lines.append(
+                f"| {label} | " + " | ".join(f"{r[key]:.{digits}f}" for r in chosen) + " |"
+            )
+        lines.append(
+            "| messages; ingest s | "
+            + " | ".join(f"{r['messages']:,}; {r['ingest_seconds']}" for r in chosen)
+            + " |"
+        )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[100, 10_000])
@@ -311,6 +361,9 @@ def main() -> None:
     parser.add_argument("--jitter", type=int, default=2, help="clock jitter, ms either way")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
+    parser.add_argument(
+        "--markdown", type=Path, default=None, help="write them as markdown (STORE_FOOTPRINT.md)"
+    )
     args = parser.parse_args()
     results = []
     for devices in args.devices:
@@ -323,6 +376,8 @@ def main() -> None:
                 results.append(result)
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
+    if args.markdown is not None:
+        args.markdown.write_text(markdown(results, args.jitter))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 the fixture of tests/server/test_store_upgrade.py (written once, committed).
 
 Run it with the code of a revision at schema 0006 first on the path, e.g. from a git
-worktree of d89e174 (the last commit before issue 33):
+worktree of d89e174 (the last commit with the aggregates table):
 
     git worktree add --detach /tmp/zeal-0006 d89e174
     PYTHONPATH=/tmp/zeal-0006/shared:/tmp/zeal-0006/server .venv/bin/python \\

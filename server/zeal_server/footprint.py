@@ -2,8 +2,9 @@
 PostgreSQL), less the pages an empty table and its indexes keep; and a stream's share of it.
 
 A table's bytes are shared among the streams by what each holds of it: the segments by their
-data, the tables keyed by device (devices, tags, dedup rows, the privacy ledger) by the
-stream's share of the devices, the rejects by the stream's rows, the streams table evenly.
+data, the dedup rows by the batches each stream received, the other tables keyed by device
+(devices, tags, the privacy ledger) by the stream's share of the devices, the rejects by the
+stream's rows, the streams table evenly.
 ``bench/store_footprint.py`` measures the same figure as the growth of a database over its
 empty schema (after ``VACUUM FULL``); docs/server.md compares the two.
 """
@@ -21,10 +22,11 @@ from zeal_server.models import Device, Reject, Segment, Stream
 __all__ = ["database_bytes", "segment_totals", "stream_bytes"]
 
 #: Tables whose rows belong to devices (their bytes are shared by the devices' streams).
-_BY_DEVICE = ("devices", "device_tags", "batches", "device_days", "device_hours")
-#: SQLite's sizes come from scanning every page (dbstat): kept this many seconds.
+_BY_DEVICE = ("devices", "device_tags", "device_days", "device_hours")
+#: SQLite's sizes come from scanning every page (dbstat): kept this many seconds, while the
+#: file keeps its number of pages.
 _SQLITE_SECONDS = 60.0
-_sqlite_cache: dict[str, tuple[float, dict[str, int]]] = {}
+_sqlite_cache: dict[str, tuple[float, int, dict[str, int]]] = {}
 
 
 def database_bytes(session: Session) -> dict[str, int]:
@@ -44,13 +46,19 @@ def database_bytes(session: Session) -> dict[str, int]:
         ).all()
         sizes = {str(t): int(size) - int(indexes) * int(block) for t, size, indexes, block in rows}
     else:
-        key = str(bind.engine.url)
-        cached = _sqlite_cache.get(key)
-        if cached is not None and time.monotonic() - cached[0] < _SQLITE_SECONDS:
-            return dict(cached[1])
+        pages = int(session.scalar(text("PRAGMA page_count")) or 0)
+        url = str(bind.engine.url)
+        cached = _sqlite_cache.get(url)
+        if (
+            cached is not None
+            and cached[1] == pages
+            and time.monotonic() - cached[0] < _SQLITE_SECONDS
+        ):
+            return dict(cached[2])
         sizes = _sqlite_bytes(session)
-        _sqlite_cache[key] = (time.monotonic(), sizes)
-    sizes.pop("alembic_version", None)
+        _sqlite_cache[url] = (time.monotonic(), pages, sizes)
+    for fixed in ("alembic_version", "installation"):  # the database's, no stream's
+        sizes.pop(fixed, None)
     return sizes
 
 
@@ -87,6 +95,11 @@ def stream_bytes(session: Session, stream: Stream) -> dict[str, int]:
     )
     for table in _BY_DEVICE:
         shares[table] = _share(ours, every)
+    batches = func.coalesce(func.sum(Device.batches), 0)  # the dedup rows follow the batches
+    shares["batches"] = _share(
+        session.scalar(select(batches).where(Device.stream_id == stream.id)),
+        session.scalar(select(batches)),
+    )
     shares["streams"] = _share(1, session.scalar(select(func.count(Stream.id))))
     rejects = select(func.count()).select_from(Reject)
     ours = session.scalar(rejects.where(Reject.stream == stream.name))
