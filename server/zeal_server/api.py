@@ -2,9 +2,9 @@
 the routers of ``zeal_server.routes`` (``/api/v1``, OpenAPI at ``/docs``).
 
 The lifespan builds the engine, migrates the schema and starts the collector; nothing
-happens at import. Averages come from the exact integer aggregates (no segment is read),
-aligned to whole buckets of the stream. Writes need the operator token; reads need the read
-token when one is set.
+happens at import. Averages come from the segments' exact integer sums
+(``zeal_server.sums``), aligned to whole buckets of the stream. Writes need the operator
+token; reads need the read token when one is set.
 """
 
 from __future__ import annotations

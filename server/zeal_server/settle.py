@@ -1,7 +1,7 @@
 """The store phase of ingest: one round of validated messages (``groups.Group``, each
 (device, sequence) at most once) stored in the lock order of every collector: dedup rows
 (``dedup``), then each stream's privacy ledger (``ledger``), then what the stored batches
-add to the aggregates, segments and device counters (``writes``, written at the end of the
+add to the segments and device counters (``writes``, written at the end of the
 transaction). Every message gets its outcome.
 """
 
@@ -84,7 +84,7 @@ class Round:
     def _settle(
         self, group: Group, generation: npt.NDArray[np.int64], stored: npt.NDArray[np.bool_]
     ) -> None:
-        """Outcomes, device counters and aggregates of one group: `generation` of each
+        """Outcomes, device counters and segment parts of one group: `generation` of each
         batch (-1: a duplicate), `stored` whether it is in (within the policy)."""
         duplicate, reset = generation < 0, generation > 0
         counts = group.batches.counts

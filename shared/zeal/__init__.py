@@ -6,7 +6,7 @@ Public surface::
     Estimate                                  an average with its intervals
     audit(params) -> AuditReport              the privacy loss the sampler really realizes
     encode_batch / decode_batch -> Batch      wire format v2 (docs/wire-format.md)
-    exact_sum / exact_sum_squares             exact integer sums of codes (the store's aggregates)
+    exact_sum / exact_sum_squares             exact integer sums of codes (the store's sums)
     ZealError, ParameterError, ReadingError, CodeError, WireError, ZealWarning
 """
 

@@ -177,7 +177,7 @@ def test_tokens_guard_writes_and_reads(database_url: str) -> None:
         settings(database_url, ZEAL_MODE="production")
 
 
-def test_averages_are_exact_from_the_aggregates(client: TestClient) -> None:
+def test_averages_equal_the_library_on_the_stored_codes(client: TestClient) -> None:
     """/average, groups, series and compare equal the exact estimates of the stored codes."""
     create(client)
     rng = np.random.default_rng(5)

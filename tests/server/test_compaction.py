@@ -18,7 +18,7 @@ def test_two_collectors_compacting_one_bucket_at_once_merge_its_parts_once(
 ) -> None:
     """Collector A merges a bucket's parts and holds its transaction open for 2 s; collector
     B compacts the same bucket meanwhile. B waits for A's locks, finds the parts A merged
-    gone, and merges nothing: the segments still sum to the aggregates (before the parts
+    gone, and merges nothing: every reading is in the segments once (before the parts
     were locked, B merged them a second time, and every reading of the bucket was in its
     segments twice: found by the two-collector test's verify)."""
     engine = make_engine(postgres_url)

@@ -141,9 +141,10 @@ def from_rows(rows: list[tuple[int, str, float]], key: Any) -> compare.Partition
 
 
 def test_partition_statistics_equal_a_recomputation_from_export(client: TestClient) -> None:
-    """The route reads per-device and per-block aggregates; /export reads the segments. With
-    part of the window compacted, and a late batch in a compacted minute, both give the same
-    partitions: no reading lost or counted twice between them."""
+    """The route sums the segments per device and block (zeal_server.sums); /export decodes
+    them row by row (zeal_server.export). With part of the window compacted, and a late
+    batch in a compacted minute, both give the same partitions: no reading lost or counted
+    twice between them."""
     codes = fleet(client)
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
         stream = store.stream_by_name(session, "temps")

@@ -21,7 +21,7 @@ def test_collector_sigkill_five_times_loses_and_duplicates_nothing(
 ) -> None:
     """SIGKILL the collector at 5 random moments of a 60 s run of 100 devices (1,200
     readings each at 20/s); after each restart it catches up. Stored equals sent, each batch
-    once, and `zeal-server verify` finds the aggregates equal to the segments."""
+    once, and `zeal-server verify` finds every segment's sums equal to its readings."""
     server = Server(database_url, broker, tmp_path / "server.log").start()
     rng = random.Random(20261129)
     kills = sorted(rng.uniform(3, 55) for _ in range(5))
