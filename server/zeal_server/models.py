@@ -193,7 +193,9 @@ class Segment(_Sums, Base):
     last_bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     tag: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     encoding: Mapped[int] = mapped_column(SmallInteger)
-    data: Mapped[bytes] = mapped_column(LargeBinary)
+    #: Last: SQLite reads a column stored after a blob that overflows its page only by
+    #: reading the blob's overflow chain (revision 0008).
+    data: Mapped[bytes] = mapped_column(LargeBinary, sort_order=1)
 
 
 class Reject(Base):
