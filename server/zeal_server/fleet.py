@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from zeal import ParameterError
 from zeal.policy import DAY_MS, HOUR_MS
 from zeal.protocol import check_name
-from zeal_server.models import Device, DeviceDay, DeviceHour, DeviceTag, Stream
+from zeal_server.models import Device, DevicePeriod, DeviceTag, Stream
 from zeal_server.streams import StoreError, insert_for, now_ms
 
 __all__ = [
@@ -246,8 +246,10 @@ def readings_on_day(session: Session, device_ids: list[int], day: int) -> dict[i
     if not device_ids:
         return {}
     rows = session.execute(
-        select(DeviceDay.device_id, DeviceDay.readings).where(
-            DeviceDay.device_id.in_(device_ids), DeviceDay.day == day
+        select(DevicePeriod.device_id, DevicePeriod.readings).where(
+            DevicePeriod.device_id.in_(device_ids),
+            DevicePeriod.hours == 24,
+            DevicePeriod.period == day,
         )
     )
     return {int(d): int(n) for d, n in rows}
@@ -260,11 +262,12 @@ def hours_at_cap(session: Session, device_ids: list[int], day: int, cap: int) ->
         return set()
     first = day * (DAY_MS // HOUR_MS)
     rows = session.scalars(
-        select(DeviceHour.device_id).where(
-            DeviceHour.device_id.in_(device_ids),
-            DeviceHour.hour >= first,
-            DeviceHour.hour < first + DAY_MS // HOUR_MS,
-            DeviceHour.readings >= cap,
+        select(DevicePeriod.device_id).where(
+            DevicePeriod.device_id.in_(device_ids),
+            DevicePeriod.hours == 1,
+            DevicePeriod.period >= first,
+            DevicePeriod.period < first + DAY_MS // HOUR_MS,
+            DevicePeriod.readings >= cap,
         )
     )
     return {int(d) for d in rows}

@@ -22,7 +22,7 @@ from zeal_server.models import Device, Reject, Segment, Stream
 __all__ = ["database_bytes", "segment_totals", "stream_bytes"]
 
 #: Tables whose rows belong to devices (their bytes are shared by the devices' streams).
-_BY_DEVICE = ("devices", "device_tags", "device_days", "device_hours")
+_BY_DEVICE = ("devices", "device_tags", "device_periods")
 #: SQLite's sizes come from scanning every page (dbstat): kept this many seconds, while the
 #: file keeps its number of pages.
 _SQLITE_SECONDS = 60.0

@@ -3,7 +3,7 @@ day and per UTC hour of their timestamps, if every day and every hour stays with
 stream's policy, or nothing booked and the batch refused whole.
 
 ``charge`` books a transaction's batches of one stream together: one conditional upsert per
-table for all their (device, period) rows, each row the sum of the device's batches. A
+period length for all their (device, period) rows, each row the sum of the device's batches. A
 device's batches all fit when their sum does (a cap is a bound on a sum, so every prefix
 fits too). A device whose sum does not fit, or whose row another collector filled
 meanwhile, has what was booked for it taken back and its batches booked one by one in
@@ -11,7 +11,7 @@ their order (``charge_days``): exactly what booking them one by one from the sta
 The multi-row statements lock every row the device needs before any one-by-one booking
 (PostgreSQL locks a conflicting row even where the upsert's condition fails), so
 collectors sharing the database lock ledger rows in one order: stream (ingest takes them in
-topic order), then table (days, then hours), then (device, period).
+topic order), then period length (days, then hours), then (device, period).
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import delete
+from sqlalchemy import and_, delete, or_
 from sqlalchemy.orm import Session
 
 from zeal.policy import DAY_MS, HOUR_MS, tally
 from zeal.wirebatches import Batches
-from zeal_server.models import DeviceDay, DeviceHour
+from zeal_server.models import DevicePeriod
 from zeal_server.rawsql import Raw
 
 __all__ = ["charge", "charge_days", "prune"]
 
-#: (table, period length): the ledgers a reading is booked on, in their lock order.
+#: (kind, period length): the ledgers a reading is booked on, in their lock order.
 PERIODS = (("day", DAY_MS), ("hour", HOUR_MS))
 #: Periods (hours since 1970, of timestamps below 2**48 ms) are below this: a device id
 #: times it plus a period is one sortable key.
@@ -55,9 +55,7 @@ def charge(
         over = counts > cap
         rows = np.stack([keys // _SPAN, keys % _SPAN, np.where(over, 0, counts)], axis=1)
         devices, periods = rows[:, 0].tolist(), rows[:, 1].tolist()
-        written = raw.many(
-            session, f"charge_{kind}", ("did", "period", "n"), rows, {"allowed": cap}
-        )
+        written = raw.many(session, f"charge_{kind}", ("did", "start", "n"), rows, {"allowed": cap})
         applied = {(int(d), int(p)) for d, p in written}
         for device, period, count, too_many in zip(
             devices, periods, counts.tolist(), over.tolist(), strict=True
@@ -71,7 +69,7 @@ def charge(
         return charged
     for kind, device, period, count in booked:
         if device in refused:
-            raw.first(session, f"uncharge_{kind}", {"did": device, "period": period, "n": count})
+            raw.first(session, f"uncharge_{kind}", {"did": device, "start": period, "n": count})
     run = lambda name, row: raw.first(session, name, row)  # noqa: E731
     for i in np.flatnonzero(np.isin(device_ids, list(refused))).tolist():
         stamps = batches.timestamps[batches.starts[i] : batches.starts[i + 1]]
@@ -100,10 +98,10 @@ def charge_days(
     done: list[tuple[str, int, int]] = []
     for kind, pairs, cap in plan:
         for period, count in pairs:
-            row = {"did": device_id, "period": period, "n": count, "allowed": cap}
+            row = {"did": device_id, "start": period, "n": count, "allowed": cap}
             if run(f"charge_{kind}", row) is None:
                 for done_kind, done_period, k in done:  # the batch is refused whole
-                    run(f"uncharge_{done_kind}", {"did": device_id, "period": done_period, "n": k})
+                    run(f"uncharge_{done_kind}", {"did": device_id, "start": done_period, "n": k})
                 return False
             done.append((kind, period, count))
     return True
@@ -112,5 +110,8 @@ def charge_days(
 def prune(session: Session, horizon_ms: int) -> None:
     """Delete the days and hours that end at or before `horizon_ms`: no batch stamped in them
     is accepted any more, so their counts can no longer decide one."""
-    session.execute(delete(DeviceDay).where(DeviceDay.day < horizon_ms // DAY_MS))
-    session.execute(delete(DeviceHour).where(DeviceHour.hour < horizon_ms // HOUR_MS))
+    behind = [
+        and_(DevicePeriod.hours == size // HOUR_MS, DevicePeriod.period < horizon_ms // size)
+        for _, size in PERIODS
+    ]
+    session.execute(delete(DevicePeriod).where(or_(*behind)))

@@ -31,8 +31,7 @@ from zeal_server.compaction import chunk_rows, compact, delete_rows
 from zeal_server.models import (
     BatchSeen,
     Device,
-    DeviceDay,
-    DeviceHour,
+    DevicePeriod,
     DeviceTag,
     Segment,
     Stream,
@@ -141,8 +140,7 @@ def delete_device_data(session: Session, stream: Stream, device: Device) -> int:
                 _rewrite(session, stream, row, columns.take(~theirs))
     session.execute(delete(BatchSeen).where(BatchSeen.device_id == device.id))
     session.execute(delete(DeviceTag).where(DeviceTag.device_id == device.id))
-    session.execute(delete(DeviceDay).where(DeviceDay.device_id == device.id))
-    session.execute(delete(DeviceHour).where(DeviceHour.device_id == device.id))
+    session.execute(delete(DevicePeriod).where(DevicePeriod.device_id == device.id))
     session.execute(delete(Device).where(Device.id == device.id))
     return readings
 

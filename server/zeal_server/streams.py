@@ -29,8 +29,7 @@ from zeal_server.errors import ServerError
 from zeal_server.models import (
     BatchSeen,
     Device,
-    DeviceDay,
-    DeviceHour,
+    DevicePeriod,
     DeviceTag,
     Installation,
     Reject,
@@ -214,8 +213,7 @@ def delete_stream(session: Session, stream: Stream) -> int:
     devices = select(Device.id).where(Device.stream_id == stream.id).scalar_subquery()
     session.execute(delete(BatchSeen).where(BatchSeen.device_id.in_(devices)))
     session.execute(delete(DeviceTag).where(DeviceTag.device_id.in_(devices)))
-    session.execute(delete(DeviceDay).where(DeviceDay.device_id.in_(devices)))
-    session.execute(delete(DeviceHour).where(DeviceHour.device_id.in_(devices)))
+    session.execute(delete(DevicePeriod).where(DevicePeriod.device_id.in_(devices)))
     session.execute(delete(Segment).where(Segment.stream_id == stream.id))
     session.execute(delete(Device).where(Device.stream_id == stream.id))
     session.execute(delete(Reject).where(Reject.stream == stream.name))

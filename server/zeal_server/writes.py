@@ -19,6 +19,7 @@ from sqlalchemy import (
     bindparam,
     func,
     insert,
+    literal_column,
     update,
 )
 from sqlalchemy.orm import Session
@@ -28,8 +29,7 @@ from zeal.wirebatches import Batches
 from zeal_server.models import (
     BatchSeen,
     Device,
-    DeviceDay,
-    DeviceHour,
+    DevicePeriod,
     Reject,
     Segment,
 )
@@ -95,6 +95,18 @@ class Writes:
         counted[1] = when
 
 
+#: The privacy ledger's key: (device, the period's length in hours, the period's number).
+LEDGER_KEY = ["device_id", "hours", "period"]
+
+
+def _ledger(name: str) -> tuple[Table, Any]:
+    """The ledger table and the period length (hours, as SQL text: the write path's
+    compiled statements take only their named parameters) a ``charge_*``/``uncharge_*``
+    statement books on."""
+    hours: Any = literal_column("1" if name.endswith("hour") else "24")
+    return typing.cast(Table, DevicePeriod.__table__), hours
+
+
 def build_statement(session: Session, name: str) -> Any:
     """A core statement of the write path, with bound parameters, for the session's
     dialect (Ingest compiles each once per dialect and keeps it)."""
@@ -120,23 +132,27 @@ def build_statement(session: Session, name: str) -> Any:
             )
         )
     elif name.startswith(("charge", "uncharge")):  # charge_day, uncharge_hour, ...
-        ledger = typing.cast(Table, (DeviceHour if name.endswith("hour") else DeviceDay).__table__)
-        period = ledger.c.hour if name.endswith("hour") else ledger.c.day
+        ledger, hours = _ledger(name)
         if name.startswith("uncharge"):
             return (
                 update(ledger)
-                .where(ledger.c.device_id == bindparam("did"), period == bindparam("period"))
+                .where(
+                    ledger.c.device_id == bindparam("did"),
+                    ledger.c.hours == hours,
+                    ledger.c.period == bindparam("start"),
+                )
                 .values(readings=ledger.c.readings - bindparam("n"))
             )
         base = insert_(ledger).values(
             {
                 "device_id": bindparam("did"),
-                period.name: bindparam("period"),
+                "hours": hours,
+                "period": bindparam("start"),
                 "readings": bindparam("n"),
             }
         )
         stmt = base.on_conflict_do_update(
-            index_elements=["device_id", period.name],
+            index_elements=LEDGER_KEY,
             set_={"readings": ledger.c.readings + base.excluded.readings},
             where=ledger.c.readings + base.excluded.readings <= bindparam("allowed"),
         ).returning(ledger.c.readings)
@@ -172,23 +188,23 @@ def build_rows(session: Session, name: str, rows: int) -> Any:
             .returning(seen.c.device_id, seen.c.sequence)
         )
     if name in ("charge_day", "charge_hour"):
-        ledger = typing.cast(Table, (DeviceHour if name.endswith("hour") else DeviceDay).__table__)
-        period = ledger.c.hour if name.endswith("hour") else ledger.c.day
+        ledger, hours = _ledger(name)
         base = insert_(ledger).values(
             [
                 {
                     "device_id": bindparam(f"r{r}_did"),
-                    period.name: bindparam(f"r{r}_period"),
+                    "hours": hours,
+                    "period": bindparam(f"r{r}_start"),
                     "readings": bindparam(f"r{r}_n"),
                 }
                 for r in range(rows)
             ]
         )
         return base.on_conflict_do_update(
-            index_elements=["device_id", period.name],
+            index_elements=LEDGER_KEY,
             set_={"readings": ledger.c.readings + base.excluded.readings},
             where=ledger.c.readings + base.excluded.readings <= bindparam("allowed"),
-        ).returning(ledger.c.device_id, period)
+        ).returning(ledger.c.device_id, ledger.c.period)
     raise KeyError(name)
 
 

@@ -26,8 +26,7 @@ from zeal_server.db import make_engine, migrate, session_factory
 from zeal_server.models import (
     BatchSeen,
     Device,
-    DeviceDay,
-    DeviceHour,
+    DevicePeriod,
     Reject,
     Segment,
     Stream,
@@ -182,14 +181,9 @@ def contents(sessions: Any) -> dict[str, Any]:
                 )
                 for b in s.scalars(select(BatchSeen))
             ),
-            "days": sorted(
-                (dev[r.device_id], r.day, r.readings)
-                for r in s.scalars(select(DeviceDay))
-                if r.readings
-            ),
-            "hours": sorted(
-                (dev[r.device_id], r.hour, r.readings)
-                for r in s.scalars(select(DeviceHour))
+            "ledger": sorted(
+                (dev[r.device_id], r.hours, r.period, r.readings)
+                for r in s.scalars(select(DevicePeriod))
                 if r.readings
             ),
             "sums": limbs,

@@ -1,4 +1,4 @@
-"""An existing database converts in place (revisions 0007 and 0008) on SQLite and PostgreSQL: every
+"""An existing database converts in place (revisions 0007 to 0009) on SQLite and PostgreSQL: every
 figure the previous code served from it is served again to the last bit, before and after
 compaction turns its rows into chunks, and `verify` passes; a database whose aggregates
 disagree with its segments is refused and left as it was.
@@ -108,8 +108,16 @@ def test_a_0006_database_converts_in_place_and_serves_the_same_figures(
     export), verify clean, the old tables gone; then new batches are stored as usual."""
     engine = load_0006(database_url)
     before, after = migrate(engine)
-    assert (before, after) == ("0006", "0008")
-    assert {"aggregates", "bucket_totals"}.isdisjoint(inspect(engine).get_table_names())
+    assert (before, after) == ("0006", "0009")
+    old = {"aggregates", "bucket_totals", "device_days", "device_hours"}
+    assert old.isdisjoint(inspect(engine).get_table_names())
+    with engine.connect() as connection:  # 0009: the ledger's days and hours in one table
+        ledger = connection.execute(text("SELECT * FROM device_periods")).all()
+    assert sorted(tuple(row) for row in ledger) == sorted(
+        (d, hours, p, n)
+        for table, hours in (("device_days", 24), ("device_hours", 1))
+        for d, p, n in FIXTURE["tables"][table]["rows"]
+    )
     if engine.dialect.name == "sqlite":  # 0008: SUM over the sums reads no overflow pages
         assert [c["name"] for c in inspect(engine).get_columns("segments")][-1] == "data"
     expected = FIXTURE["answers"]

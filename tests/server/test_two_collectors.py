@@ -133,9 +133,12 @@ def test_two_transactions_meeting_the_same_devices_in_opposite_orders_do_not_dea
         class Paused(rawsql.Raw):
             """Collector A: after its first ledger row, waits (at most 3 s) for B."""
 
+            waited = False
+
             def _run(self, session: Any, sql: str, values: Any) -> list[Any]:
                 done = super()._run(session, sql, values)
-                if "device_days" in sql:
+                if "device_periods" in sql and not self.waited:
+                    self.waited = True
                     b_started.wait(3)
                 return done
 
@@ -145,7 +148,7 @@ def test_two_transactions_meeting_the_same_devices_in_opposite_orders_do_not_dea
 
             def _run(self, session: Any, sql: str, values: Any) -> list[Any]:
                 done = super()._run(session, sql, values)
-                if "device_days" in sql:
+                if "device_periods" in sql:
                     b_started.set()
                 return done
 
