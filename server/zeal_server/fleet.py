@@ -248,7 +248,7 @@ def readings_on_day(session: Session, device_ids: list[int], day: int) -> dict[i
     rows = session.execute(
         select(DevicePeriod.device_id, DevicePeriod.readings).where(
             DevicePeriod.device_id.in_(device_ids),
-            DevicePeriod.hours == 24,
+            DevicePeriod.hours == DAY_MS // HOUR_MS,
             DevicePeriod.period == day,
         )
     )

@@ -95,16 +95,25 @@ class Writes:
         counted[1] = when
 
 
-#: The privacy ledger's key: (device, the period's length in hours, the period's number).
-LEDGER_KEY = ["device_id", "hours", "period"]
+#: The privacy ledger, keyed by (device, the period's length in hours, the period's number).
+_LEDGER = typing.cast(Table, DevicePeriod.__table__)
 
 
-def _ledger(name: str) -> tuple[Table, Any]:
-    """The ledger table and the period length (hours, as SQL text: the write path's
-    compiled statements take only their named parameters) a ``charge_*``/``uncharge_*``
-    statement books on."""
-    hours: Any = literal_column("1" if name.endswith("hour") else "24")
-    return typing.cast(Table, DevicePeriod.__table__), hours
+def _hours(name: str) -> Any:
+    """The period length (hours) a ``charge_*``/``uncharge_*`` statement books on, as SQL
+    text: the write path's compiled statements take only their named parameters."""
+    return literal_column("1" if name.endswith("hour") else "24")
+
+
+def _charge(insert_: Any, values: Any) -> Any:
+    """The conditional upsert that books ledger rows `values`: a row's readings grow only
+    while they stay within the ``allowed`` parameter, else the row is left as it was."""
+    base = insert_(_LEDGER).values(values)
+    return base.on_conflict_do_update(
+        index_elements=["device_id", "hours", "period"],
+        set_={"readings": _LEDGER.c.readings + base.excluded.readings},
+        where=_LEDGER.c.readings + base.excluded.readings <= bindparam("allowed"),
+    )
 
 
 def build_statement(session: Session, name: str) -> Any:
@@ -132,30 +141,23 @@ def build_statement(session: Session, name: str) -> Any:
             )
         )
     elif name.startswith(("charge", "uncharge")):  # charge_day, uncharge_hour, ...
-        ledger, hours = _ledger(name)
         if name.startswith("uncharge"):
             return (
-                update(ledger)
+                update(_LEDGER)
                 .where(
-                    ledger.c.device_id == bindparam("did"),
-                    ledger.c.hours == hours,
-                    ledger.c.period == bindparam("start"),
+                    _LEDGER.c.device_id == bindparam("did"),
+                    _LEDGER.c.hours == _hours(name),
+                    _LEDGER.c.period == bindparam("start"),
                 )
-                .values(readings=ledger.c.readings - bindparam("n"))
+                .values(readings=_LEDGER.c.readings - bindparam("n"))
             )
-        base = insert_(ledger).values(
-            {
-                "device_id": bindparam("did"),
-                "hours": hours,
-                "period": bindparam("start"),
-                "readings": bindparam("n"),
-            }
-        )
-        stmt = base.on_conflict_do_update(
-            index_elements=LEDGER_KEY,
-            set_={"readings": ledger.c.readings + base.excluded.readings},
-            where=ledger.c.readings + base.excluded.readings <= bindparam("allowed"),
-        ).returning(ledger.c.readings)
+        row = {
+            "device_id": bindparam("did"),
+            "hours": _hours(name),
+            "period": bindparam("start"),
+            "readings": bindparam("n"),
+        }
+        stmt = _charge(insert_, row).returning(_LEDGER.c.readings)
     elif name == "segments":
         stmt = insert(typing.cast(Table, Segment.__table__))
     elif name == "reject":
@@ -188,23 +190,16 @@ def build_rows(session: Session, name: str, rows: int) -> Any:
             .returning(seen.c.device_id, seen.c.sequence)
         )
     if name in ("charge_day", "charge_hour"):
-        ledger, hours = _ledger(name)
-        base = insert_(ledger).values(
-            [
-                {
-                    "device_id": bindparam(f"r{r}_did"),
-                    "hours": hours,
-                    "period": bindparam(f"r{r}_start"),
-                    "readings": bindparam(f"r{r}_n"),
-                }
-                for r in range(rows)
-            ]
-        )
-        return base.on_conflict_do_update(
-            index_elements=LEDGER_KEY,
-            set_={"readings": ledger.c.readings + base.excluded.readings},
-            where=ledger.c.readings + base.excluded.readings <= bindparam("allowed"),
-        ).returning(ledger.c.device_id, ledger.c.period)
+        values = [
+            {
+                "device_id": bindparam(f"r{r}_did"),
+                "hours": _hours(name),
+                "period": bindparam(f"r{r}_start"),
+                "readings": bindparam(f"r{r}_n"),
+            }
+            for r in range(rows)
+        ]
+        return _charge(insert_, values).returning(_LEDGER.c.device_id, _LEDGER.c.period)
     raise KeyError(name)
 
 
