@@ -772,6 +772,7 @@ def write_report(res: Results, path: Path) -> None:
             f"({s['average_group_ms']:.1f} ms for a group of half the devices).",
         ]
     lines += ["", *embedded_section(HERE / "COMPARISON.md", COMPARISON_TITLE)]
+    lines += ["", *embedded_section(HERE / "VALIDITY.md", VALIDITY_TITLE)]
     lines += ["", *embedded_section(HERE / "BAYES.md", BAYES_TITLE)]
     lines += ["", *embedded_section(HERE / "STORE_FOOTPRINT.md", FOOTPRINT_TITLE)]
     lines += ["", *embedded_section(HERE / "GROUP_LATENCY.md", LATENCY_TITLE)]
@@ -787,6 +788,7 @@ def write_report(res: Results, path: Path) -> None:
 
 
 COMPARISON_TITLE = "## Group comparisons on simulated fleets (paper 003)"
+VALIDITY_TITLE = "## Validity of every comparison method on simulated fleets"
 BAYES_TITLE = "## Bayes estimates for small windows (paper 004)"
 FOOTPRINT_TITLE = "## The store all in: bytes per reading on disk"
 LATENCY_TITLE = "## Group queries over a month of a large fleet"

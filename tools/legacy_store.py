@@ -43,7 +43,7 @@ QUERIES: list[tuple[str, dict[str, Any]]] = [
     ("temps/compare", {"a": "site:north", "b": "site:south"}),
     ("temps/compare", {"a": "site:north", "b": "site:south", "method": "device_means"}),
     ("temps/compare", {"a": "site:north", "b": "site:south", "unit": "reading"}),
-    (
+    (  # withdrawn since (docs/comparison.md): the upgrade test expects a 422 for it
         "temps/compare",
         {"a": "site:north", "b": "site:south", "block_seconds": 1800, "method": "paired_blocks"},
     ),

@@ -14,7 +14,6 @@ from zeal_server import store
 __all__ = [
     "AverageOut",
     "CompareOut",
-    "ComparePlanOut",
     "DeletedOut",
     "DeviceOut",
     "DevicesOut",
@@ -22,7 +21,6 @@ __all__ = [
     "EstimateOut",
     "GroupOut",
     "PointOut",
-    "PreviewOut",
     "Problem",
     "SeriesOut",
     "StatsOut",
@@ -210,8 +208,13 @@ class CompareOut(BaseModel):
     mean_b: float | None
     unit: str = Field(description="device (the default) or reading")
     method: str = Field(
-        description="cluster, device_means, paired_blocks, trimmed, winsorized, censored "
-        "(with _blocks when block differences were used), or reading"
+        description="cluster, device_means, trimmed, winsorized, censored, or reading"
+    )
+    estimand: str = Field(
+        default="",
+        description="what difference estimates, in words; for trimmed, winsorized and "
+        "censored it says that it is not the difference of means unless device means are "
+        "symmetric",
     )
     difference: float | None = None
     std_error: float | None = None
@@ -223,7 +226,7 @@ class CompareOut(BaseModel):
     p_value: float | None = Field(default=None, description="two-sided test of equal means")
     confidence: float
     partitions: tuple[int, int] | None = Field(
-        default=None, description="independent units per group: devices or time blocks"
+        default=None, description="independent units per group: devices"
     )
     smallest: tuple[int, int] | None = Field(
         default=None, description="readings in each group's smallest partition"
@@ -233,26 +236,7 @@ class CompareOut(BaseModel):
     )
     warnings: list[str] = Field(
         default_factory=list,
-        description="few partitions, shared devices, autocorrelated blocks, or why there is "
-        "no inference",
-    )
-
-
-class ComparePlanOut(BaseModel):
-    """A planned device-level comparison of two groups (docs/comparison.md)."""
-
-    payload_bits: int
-    std_error: float = Field(description="standard error of the difference of the means")
-    df: float = Field(description="degrees of freedom of its t reference")
-    noise_variance: float = Field(description="Zeal's variance per reading, averaged")
-    effect: float
-    power: float = Field(description="probability of finding `effect` at level alpha")
-    alpha: float
-    target_power: float
-    detectable_effect: float = Field(description="smallest effect found with target_power")
-    power_from: str = Field(
-        description="how power was found: the t approximation, or a seeded simulation of the "
-        "test (shape=lognormal)"
+        description="few partitions, shared devices, or why there is no inference",
     )
 
 
@@ -343,40 +327,6 @@ class StatsOut(BaseModel):
     database_bytes: dict[str, int] = Field(description="the database figure, table by table")
     rejects: dict[str, int]
     efficiency: EfficiencyOut | None = Field(description="null until data is stored")
-
-
-class PreviewOut(BaseModel):
-    """What a stream with these parameters would be, before it is created."""
-
-    payload_bits: int
-    shared_bits: int
-    exponent: int
-    sampler: str
-    abar: float = Field(description="the addition constant Abar (paper Eq. (22))")
-    C: float = Field(description="the output bound C (paper Eq. (6))")
-    grid_step: float
-    realized_epsilon: float | None = Field(description="privacy loss the sampler realizes")
-    transmission_ratio: float = Field(description="TR, paper Eq. (27)")
-    n: int
-    confidence: float
-    std_error: float | None = Field(
-        description="worst-case standard error of the average of n readings "
-        "(null when it exceeds the float64 range, for astronomically wide ranges)"
-    )
-    guaranteed_half_width: float | None = Field(
-        description="half width of the guaranteed (Bernstein, Theorem 3) interval for n "
-        "readings (null when it exceeds the float64 range)"
-    )
-    max_epsilon_per_day: float = Field(description="the privacy policy previewed")
-    readings_per_day: int = Field(description="readings one device may send per UTC day")
-    readings_per_hour: int = Field(description="and per UTC hour (twice the day's even rate)")
-    epsilon_per_day: float | None = Field(
-        description="privacy loss per device per day at reading_every (null without it)"
-    )
-    within_policy: bool | None = Field(
-        description="whether a device reading every reading_every seconds stays within the "
-        "policy, day and hour (null without reading_every); beyond it, the agent skips"
-    )
 
 
 class StatusOut(BaseModel):

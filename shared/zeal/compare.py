@@ -9,53 +9,61 @@ codes is post-processing. Its statistics are what this module provides.
 
 Input is one row per partition: how many readings it holds and the sum of their decoded
 values (``Zeal.decode`` summed, or AVG* times n from exact code sums). Partitions are
-devices, or (for :func:`paired_blocks`) time blocks in which both groups were observed.
+devices: disjoint sets of readings, as paper 003's partitions are disjoint sets of
+individuals. (Time blocks holding the same devices are not: each device's effect enters
+every block, so block differences are not independent; the paired-blocks methods were
+withdrawn for that, docs/comparison.md.)
 
-Methods (each returns a :class:`Comparison`):
+Methods (each returns a :class:`Comparison`, which names its estimand):
 
 - :func:`cluster_weighted`: the reading-weighted mean difference, with a cluster-robust
   (device-level, CR1) standard error and Satterthwaite degrees of freedom;
 - :func:`device_means`: the difference of the mean of device means (Welch);
-- :func:`paired_blocks`: paper 003's z_j, the difference of the groups' means in time
-  block j, with a one-sample t on P - 1 degrees of freedom (Eq. (8)-(9): the PnoC data);
-- :func:`trimmed`: the device means of both groups cut at their pooled sample quantiles
-  (paper 003 Eqs. (26)-(27)), or the paired block differences trimmed (Yuen);
-- :func:`winsorized`: the winsorized means of the partition statistics (paper 003
-  Eqs. (22)-(25), Yuen's two-sample form for device means);
-- :func:`censored`: the normal MLE of the partition statistics doubly censored at their
-  sample quantiles (paper 003 Eq. (14)), its standard error from the observed
-  information.
+- :func:`trimmed`: the difference of the groups' trimmed means of device means (Yuen,
+  paper 003 Eqs. (26)-(27));
+- :func:`winsorized`: the difference of the groups' winsorized means of device means
+  (paper 003 Eqs. (22)-(25), Yuen's two-sample form);
+- :func:`censored`: the difference of the locations of normal fits to each group's device
+  means doubly censored at their sample quantiles (paper 003 Eq. (14)), the standard error
+  from the observed information.
+
+The robust methods cut k = round(P * proportion) of a group's P device means at each end
+(:func:`zeal.censored.censoring_count`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
-from zeal.censored import censored_normal_mle
+from zeal.censored import censored_normal_mle, censoring_count
 from zeal.errors import ParameterError
 from zeal.estimate import check_confidence
 from zeal.studentt import t_quantile, two_sided_p
 
 __all__ = [
+    "CENSORED_LEAST",
     "FEW_PARTITIONS",
     "Comparison",
     "Partitions",
     "censored",
     "cluster_weighted",
     "device_means",
-    "paired_blocks",
+    "estimand",
     "trimmed",
     "winsorized",
 ]
 
 #: Below this many partitions in a group, a comparison carries a warning.
 FEW_PARTITIONS: Final = 10
+#: The censored fit is offered from this many partitions per group: below it the observed
+#: information overstates the variance (by 15 % at 10 partitions) and the test rejects at
+#: 0.02-0.035 for a nominal 0.05 (bench/VALIDITY.md).
+CENSORED_LEAST: Final = 30
 _F64 = npt.NDArray[np.float64]
 
 
@@ -101,7 +109,34 @@ class Comparison:
     partitions: tuple[int, int]
     smallest: tuple[int, int]  # readings in each group's smallest partition
     median: tuple[float, float]  # and in its median partition
+    #: What `difference` estimates, in words (:func:`estimand`).
+    estimand: str = ""
     warnings: tuple[str, ...] = field(default=())
+
+
+def estimand(method: str, lower: float = 0.1, upper: float | None = None) -> str:
+    """What a method's `difference` estimates, in words, with whether it is the difference
+    of the groups' means (`lower`/`upper`: the robust methods' cut proportions)."""
+    upper = lower if upper is None else upper
+    cut = f"{lower:g}" if lower == upper else f"{lower:g} (low end), {upper:g} (high end)"
+    not_means = (
+        ": not the difference of the groups' means unless their device means are "
+        "symmetrically distributed"
+    )
+    return {
+        "reading": "difference of the groups' reading-weighted means (every reading as an "
+        "independent unit)",
+        "cluster": "difference of the groups' reading-weighted means (every reading counts "
+        "once; devices are the independent units)",
+        "device_means": "difference of the groups' means of device means (every device "
+        "counts once)",
+        "trimmed": f"difference of the groups' {cut}-trimmed means of device means{not_means}",
+        "winsorized": f"difference of the groups' {cut}-winsorized means of device means"
+        f"{not_means}",
+        "censored": "difference of the locations (mu) of normal distributions fitted to each "
+        f"group's device means censored at their {cut} sample quantiles{not_means} "
+        "(and normal)",
+    }[method]
 
 
 def _result(
@@ -113,11 +148,17 @@ def _result(
     confidence: float,
     groups: tuple[Partitions, Partitions],
     warnings: list[str],
+    described: str,
 ) -> Comparison:
     level = check_confidence(confidence)
-    se = math.sqrt(max(variance, 0.0))
+    if not (math.isfinite(variance) and variance > 0 and math.isfinite(estimate)):
+        raise ParameterError(
+            f"the {method} comparison has no finite, positive variance (every partition "
+            "statistic equal?): no standard error"
+        )
+    se = math.sqrt(variance)
     half = t_quantile(level, df) * se
-    p = two_sided_p(estimate / se, df) if se > 0 else (1.0 if estimate == 0 else 0.0)
+    p = two_sided_p(estimate / se, df)
     for name, group in zip("AB", groups, strict=True):
         if len(group) < FEW_PARTITIONS:
             warnings.append(
@@ -135,6 +176,7 @@ def _result(
         partitions=(len(groups[0]), len(groups[1])),
         smallest=(int(groups[0].counts.min()), int(groups[1].counts.min())),
         median=(float(np.median(groups[0].counts)), float(np.median(groups[1].counts))),
+        estimand=described,
         warnings=tuple(warnings),
     )
 
@@ -177,9 +219,9 @@ def device_means(
     """The mean of device means in each group (every device counts once), Welch's t."""
     _need(a, "A")
     _need(b, "B")
-    found_a, found_b = _one_sample(a.means), _one_sample(b.means)
+    found = [_one_sample(g.means) for g in (a, b)]
     return _difference(
-        "device_means", a, b, found_a, found_b, confidence=confidence, warnings=warnings
+        "device_means", a, b, found[0], found[1], confidence=confidence, warnings=warnings
     )
 
 
@@ -187,104 +229,23 @@ def _one_sample(z: _F64) -> tuple[float, float, float]:
     return float(z.mean()), float(np.var(z, ddof=1)) / z.size, z.size - 1.0
 
 
-def paired_blocks(
-    a: Partitions, b: Partitions, *, confidence: float = 0.95, warnings: list[str] | None = None
-) -> Comparison:
-    """Paper 003's partition statistic: z_j = mean of A minus mean of B in time block j
-    (rows of `a` and `b` are the same blocks), a one-sample t on P - 1 degrees of freedom.
-    Warns when the z_j are strongly autocorrelated at lag 1 (blocks too short to be
-    independent)."""
-    if len(a) != len(b):
-        raise ParameterError(
-            f"paired blocks need the same blocks in both groups ({len(a)}, {len(b)})"
-        )
-    _need(a, "A", 3)
-    z = a.means - b.means
-    estimate, variance, df = _one_sample(z)
-    notes = list(warnings or [])
-    rho = lag1_autocorrelation(z)
-    if rho > 0.5:
-        notes.append(
-            f"the block differences are autocorrelated (lag-1 r = {rho:.2f}): use longer "
-            "blocks, or the standard error is too small"
-        )
-    return _result(
-        "paired_blocks",
-        estimate,
-        variance,
-        df,
-        confidence=confidence,
-        groups=(a, b),
-        warnings=notes,
-    )
-
-
-def lag1_autocorrelation(z: _F64) -> float:
-    """The lag-1 autocorrelation of a series (0 for fewer than 3 values or no spread)."""
-    if z.size < 3:
-        return 0.0
-    centred = z - z.mean()
-    denominator = float(centred @ centred)
-    return float(centred[1:] @ centred[:-1]) / denominator if denominator > 0 else 0.0
-
-
-def _trim_count(size: int, proportion: float) -> int:
-    if not 0.0 <= proportion < 0.5:
-        raise ParameterError(f"the trimming proportion must be in [0, 0.5), got {proportion!r}")
-    return math.floor(proportion * size)
-
-
-def _winsorize(x: _F64, k: int) -> _F64:
-    ordered = np.sort(x)
-    if k == 0:
-        return ordered
-    return np.clip(ordered, ordered[k], ordered[-k - 1])
-
-
 def _yuen(x: _F64, proportion: float, *, trim: bool) -> tuple[float, float, float]:
     """(robust mean, its squared standard error, degrees of freedom) of one sample, with
-    k = floor(proportion * n) values cut or pulled in at each end, h = n - 2k kept and the
-    winsorized variance s_w**2 (paper 003 Eqs. (22)-(25)): Yuen's trimmed mean,
+    k = round(proportion * n) values cut or pulled in at each end, h = n - 2k kept and the
+    winsorized variance s_w**2 (paper 003 Eqs. (22)-(27)): Yuen's trimmed mean,
     (n - 1) s_w**2 / (h (h - 1)), or the winsorized mean, s_w**2 (n - 1)**2 / ((h - 1)**2 n);
     both on h - 1 degrees of freedom."""
     n = x.size
-    k = _trim_count(n, proportion)
+    k = censoring_count(n, proportion)
     h = n - 2 * k
     if h < 2:
-        raise ParameterError(f"cutting {proportion} of {n} partitions at each end leaves {h}")
+        raise ParameterError(f"cutting {k} of {n} partitions at each end leaves {h}")
     ordered = np.sort(x)
-    w = _winsorize(x, k)
+    w = np.clip(ordered, ordered[k], ordered[n - k - 1])
     spread = float(np.var(w, ddof=1))
     if trim:
         return float(ordered[k : n - k].mean()), (n - 1) * spread / (h * (h - 1)), h - 1.0
     return float(w.mean()), spread * (n - 1) ** 2 / ((h - 1) ** 2 * n), h - 1.0
-
-
-#: A one-sample estimator: values -> (centre, squared standard error, degrees of freedom).
-_OneSample = Callable[[_F64], tuple[float, float, float]]
-
-
-def _robust(
-    method: str,
-    a: Partitions,
-    b: Partitions,
-    estimator: _OneSample,
-    *,
-    paired: bool,
-    confidence: float,
-) -> Comparison:
-    """A one-sample estimator applied to the paired block differences, or to each group's
-    device means (the difference then has Satterthwaite's degrees of freedom)."""
-    if not paired:
-        found_a, found_b = estimator(a.means), estimator(b.means)
-        return _difference(method, a, b, found_a, found_b, confidence=confidence)
-    if len(a) != len(b):
-        raise ParameterError("paired blocks need the same blocks in both groups")
-    centre, variance, df = estimator(a.means - b.means)
-    groups = (a, b)
-    return _result(
-        f"{method}_blocks", centre, variance, df, confidence=confidence, groups=groups, warnings=[]
-    )
 
 
 def _difference(
@@ -296,83 +257,53 @@ def _difference(
     *,
     confidence: float,
     warnings: list[str] | None = None,
+    described: str | None = None,
 ) -> Comparison:
     """A minus B from each group's (centre, squared SE, df); Satterthwaite's df."""
     (ca, va, dfa), (cb, vb, dfb) = found_a, found_b
     df = _satterthwaite(va, dfa, vb, dfb)
-    notes = warnings or []
     return _result(
-        method, ca - cb, va + vb, df, confidence=confidence, groups=(a, b), warnings=notes
+        method,
+        ca - cb,
+        va + vb,
+        df,
+        confidence=confidence,
+        groups=(a, b),
+        warnings=list(warnings or []),
+        described=described or estimand(method),
     )
 
 
 def trimmed(
-    a: Partitions,
-    b: Partitions,
-    *,
-    proportion: float = 0.1,
-    paired: bool = False,
-    confidence: float = 0.95,
+    a: Partitions, b: Partitions, *, proportion: float = 0.1, confidence: float = 0.95
 ) -> Comparison:
-    """The trimmed mean of the partition statistics. Device means: the `proportion` largest
-    and smallest of both groups together are dropped, then each group's kept devices are
-    averaged (:func:`_cut_at_pooled_quantiles`). Paired block differences: the one-sample
-    trimmed mean with the winsorized variance (Yuen)."""
-
-    def estimator(x: _F64) -> tuple[float, float, float]:
-        return _yuen(x, proportion, trim=True)
-
-    if paired:
-        return _robust("trimmed", a, b, estimator, paired=True, confidence=confidence)
-    _need(a, "A")
-    _need(b, "B")
-    cut_a, cut_b = _cut_at_pooled_quantiles(a.means, b.means, proportion)
-    return _difference("trimmed", a, b, cut_a, cut_b, confidence=confidence)
-
-
-def _cut_at_pooled_quantiles(
-    xa: _F64, xb: _F64, proportion: float
-) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
-    """Each group's mean of the device means inside the cut points l and u, the pooled
-    sample quantiles of both groups' device means (k = floor(proportion * n) of the n
-    values outside at each end: paper 003's censoring of the partition statistics at their
-    sample quantiles, the uncensored ones kept, Eqs. (26)-(27)); its squared standard error
-    s_kept**2 / h and h - 1 degrees of freedom, h the group's kept devices.
-
-    One cut for both groups is what makes this robust: a faulty device takes one of the k
-    places at its end, and every genuine device of either group faces the same cut points,
-    so the groups stay comparable (cutting each group at its own quantiles keeps one more
-    genuine high device in the faulty group: docs/comparison.md). The standard error is
-    conditional on the cut points, which both groups share."""
-    pooled = np.sort(np.concatenate([xa, xb]))
-    k = _trim_count(pooled.size, proportion)
-    low, high = pooled[k], pooled[pooled.size - k - 1]
-    found = []
-    for name, x in (("A", xa), ("B", xb)):
-        kept = x[(x >= low) & (x <= high)]
-        if kept.size < 2:
-            raise ParameterError(
-                f"group {name} keeps {kept.size} device(s) inside the pooled cut points"
-            )
-        found.append((float(kept.mean()), float(np.var(kept, ddof=1)) / kept.size, kept.size - 1.0))
-    return found[0], found[1]
+    """Yuen's two-sample trimmed means: each group's device means with the k = round(P *
+    `proportion`) largest and smallest of its own P dropped, the winsorized variance
+    (paper 003 Eqs. (26)-(27)). Its estimand is the difference of the groups' trimmed
+    means, the difference of means only where device means are symmetric. (Cutting both
+    groups at pooled quantiles, as this did before, estimated neither: under a shift of
+    skewed device means it reported about half the shift.)"""
+    return _robust("trimmed", a, b, proportion, confidence)
 
 
 def winsorized(
-    a: Partitions,
-    b: Partitions,
-    *,
-    proportion: float = 0.1,
-    paired: bool = False,
-    confidence: float = 0.95,
+    a: Partitions, b: Partitions, *, proportion: float = 0.1, confidence: float = 0.95
 ) -> Comparison:
-    """The winsorized mean of the partition statistics: the `proportion` largest and
-    smallest are set to the nearest kept value."""
+    """The groups' winsorized means of device means: each group's k = round(P *
+    `proportion`) largest and smallest set to the nearest kept value (paper 003 Eqs.
+    (22)-(25), Yuen's variance)."""
+    return _robust("winsorized", a, b, proportion, confidence)
 
-    def estimator(x: _F64) -> tuple[float, float, float]:
-        return _yuen(x, proportion, trim=False)
 
-    return _robust("winsorized", a, b, estimator, paired=paired, confidence=confidence)
+def _robust(
+    method: str, a: Partitions, b: Partitions, proportion: float, confidence: float
+) -> Comparison:
+    """Yuen's two-sample form of the trimmed or winsorized means of device means."""
+    _need(a, "A")
+    _need(b, "B")
+    found = [_yuen(g.means, proportion, trim=method == "trimmed") for g in (a, b)]
+    described = estimand(method, proportion)
+    return _difference(method, a, b, found[0], found[1], confidence=confidence, described=described)
 
 
 def censored(
@@ -380,14 +311,23 @@ def censored(
     b: Partitions,
     *,
     proportion: float = 0.1,
-    paired: bool = False,
+    upper: float | None = None,
     confidence: float = 0.95,
 ) -> Comparison:
-    """The censored normal MLE of the partition statistics (device means per group, or the
-    paired block differences; :mod:`zeal.censored`), its standard error from the observed
-    information, and a t reference on the uncensored partitions less one."""
-
-    def estimator(x: _F64) -> tuple[float, float, float]:
-        return censored_normal_mle(x, proportion)
-
-    return _robust("censored", a, b, estimator, paired=paired, confidence=confidence)
+    """The censored normal MLE of each group's device means (:mod:`zeal.censored`): k_l =
+    round(P * `proportion`) censored at the low end and k_u = round(P * `upper`) at the high
+    end (`upper` defaults to `proportion`; paper 003's alpha and beta), the standard error
+    from the observed information, a t reference on the kept partitions less one. Offered
+    from CENSORED_LEAST partitions per group."""
+    _need(a, "A", CENSORED_LEAST)
+    _need(b, "B", CENSORED_LEAST)
+    found = [censored_normal_mle(g.means, proportion, upper) for g in (a, b)]
+    return _difference(
+        "censored",
+        a,
+        b,
+        found[0],
+        found[1],
+        confidence=confidence,
+        described=estimand("censored", proportion, upper),
+    )

@@ -4,6 +4,7 @@ Tree::
 
     ZealError                      base of everything the library raises on purpose
     ├── ParameterError (ValueError)  stream parameters that cannot be used
+    │   └── FitError                   a model that cannot be fitted to these data
     ├── ReadingError   (ValueError)  readings that cannot be perturbed (NaN, inf, wrong shape)
     └── CodeError      (ValueError)  codes or privatized floats that are not valid outputs
 
@@ -12,7 +13,7 @@ Tree::
 
 from __future__ import annotations
 
-__all__ = ["CodeError", "ParameterError", "ReadingError", "ZealError", "ZealWarning"]
+__all__ = ["CodeError", "FitError", "ParameterError", "ReadingError", "ZealError", "ZealWarning"]
 
 
 class ZealError(Exception):
@@ -21,6 +22,11 @@ class ZealError(Exception):
 
 class ParameterError(ZealError, ValueError):
     """Stream parameters are invalid or cannot be realized exactly."""
+
+
+class FitError(ParameterError):
+    """A statistical model cannot be fitted to the data given (a censored normal fit that
+    does not converge or has no positive definite information): no estimate, no error."""
 
 
 class ReadingError(ZealError, ValueError):

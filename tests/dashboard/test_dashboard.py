@@ -316,38 +316,34 @@ def shown_p(p_value: float) -> str:
 
 
 @pytest.mark.parametrize(
-    ("method", "blocks", "expected"),
+    ("method", "expected"),
     [
-        ("cluster", "", {"unit": "device", "method": "cluster"}),
-        ("device_means", "", {"method": "device_means"}),
-        ("trimmed", "", {"method": "trimmed"}),
-        ("censored", "", {"method": "censored"}),
-        ("paired_blocks", "1", {"method": "paired_blocks", "block_seconds": 1}),
-        ("winsorized", "2", {"method": "winsorized", "block_seconds": 2}),
-        ("reading", "", {"unit": "reading"}),
+        ("cluster", {"unit": "device", "method": "cluster"}),
+        ("device_means", {"method": "device_means"}),
+        ("trimmed", {"method": "trimmed"}),
+        ("censored", {"method": "censored"}),
+        ("winsorized", {"method": "winsorized"}),
+        ("reading", {"unit": "reading"}),
     ],
 )
 def test_comparison_panel_shows_the_api_figures_for_each_method(
-    page: Any, server: Server, method: str, blocks: str, expected: dict[str, Any]
+    page: Any, server: Server, method: str, expected: dict[str, Any]
 ) -> None:
-    """The operator picks the method (and time blocks); the panel shows the API's
-    difference, interval, p-value, method, degrees of freedom, units and warnings."""
+    """The operator picks the method; the panel shows the API's difference, interval,
+    p-value, method, estimand, degrees of freedom, units and warnings."""
     page.goto(server.origin + "/#/stream/temps?window=all&a=site:north&b=site:south")
     page.wait_for_function(
         "() => document.getElementById('compare-out').dataset.method === 'cluster'",
         timeout=15000,
     )
     page.select_option("#compare-method", method)
-    if blocks:
-        page.select_option("#compare-blocks", blocks)
     answer = server.get("/api/v1/streams/temps/compare", a="site:north", b="site:south", **expected)
     page.wait_for_function(
-        "m => { const o = document.getElementById('compare-out'); "
-        "return o.dataset.method === m && o.dataset.query.includes('block_seconds') === "
-        f"{json.dumps(bool(blocks))}; }}",
+        "m => document.getElementById('compare-out').dataset.method === m",
         arg=answer["method"],
         timeout=15000,
     )
+    assert text(page, "#compare-estimand") == answer["estimand"]
     data = page.eval_on_selector("#compare-out", "o => ({...o.dataset})")
     assert float(data["difference"]) == answer["difference"]
     assert float(data["p"]) == answer["p_value"]
@@ -365,11 +361,9 @@ def test_comparison_panel_shows_the_api_figures_for_each_method(
         return
     assert float(data["df"]) == answer["df"]
     assert text(page, "#compare-df") == f"{answer['df']:.1f}"
-    units = "blocks" if blocks else "devices"
     pa, pb = answer["partitions"]
-    assert text(page, "#compare-units") == f"{pa:,} / {pb:,} {units}"
-    if blocks == "1":  # eight or nine one-second blocks: the few-partitions warning shows
-        assert pa < 10
+    assert text(page, "#compare-units") == f"{pa:,} / {pb:,} devices"
+    if pa < 10:  # few devices: the few-partitions warning shows
         assert any("fewer than 10" in w for w in warnings)
     # The choice is kept in the address, so a reload shows the same comparison.
     assert f"method={method}" in page.url or method == "cluster"
@@ -473,15 +467,15 @@ def test_creating_a_stream_needs_the_operator_token(page: Any, server: Server) -
     page.fill("#epsilon", "0.5")
     page.fill("#max_epsilon_per_day", "12")
     page.fill("#reading_every", "600")
-    preview = server.get(
-        "/api/v1/preview",
-        lower=10,
-        upper=30,
-        epsilon=0.5,
-        n=10000,
-        max_epsilon_per_day=12,
-        reading_every=600,
-    )
+    asked = {
+        "lower": 10,
+        "upper": 30,
+        "epsilon": 0.5,
+        "n": 10000,
+        "max_epsilon_per_day": 12,
+        "reading_every": 600,
+    }
+    preview = server.get("/api/v1/preview", **asked)
     page.wait_for_function(
         f"() => document.getElementById('preview').dataset.payloadBits === "
         f"'{preview['payload_bits']}' && document.getElementById('preview').textContent"
@@ -495,6 +489,22 @@ def test_creating_a_stream_needs_the_operator_token(page: Any, server: Server) -
     shown = page.locator("#preview").inner_text()
     assert "Readings per device per day (policy)\n24\n… and per UTC hour\n2" in shown, shown
     assert "72.00 (over the policy: the excess is skipped)" in shown, shown
+
+    assert "Cap that skips readings\nboth the hour's and the day's" in shown, shown
+
+    # The fleet planner: 500 devices, hourly windows (docs/privacy.md, "Planning a fleet").
+    page.fill("#plan_devices", "500")
+    page.fill("#plan_interval", "3600")
+    planned = server.get("/api/v1/preview", **asked, devices=500, interval=3600)
+    windows, best = planned["windows"], planned["best"]
+    page.wait_for_function(
+        "() => document.getElementById('preview').textContent.includes('Planner at the best')",
+        timeout=10000,
+    )
+    shown = page.locator("#preview").inner_text()
+    assert f"windows no device fills\n{100 * windows['fleet_empty_share']:.1f} %" in shown, shown
+    assert f"standard error of a window's average\n{windows['std_error']:.4g}" in shown, shown
+    assert f"Planner at the best ε\nε {best['epsilon']:.6f}:" in shown, shown
 
     page.click("#create-button")
     message = page.locator("#create-message")

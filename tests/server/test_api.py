@@ -905,3 +905,40 @@ def test_a_stream_for_enrolled_devices_only_refuses_the_others(client: TestClien
     assert (stats["readings"], stats["rejects"]) == (5, {"not_enrolled": 1})
     names = [d["name"] for d in client.get("/api/v1/streams/temps/devices").json()["devices"]]
     assert names == ["dev0"]
+
+
+def test_preview_plans_a_fleets_hourly_windows_and_says_which_cap_binds(
+    client: TestClient,
+) -> None:
+    """The new user's question: 500 sensors on -20..50 reading every minute at the default
+    policy, hourly averages. /preview says both caps skip readings, 16 of 24 hours stay
+    empty, each covered hour's average has a standard error of sqrt(noise / 500), and a
+    smaller epsilon per reading serves the hours better; without the fleet's three figures
+    together it says which one is missing."""
+    query = {"lower": -20, "upper": 50, "epsilon": 1, "reading_every": 60}
+    plain = client.get("/api/v1/preview", params=query).json()
+    assert (plain["within_policy"], plain["binding"], plain["windows"]) == (False, "both", None)
+    answer = client.get(
+        "/api/v1/preview", params={**query, "devices": 500, "interval": 3600}
+    ).json()
+    windows, best = answer["windows"], answer["best"]
+    assert windows["binding"] == "both"
+    assert (windows["readings_per_day"], windows["readings_per_hour"]) == (8, 1)
+    assert windows["fleet_empty_share"] == pytest.approx(16 / 24)
+    assert windows["readings_per_window"] == [0.0, pytest.approx(1 / 3), 1.0]
+    noise = PARAMS_M20_50.variance(15.0)
+    assert windows["std_error"] == pytest.approx(math.sqrt(noise / 500), rel=1e-12)
+    assert windows["guaranteed_half_width"] > windows["std_error"]
+    assert windows["even_reading_every"] == 10_800
+    assert best["epsilon"] < 1
+    assert best["risk"] < windows["risk"]
+    assert best["fleet_empty_share"] < windows["fleet_empty_share"]
+    missing = client.get("/api/v1/preview", params={**query, "devices": 500})
+    assert missing.status_code == 422
+    assert "interval" in missing.text
+    off_clock = client.get("/api/v1/preview", params={**query, "devices": 5, "interval": 7})
+    assert off_clock.status_code == 422
+    assert "divide a day" in off_clock.text
+
+
+PARAMS_M20_50 = Zeal(lower=-20.0, upper=50.0, epsilon=1.0, max_epsilon_per_day=8.0)

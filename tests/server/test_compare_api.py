@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.server.test_api import PARAMS, T0, create, feed, operator_client
-from zeal import Zeal, compare
+from zeal import Zeal, compare, encode_batch
 from zeal.estimate import difference_of
 from zeal.plan import plan_comparison, zero_inflated
 from zeal_server import store
@@ -80,7 +81,6 @@ def test_devices_are_the_units_by_default_and_each_method_is_the_cores(
         ("device_means", compare.device_means),
         ("trimmed", compare.trimmed),
         ("winsorized", compare.winsorized),
-        ("censored", compare.censored),
     ):
         body = ask(client, method=name)
         assert body["difference"] == pytest.approx(method(a, b).difference, rel=1e-12), name
@@ -101,24 +101,38 @@ def test_unit_reading_keeps_the_reading_level_statistic(client: TestClient) -> N
     assert body["p_value"] == pytest.approx(old.p_value)
 
 
-def test_paired_time_blocks_compare_the_groups_minute_by_minute(client: TestClient) -> None:
-    codes = fleet(client)
-    body = ask(client, method="paired_blocks", block_seconds=60)
-    per_minute = [
-        [np.concatenate([codes[d][minute] for d in SITES[s]]) for minute in range(3)] for s in SITES
-    ]
-    a, b = (
-        compare.Partitions.of(
-            [m.size for m in site], [PARAMS.estimate_mean(m).mean * m.size for m in site]
-        )
-        for site in per_minute
+def test_paired_time_blocks_are_withdrawn_with_the_reason(client: TestClient) -> None:
+    """Time blocks hold the same devices, so their differences are not independent: the
+    method and its parameter answer 422 and say why, instead of a far too small error."""
+    fleet(client)
+    for query in ({"method": "paired_blocks", "block_seconds": 60}, {"method": "paired_blocks"}):
+        answer = client.get(URL, params={"a": "site:north", "b": "site:south", **query})
+        assert answer.status_code == 422, query
+        assert "withdrawn" in answer.text
+        assert "same devices" in answer.text
+    answer = client.get(
+        URL,
+        params={"a": "site:north", "b": "site:south", "method": "winsorized", "block_seconds": 60},
     )
-    expected = compare.paired_blocks(a, b)
-    assert body["method"] == "paired_blocks"
-    assert body["partitions"] == [3, 3]
-    assert body["df"] == 2
-    assert body["difference"] == pytest.approx(expected.difference, rel=1e-12)
-    assert body["std_error"] == pytest.approx(expected.std_error, rel=1e-9)
+    assert answer.status_code == 422
+    assert "withdrawn" in answer.text
+
+
+def test_every_answer_names_its_estimand(client: TestClient) -> None:
+    fleet(client)
+    for method, fragment in (
+        ("cluster", "reading-weighted means"),
+        ("device_means", "means of device means"),
+        ("trimmed", "0.1-trimmed means"),
+        ("winsorized", "0.1-winsorized means"),
+        ("censored", "0.1 (low end), 0.3 (high end) sample quantiles"),
+    ):
+        extra = {"proportion_upper": 0.3} if method == "censored" else {}
+        body = ask(client, method=method, **extra)
+        assert fragment in body["estimand"], (method, body["estimand"])
+        robust = method in ("trimmed", "winsorized", "censored")
+        assert ("not the difference of the groups' means" in body["estimand"]) == robust
+    assert "independent unit" in ask(client, unit="reading")["estimand"]
 
 
 def exported(client: TestClient) -> list[tuple[int, str, float]]:
@@ -166,20 +180,13 @@ def test_partition_statistics_equal_a_recomputation_from_export(client: TestClie
         ("cluster", compare.cluster_weighted),
         ("device_means", compare.device_means),
         ("trimmed", compare.trimmed),
+        ("winsorized", compare.winsorized),
     ):
         expected = method(a, b)
         found = ask(client, method=name)
         assert found["difference"] == pytest.approx(expected.difference, rel=1e-9), name
         assert found["std_error"] == pytest.approx(expected.std_error, rel=1e-9), name
         assert found["df"] == pytest.approx(expected.df, rel=1e-9), name
-    blocks = [from_rows(by_site[s], key=lambda r: r[0] // 60_000) for s in SITES]
-    assert [int(p.counts.sum()) for p in blocks] == [int(a.counts.sum()), int(b.counts.sum())]
-    paired = ask(client, method="paired_blocks", block_seconds=60)
-    expected = compare.paired_blocks(*blocks)
-    assert paired["partitions"] == [3, 3]
-    assert paired["smallest"] == [int(blocks[0].counts.min()), int(blocks[1].counts.min())]
-    assert paired["difference"] == pytest.approx(expected.difference, rel=1e-9)
-    assert paired["std_error"] == pytest.approx(expected.std_error, rel=1e-9)
 
 
 def test_bad_and_overlapping_requests_are_refused_with_the_reason(client: TestClient) -> None:
@@ -191,9 +198,8 @@ def test_bad_and_overlapping_requests_are_refused_with_the_reason(client: TestCl
     assert allowed.status_code == 200
     assert any("share 6" in w for w in allowed.json()["warnings"])
     for query, fragment in (
-        ({"method": "paired_blocks"}, "need block_seconds"),
-        ({"method": "paired_blocks", "block_seconds": 90}, "multiple of the stream's bucket"),
-        ({"method": "cluster", "block_seconds": 60}, "compares devices"),
+        ({"method": "cluster", "block_seconds": 60}, "withdrawn"),
+        ({"method": "trimmed", "proportion_upper": 0.2}, "censored only"),
         ({"method": "median"}, "Input should be"),
         ({"proportion": 0.5}, "less than 0.5"),
     ):
@@ -265,3 +271,46 @@ def test_the_planner_answers_what_zeal_plan_computes(client: TestClient) -> None
     assert bad.status_code == 422
     assert "above the range's lower end" in bad.text
     assert mean == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("upper", [1.0, 1e6])
+def test_every_method_answers_on_ranges_of_any_scale_and_never_fails(
+    client: TestClient, upper: float
+) -> None:
+    """35 devices per group on 0..1 and on 0..1e6, a third of them stuck at the range's
+    ends: every method answers 200 with a finite, positive standard error (the censored
+    fit as well: its standard error no longer depends on the scale), never 500."""
+    create(client, name="wide", upper=upper, payload_bits=None)
+    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+        stream = store.stream_by_name(session, "wide")
+        assert stream is not None
+        params = store.params_of(stream)
+    rng = np.random.default_rng(5)
+    ingest = store.Ingest()
+    for site in ("a", "b"):
+        for d in range(35):
+            device = f"{site}{d}"
+            level = (0.0, upper, float(rng.uniform(0.2, 0.8)) * upper)[d % 3]
+            readings = np.clip(rng.normal(level, 0.05 * upper, 30), 0, upper)
+            payload = encode_batch(
+                params,
+                stream="wide",
+                device=device,
+                sequence=0,
+                codes=params.perturb(readings, rng=rng),
+                timestamps=T0 + 1000 * np.arange(30),
+            )
+            with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+                found = ingest.add(session, f"zeal/v1/wide/{device}/up", payload, T0)
+            assert found.status == "stored", found
+            tags = {"tags": {"site": site}}
+            assert client.put(f"/api/v1/streams/wide/devices/{device}/tags", json=tags).is_success
+    for method in ("cluster", "device_means", "trimmed", "winsorized", "censored"):
+        answer = client.get(
+            "/api/v1/streams/wide/compare", params={"a": "site:a", "b": "site:b", "method": method}
+        )
+        assert answer.status_code == 200, (method, answer.text)
+        body = answer.json()
+        assert body["std_error"] is not None, (method, body["warnings"])
+        assert 0 < body["std_error"] < math.inf, method
+        assert body["ci"][0] < body["difference"] < body["ci"][1], method

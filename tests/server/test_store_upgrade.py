@@ -76,15 +76,28 @@ def load_0006(url: str, change: Any = None) -> Engine:
     return engine
 
 
+def withdrawn(query: dict[str, Any]) -> bool:
+    """Asked of the old code, but no longer served: paired time blocks (docs/comparison.md)."""
+    return query.get("method") == "paired_blocks"
+
+
 def answers(url: str) -> dict[str, Any]:
-    """The fixture's questions, answered by this code."""
+    """The fixture's questions, answered by this code. A comparison's `estimand` (added after
+    the fixture was written) is left out; a withdrawn question must answer 422 and is left
+    out too."""
     settings = ServerSettings.from_env({"ZEAL_DATABASE_URL": url, "ZEAL_MQTT_URL": "off"})
     out: dict[str, Any] = {}
     with TestClient(create_app(settings)) as client:
         for path, query in QUERIES:
             reply = client.get(f"/api/v1/streams/{path}", params=query)
+            if withdrawn(query):
+                assert reply.status_code == 422, reply.text
+                continue
             assert reply.status_code == 200, reply.text
-            out[json.dumps([path, query], sort_keys=True)] = reply.json()
+            body = reply.json()
+            if path.endswith("/compare"):
+                body.pop("estimand")
+            out[json.dumps([path, query], sort_keys=True)] = body
         for name in ("temps", "wide"):
             stats = client.get(f"/api/v1/streams/{name}/stats").json()
             out[f"{name}/stats"] = {k: stats[k] for k in STATS}
@@ -120,7 +133,11 @@ def test_a_0006_database_converts_in_place_and_serves_the_same_figures(
     )
     if engine.dialect.name == "sqlite":  # 0008: SUM over the sums reads no overflow pages
         assert [c["name"] for c in inspect(engine).get_columns("segments")][-1] == "data"
-    expected = FIXTURE["answers"]
+    expected = {
+        key: answer
+        for key, answer in FIXTURE["answers"].items()
+        if not key.startswith("[") or not withdrawn(json.loads(key)[1])
+    }
     assert answers(database_url) == expected
     assert problems(engine) == []
 

@@ -12,7 +12,6 @@ const WINDOWS = { "1h": 3600, "1d": 86400, "1w": 604800 };
 const COMPARE_METHODS = [
   ["cluster", "Devices: reading-weighted, cluster-robust (default)"],
   ["device_means", "Devices: mean of device means (Welch)"],
-  ["paired_blocks", "Paired time blocks"],
   ["trimmed", "Trimmed mean (10 % each end)"],
   ["winsorized", "Winsorized mean (10 % each end)"],
   ["censored", "Censored normal MLE (10 % each end)"],
@@ -21,15 +20,13 @@ const COMPARE_METHODS = [
 const METHOD_NAMES = {
   cluster: "reading-weighted, cluster-robust",
   device_means: "mean of device means, Welch",
-  paired_blocks: "paired time blocks",
   trimmed: "trimmed device means (Yuen)",
   winsorized: "winsorized device means",
   censored: "censored normal MLE of device means",
-  trimmed_blocks: "trimmed block differences",
-  winsorized_blocks: "winsorized block differences",
-  censored_blocks: "censored normal MLE of block differences",
   reading: "readings as independent",
 };
+// Which of the policy's caps skip readings (GET /preview's binding).
+const CAP_NAMES = { none: "neither", hour: "the hour's", day: "the day's", both: "both the hour's and the day's" };
 const NICE_SECONDS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
   21600, 43200, 86400, 172800, 604800];
 const PAGE = 25;
@@ -296,8 +293,7 @@ function streamView(main, name, params) {
     group: params.get("group") || "",
     a: params.get("a") || "",
     b: params.get("b") || "",
-    method: params.get("method") || "cluster",
-    blocks: params.get("blocks") || "",
+    method: COMPARE_METHODS.some(([m]) => m === params.get("method")) ? params.get("method") : "cluster",
     sort: "name",
     descending: false,
     page: 0,
@@ -323,7 +319,6 @@ function streamView(main, name, params) {
   const groupB = el("select", { id: "group-b" });
   const methodSelect = el("select", { id: "compare-method" },
     ...COMPARE_METHODS.map(([value, text]) => el("option", { value, text })));
-  const blockSelect = el("select", { id: "compare-blocks" });
   const summary = el("div", { class: "figures", id: "summary" },
     figure("Average", "window-mean"),
     figure("95 % interval (normal)", "window-ci"),
@@ -340,6 +335,7 @@ function streamView(main, name, params) {
     figure("95 % interval of the difference", "compare-ci"),
     figure("p-value (equal means)", "compare-p"),
     figure("Method", "compare-method-out"),
+    figure("Estimand", "compare-estimand"),
     figure("Degrees of freedom", "compare-df"),
     figure("Independent units (A / B)", "compare-units"));
   const compareNote = el("p", { class: "muted", id: "compare-note" });
@@ -407,8 +403,7 @@ function streamView(main, name, params) {
       el("div", { class: "controls" },
         el("label", { for: "group-a" }, "Group A", groupA),
         el("label", { for: "group-b" }, "Group B", groupB),
-        el("label", { for: "compare-method" }, "Method", methodSelect),
-        el("label", { for: "compare-blocks" }, "Time blocks", blockSelect)),
+        el("label", { for: "compare-method" }, "Method", methodSelect)),
       compareOut, compareNote, compareWarnings, planBox),
     el("div", { class: "grid2" },
       el("section", { class: "card", "aria-labelledby": "efficiency-title" },
@@ -441,7 +436,7 @@ function streamView(main, name, params) {
   function keepInUrl() {
     const keep = { window: state.window, interval: state.interval === "auto" ? "" : state.interval,
       group: state.group, a: state.a, b: state.b,
-      method: state.method === "cluster" ? "" : state.method, blocks: state.blocks };
+      method: state.method === "cluster" ? "" : state.method };
     if (state.window === "custom") Object.assign(keep, { start: state.start, end: state.end });
     history.replaceState(null, "", `#/stream/${encodeURIComponent(name)}${query(keep)}`);
   }
@@ -479,26 +474,6 @@ function streamView(main, name, params) {
       intervalSelect.append(el("option", { value: state.interval, text: describeDuration(Number(state.interval)) }));
       intervalSelect.value = state.interval;
     }
-  }
-
-  function fillBlocks() {
-    // Time blocks for the paired and robust methods: multiples of the stream's bucket.
-    const bucket = stream.bucket_seconds;
-    const lengths = [...new Set([bucket, ...NICE_SECONDS.filter((x) => x % bucket === 0)])];
-    blockSelect.replaceChildren(el("option", { value: "", text: "None: devices are the units" }),
-      ...lengths.map((s) => el("option", { value: String(s), text: describeDuration(s) })));
-    if (state.method === "paired_blocks" && !state.blocks) state.blocks = String(bucket);
-    blockSelect.value = state.blocks;
-    methodSelect.value = state.method;
-    syncBlocks();
-  }
-
-  function syncBlocks() {
-    // Device-level methods take no blocks; paired blocks need them; the robust methods
-    // take either.
-    const devicesOnly = ["cluster", "device_means", "reading"].includes(state.method);
-    blockSelect.disabled = devicesOnly;
-    blockSelect.options[0].disabled = state.method === "paired_blocks";
   }
 
   function fillGroups() {
@@ -699,7 +674,7 @@ function streamView(main, name, params) {
     const mine = ++compareAsked;
     if (!state.a || !state.b) {
       for (const id of ["compare-a", "compare-b", "compare-diff", "compare-ci", "compare-p",
-        "compare-method-out", "compare-df", "compare-units"]) set(id, "–");
+        "compare-method-out", "compare-estimand", "compare-df", "compare-units"]) set(id, "–");
       compareWarnings.replaceChildren();
       for (const key of Object.keys(compareOut.dataset)) delete compareOut.dataset[key];
       compareNote.textContent = groups.length
@@ -709,9 +684,8 @@ function streamView(main, name, params) {
     }
     const bounds = windowBounds();
     const reading = state.method === "reading";
-    const blocks = ["cluster", "device_means", "reading"].includes(state.method) ? "" : state.blocks;
     const asked = { a: state.a, b: state.b, start: bounds.start, end: bounds.end,
-      unit: reading ? "reading" : "", method: reading ? "" : state.method, block_seconds: blocks };
+      unit: reading ? "reading" : "", method: reading ? "" : state.method };
     const out = await api(`${streamPath(name)}/compare${query(asked)}`);
     if (mine !== compareAsked) return;
     compareOut.dataset.query = query(asked);
@@ -720,9 +694,10 @@ function streamView(main, name, params) {
     compareOut.dataset.method = out.method;
     compareOut.dataset.df = out.df === null ? "" : String(out.df);
     set("compare-method-out", METHOD_NAMES[out.method] || out.method);
+    set("compare-estimand", out.estimand || "–");
     set("compare-df", out.df === null ? "∞ (normal)" : fmt(out.df, 1));
     set("compare-units", out.partitions
-      ? `${fmtInt(out.partitions[0])} / ${fmtInt(out.partitions[1])} ${out.method.endsWith("blocks") ? "blocks" : "devices"}`
+      ? `${fmtInt(out.partitions[0])} / ${fmtInt(out.partitions[1])} devices`
       : (reading ? `${fmtInt(out.n_a)} / ${fmtInt(out.n_b)} readings` : "–"));
     compareWarnings.replaceChildren(...out.warnings.map((w) => el("li", { text: w })));
     set("compare-a", out.mean_a === null ? "–" : `${withUnit(fmt(out.mean_a), stream.unit)} (n ${fmtInt(out.n_a)})`);
@@ -852,14 +827,8 @@ function streamView(main, name, params) {
   groupB.addEventListener("change", () => { state.b = groupB.value; changed(); });
   methodSelect.addEventListener("change", () => {
     state.method = methodSelect.value;
-    if (state.method === "paired_blocks" && !state.blocks) {
-      state.blocks = String(stream.bucket_seconds);
-      blockSelect.value = state.blocks;
-    }
-    syncBlocks();
     changed();
   });
-  blockSelect.addEventListener("change", () => { state.blocks = blockSelect.value; changed(); });
   let planTimer = null;
   const planSoon = () => { clearTimeout(planTimer); planTimer = setTimeout(() => loadPlan(), 250); };
   planForm.addEventListener("input", planSoon);
@@ -874,7 +843,7 @@ function streamView(main, name, params) {
       if (!stream) {
         stream = await api(streamPath(name));
         fillIntervals();
-        fillBlocks();
+        methodSelect.value = state.method;
         const range = stream.upper - stream.lower;  // a first guess the operator replaces
         document.getElementById("plan-between").value = String(Number((range / 10).toPrecision(3)));
         document.getElementById("plan-within").value = String(Number((range / 5).toPrecision(3)));
@@ -1019,6 +988,8 @@ function createView(main) {
     field("max_epsilon_per_day", "Privacy policy: ε per device per UTC day", { type: "number", step: "any", min: "0", required: true, value: "8" }),
     field("reading_every", "Seconds between a device's readings (for the preview)", { type: "number", step: "any", min: "0.001", placeholder: "60" }),
     field("preview_n", "Readings in an average (for the preview)", { type: "number", min: "1", step: "1", value: "10000" }),
+    field("plan_devices", "Devices in the fleet (for the planner)", { type: "number", min: "1", step: "1", placeholder: "500" }),
+    field("plan_interval", "Window of an average, seconds (for the planner)", { type: "number", min: "1", step: "1", placeholder: "3600" }),
     el("label", { for: "description", class: "wide" }, "Description",
       el("input", { id: "description", name: "description", maxlength: "500" })),
     el("div", { class: "wide" },
@@ -1044,6 +1015,10 @@ function createView(main) {
     const params = { lower: value("lower"), upper: value("upper"), epsilon: value("epsilon"),
       payload_bits: value("payload_bits"), n: value("preview_n") || 10000,
       max_epsilon_per_day: value("max_epsilon_per_day"), reading_every: value("reading_every") };
+    // The fleet planner needs all three: devices, a reading's spacing and the window.
+    if (value("plan_devices") && value("plan_interval") && value("reading_every")) {
+      Object.assign(params, { devices: value("plan_devices"), interval: value("plan_interval") });
+    }
     try {
       const p = await api(`${API}/preview${query(params)}`);
       if (mine !== asked) return;
@@ -1064,6 +1039,19 @@ function createView(main) {
       if (p.epsilon_per_day !== null) {
         rows.push(["ε per device per day at that rate",
           `${fmt(p.epsilon_per_day, 2)} (${p.within_policy ? "within the policy" : "over the policy: the excess is skipped"})`]);
+        rows.push(["Cap that skips readings", CAP_NAMES[p.binding] || p.binding]);
+      }
+      for (const [plan, label] of [[p.windows, "this ε"], [p.best, "the best ε"]]) {
+        if (!plan) continue;
+        const share = (x) => `${fmt(100 * x, 1)} %`;
+        rows.push(
+          [`Planner at ${label}`, `ε ${fmt(plan.epsilon, 6)}: ${fmtInt(plan.readings_per_day)} a day, ${fmtInt(plan.readings_per_hour)} an hour`],
+          ["… windows no device fills", share(plan.fleet_empty_share)],
+          ["… a device's readings per window", `${fmt(plan.readings_per_window[1], 2)} (${fmt(plan.readings_per_window[0], 2)} – ${fmt(plan.readings_per_window[2], 2)})`],
+          ["… standard error of a window's average", plan.std_error === null ? "no window has a reading" : plan.std_error.toPrecision(4)],
+          ["… guaranteed ± of the sparsest window", plan.guaranteed_half_width === null ? "–" : plan.guaranteed_half_width.toPrecision(4)],
+        );
+        if (label === "this ε") rows.push(["… a reading every (s) fills every hour", fmt(plan.even_reading_every, 0)]);
       }
       preview.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
       preview.dataset.payloadBits = String(p.payload_bits);

@@ -9,9 +9,11 @@ from typing import Annotated, Literal
 import numpy as np
 from fastapi import APIRouter, Query
 
+from zeal import ParameterError, Zeal
 from zeal.estimate import bernstein_half_width
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY, MAX_EPSILON_PER_DAY
 from zeal.protocol import EXPONENT
+from zeal.windowplan import Fleet, WindowPlan, best_epsilon, plan_windows
 from zeal_server import store
 from zeal_server.bayesian import (
     BayesModel,
@@ -44,7 +46,8 @@ from zeal_server.deps import (
 )
 from zeal_server.influence import without_implausible
 from zeal_server.models import Stream
-from zeal_server.schemas import AverageOut, PointOut, PreviewOut, SeriesOut
+from zeal_server.previews import PreviewOut, WindowPlanOut
+from zeal_server.schemas import AverageOut, PointOut, SeriesOut
 
 __all__ = ["router"]
 
@@ -58,7 +61,14 @@ def preview(
     epsilon: Epsilon,
     payload_bits: PayloadBits = None,
     exponent: Annotated[int | None, Query(ge=EXPONENT[0], le=EXPONENT[1])] = None,
-    n: Annotated[int, Query(ge=1, le=10**15, description="readings averaged")] = 10_000,
+    n: Annotated[
+        int,
+        Query(
+            ge=1,
+            le=10**15,
+            description="readings in the average: all devices' readings in a window together",
+        ),
+    ] = 10_000,
     confidence: Confidence = 0.95,
     max_epsilon_per_day: Annotated[
         float,
@@ -72,10 +82,35 @@ def preview(
             description="seconds between two readings of one device (at most 1,000 a second)",
         ),
     ] = None,
+    devices: Annotated[
+        int | None,
+        Query(ge=1, le=10**7, description="devices in the fleet (with reading_every, interval)"),
+    ] = None,
+    interval: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=366 * 86_400,
+            description="seconds per window averaged, on the UTC clock as /series's interval: "
+            "a divisor of a day or whole days (with devices, reading_every)",
+        ),
+    ] = None,
+    mean: Annotated[
+        float | None,
+        Query(description="typical reading, for the noise (default: the middle of the range)"),
+    ] = None,
+    sd: Annotated[
+        float,
+        Query(ge=0, le=1e15, description="spread of the readings, for the noise"),
+    ] = 0.0,
 ) -> PreviewOut:
     """The derived parameters of a stream, the error of an average of n readings, and the
     privacy loss per device and day: what the policy allows, and what a device reading
-    every `reading_every` seconds would spend."""
+    every `reading_every` seconds would spend. With `devices` and `interval` too, the
+    fleet's windows (docs/privacy.md, "Planning a fleet"): what each holds under the day's
+    and the hour's caps, which cap binds, how many windows stay empty, the standard error
+    and guaranteed half width of a window's average, and the same at the epsilon per
+    reading that serves the windows best."""
     try:
         params = store.derive_params(
             lower,
@@ -92,7 +127,41 @@ def preview(
     variance = params.variance_bound()
     std_error = math.sqrt(variance / n)
     half = bernstein_half_width(confidence, n=n, variance=variance, bound=params.error_bound())
+    asked = (devices, interval)
+    if any(v is not None for v in asked) and (reading_every is None or None in asked):
+        raise invalid(
+            "query",
+            "devices" if devices is None else "interval" if interval is None else "reading_every",
+            "a fleet's windows need devices, reading_every and interval together",
+        )
+    windows = best = None
+    if devices is not None and interval is not None and reading_every is not None:
+        fleet = Fleet(devices, reading_every, interval, mean=mean, sd=sd, confidence=confidence)
+
+        def make(epsilon: float) -> Zeal:
+            try:
+                return store.derive_params(
+                    lower, upper, epsilon, payload_bits, max_epsilon_per_day=max_epsilon_per_day
+                )
+            except store.StoreError as exc:
+                raise ParameterError(str(exc)) from exc
+
+        try:
+            windows = plan_windows(params, fleet)
+            best = best_epsilon(make, max_epsilon_per_day, fleet)
+        except ParameterError as exc:
+            raise invalid("query", None, str(exc)) from exc
+    binding = None
+    if daily is not None and hourly is not None:
+        over_day = daily > (params.readings_per_day or 0)
+        over_hour = hourly > (params.readings_per_hour or 0)
+        binding = {(False, False): "none", (True, False): "day", (False, True): "hour"}.get(
+            (over_day, over_hour), "both"
+        )
     return PreviewOut(
+        binding=binding,
+        windows=None if windows is None else window_out(windows),
+        best=None if best is None else window_out(best),
         payload_bits=params.payload_bits,
         shared_bits=params.shared_bits,
         exponent=params.exponent,
@@ -113,6 +182,27 @@ def preview(
         within_policy=None
         if daily is None or hourly is None
         else daily <= (params.readings_per_day or 0) and hourly <= (params.readings_per_hour or 0),
+    )
+
+
+def window_out(plan: WindowPlan) -> WindowPlanOut:
+    return WindowPlanOut(
+        epsilon=plan.epsilon,
+        readings_per_day=plan.readings_per_day,
+        readings_per_hour=plan.readings_per_hour,
+        attempted_per_day=plan.attempted_per_day,
+        sent_per_day=plan.sent_per_day,
+        dropped_by_hour=plan.dropped_by_hour,
+        dropped_by_day=plan.dropped_by_day,
+        binding=plan.binding,
+        readings_per_window=plan.per_window,
+        empty_share=plan.empty_share,
+        fleet_empty_share=plan.fleet_empty_share,
+        std_error=plan.std_error,
+        worst_std_error=plan.worst_std_error,
+        guaranteed_half_width=plan.guaranteed_half_width,
+        even_reading_every=plan.even_reading_every,
+        risk=plan.risk,
     )
 
 

@@ -1,5 +1,5 @@
-"""Two device groups compared (``zeal.compare``): devices, or time blocks, are the
-independent units; readings only when asked (``unit=reading``). And the planner of such a
+"""Two device groups compared (``zeal.compare``): devices are the independent units;
+readings only when asked (``unit=reading``). And the planner of such a
 comparison (``zeal.plan``)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from fastapi import APIRouter, Query
 
 from zeal import ParameterError, Zeal
 from zeal import compare as methods
+from zeal.errors import FitError
 from zeal.estimate import difference_of
 from zeal.plan import plan_comparison, zero_inflated
 from zeal_server import store
 from zeal_server.deps import (
     API,
-    MAX_POINTS,
     READ,
     Confidence,
     Db,
@@ -30,14 +30,16 @@ from zeal_server.deps import (
     stream_or_404,
     window,
 )
-from zeal_server.models import Stream
-from zeal_server.schemas import CompareOut, ComparePlanOut
+from zeal_server.previews import ComparePlanOut
+from zeal_server.schemas import CompareOut
 
 __all__ = ["router"]
 
 router = APIRouter()
 
-Method = Literal["cluster", "device_means", "paired_blocks", "trimmed", "winsorized", "censored"]
+Method = Literal["cluster", "device_means", "trimmed", "winsorized", "censored"]
+#: Withdrawn: time blocks hold the same devices, so their differences are not independent.
+WITHDRAWN = "paired_blocks"
 
 
 Rows = tuple[list[int], list[int]]  # readings and exact sums of codes, per partition
@@ -47,24 +49,6 @@ def _partitions(params: Zeal, rows: Rows) -> methods.Partitions:
     """Readings and decoded sums (AVG* times n, from the exact code sums) per partition."""
     counts, codes = rows
     return methods.Partitions.of(counts, params.decoded_sums(counts, codes))
-
-
-def _blocks(
-    db: Db, stream: Stream, span: tuple[int, int], per: int, groups: list[store.Devices]
-) -> tuple[Rows, Rows]:
-    """Per time block of `per` buckets, each group's sums, for blocks both groups have."""
-    first, stop = span
-    if (stop - first) / per > MAX_POINTS:
-        raise invalid("query", "block_seconds", f"more than {MAX_POINTS} blocks")
-    a, b = (
-        store.series_sums(db, stream, first, stop, buckets_per_point=per, device_ids=g)
-        for g in groups
-    )
-    both = sorted(set(a) & set(b))
-    return ([a[k].n for k in both], [a[k].sum_codes for k in both]), (
-        [b[k].n for k in both],
-        [b[k].sum_codes for k in both],
-    )
 
 
 @router.get(f"{API}/streams/{{name}}/compare", dependencies=READ, response_model=CompareOut)
@@ -84,28 +68,61 @@ def compare(
         ),
     ] = "device",
     method: Annotated[
-        Method,
+        Method | Literal["paired_blocks"],
         Query(
             description="cluster: reading-weighted means, device-level cluster-robust "
             "standard error (default); device_means: mean of device means, Welch; "
-            "paired_blocks: differences of the groups' means per time block (needs "
-            "block_seconds); trimmed, winsorized, censored: robust means of the device "
-            "means, or of the block differences when block_seconds is given"
+            "trimmed, winsorized, censored: robust means of each group's device means "
+            "(their estimand is named in the answer). paired_blocks was withdrawn (422): "
+            "its time blocks hold the same devices, so they are not independent"
         ),
     ] = "cluster",
     block_seconds: Annotated[
         int | None,
-        Query(ge=1, description="time blocks for paired methods (a multiple of the bucket)"),
+        Query(
+            ge=1,
+            description="withdrawn with paired_blocks (422 when given): time blocks of the "
+            "same devices are not independent units",
+        ),
     ] = None,
     proportion: Annotated[
-        float, Query(ge=0, lt=0.5, description="share cut at each end (robust methods)")
+        float,
+        Query(
+            ge=0,
+            lt=0.5,
+            description="share of each group's device means cut at each end (robust "
+            "methods; with censored and proportion_upper, at the low end): round(P * "
+            "proportion) of P",
+        ),
     ] = 0.1,
+    proportion_upper: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            lt=0.5,
+            description="censored only: share censored at the high end (paper 003's beta; "
+            "default: proportion)",
+        ),
+    ] = None,
     allow_overlap: Annotated[
         bool, Query(description="compare groups that share devices (refused otherwise)")
     ] = False,
 ) -> CompareOut:
     """Difference of two device groups' averages (A minus B) with its standard error,
     degrees of freedom, CI and two-sided p-value, by the chosen method (docs/comparison.md)."""
+    if method == WITHDRAWN or block_seconds is not None:
+        raise invalid(
+            "query",
+            "block_seconds" if block_seconds is not None else "method",
+            "paired time blocks were withdrawn: every block holds the same devices, so each "
+            "device's effect enters every block difference and the standard error is far too "
+            "small (docs/comparison.md); compare devices with method=cluster, device_means, "
+            "trimmed, winsorized or censored",
+        )
+    if proportion_upper is not None and method != "censored":
+        raise invalid(
+            "query", "proportion_upper", "proportion_upper applies to method=censored only"
+        )
     stream = stream_or_404(db, name)
     first, stop = window(stream, start, end)
     params = store.params_of(stream)
@@ -133,6 +150,11 @@ def compare(
         confidence=confidence,
         unit=unit,
         method="reading" if reading else method,
+        estimand=methods.estimand(
+            "reading" if reading else method,
+            proportion,
+            proportion_upper if method == "censored" else None,
+        ),
         warnings=[f"groups {a} and {b} share {len(shared)} device(s)"] if shared else [],
     )
     if reading:
@@ -142,33 +164,11 @@ def compare(
             out.difference, out.std_error = found.difference, found.std_error
             out.ci, out.p_value = found.ci, found.p_value
         return out
-    if block_seconds is not None and method in ("cluster", "device_means"):
-        raise invalid(
-            "query",
-            "method",
-            f"method {method} compares devices; with block_seconds use paired_blocks, "
-            "trimmed, winsorized or censored",
-        )
-    if block_seconds is not None or method == "paired_blocks":
-        if block_seconds is None or block_seconds % stream.bucket_seconds:
-            raise invalid(
-                "query",
-                "block_seconds",
-                f"paired blocks need block_seconds, a multiple of the stream's bucket "
-                f"({stream.bucket_seconds} s)",
-            )
-        span = store.closed_window(db, stream, first, stop) or (first, first)
-        per = block_seconds // stream.bucket_seconds
-        rows = _blocks(db, stream, span, per, groups)
-    else:
-        rows = (
-            (per_device[0].counts, per_device[0].sum_codes),
-            (
-                per_device[1].counts,
-                per_device[1].sum_codes,
-            ),
-        )
-    return _fill(out, method, rows, params, paired=block_seconds is not None, proportion=proportion)
+    rows = (
+        (per_device[0].counts, per_device[0].sum_codes),
+        (per_device[1].counts, per_device[1].sum_codes),
+    )
+    return _fill(out, method, rows, params, proportion=(proportion, proportion_upper))
 
 
 def _fill(
@@ -177,27 +177,28 @@ def _fill(
     rows: tuple[Rows, Rows],
     params: Zeal,
     *,
-    paired: bool,
-    proportion: float,
+    proportion: tuple[float, float | None],
 ) -> CompareOut:
     """The comparison of the partitions, or the reason there is none (a warning)."""
+    level = out.confidence
     try:
         pa, pb = (_partitions(params, r) for r in rows)
         if method == "cluster":
-            found = methods.cluster_weighted(pa, pb, confidence=out.confidence)
+            found = methods.cluster_weighted(pa, pb, confidence=level)
         elif method == "device_means":
-            found = methods.device_means(pa, pb, confidence=out.confidence)
-        elif method == "paired_blocks":
-            found = methods.paired_blocks(pa, pb, confidence=out.confidence)
+            found = methods.device_means(pa, pb, confidence=level)
+        elif method == "censored":
+            low, high = proportion
+            found = methods.censored(pa, pb, proportion=low, upper=high, confidence=level)
         else:
-            robust = {"trimmed": methods.trimmed, "winsorized": methods.winsorized}
-            found = robust.get(method, methods.censored)(
-                pa, pb, proportion=proportion, paired=paired, confidence=out.confidence
-            )
+            robust = methods.trimmed if method == "trimmed" else methods.winsorized
+            found = robust(pa, pb, proportion=proportion[0], confidence=level)
+    except FitError as exc:
+        raise invalid("query", "method", f"no {method} comparison: {exc}") from exc
     except ParameterError as exc:
         out.warnings.append(f"no {method} comparison: {exc}")
         return out
-    out.method = found.method
+    out.method, out.estimand = found.method, found.estimand
     out.difference, out.std_error, out.df = found.difference, found.std_error, found.df
     out.ci, out.p_value = found.ci, found.p_value
     out.partitions, out.smallest, out.median = found.partitions, found.smallest, found.median

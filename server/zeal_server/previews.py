@@ -1,0 +1,117 @@
+"""Response models of the planners: ``GET /preview`` (a stream's parameters, its policy,
+and a fleet's windows: zeal.windowplan) and ``GET /preview/compare`` (a comparison's
+power: zeal.plan)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+__all__ = ["ComparePlanOut", "PreviewOut", "WindowPlanOut"]
+
+
+class ComparePlanOut(BaseModel):
+    """A planned device-level comparison of two groups (docs/comparison.md)."""
+
+    payload_bits: int
+    std_error: float = Field(description="standard error of the difference of the means")
+    df: float = Field(description="degrees of freedom of its t reference")
+    noise_variance: float = Field(description="Zeal's variance per reading, averaged")
+    effect: float
+    power: float = Field(description="probability of finding `effect` at level alpha")
+    alpha: float
+    target_power: float
+    detectable_effect: float = Field(description="smallest effect found with target_power")
+    power_from: str = Field(
+        description="how power was found: the t approximation, or a seeded simulation of the "
+        "test (shape=lognormal)"
+    )
+
+
+class WindowPlanOut(BaseModel):
+    """A fleet's windows under the policy (zeal.windowplan): counts are per device and UTC
+    day, averaged over the devices' phases."""
+
+    epsilon: float
+    readings_per_day: int = Field(description="the policy's cap per device and UTC day")
+    readings_per_hour: int = Field(description="and per UTC hour")
+    attempted_per_day: float = Field(description="readings a device takes per day")
+    sent_per_day: float = Field(description="readings a device sends within the caps")
+    dropped_by_hour: float = Field(description="readings skipped: their UTC hour was full")
+    dropped_by_day: float = Field(description="readings skipped: their UTC day was full")
+    binding: str = Field(description="which caps skip readings: none, hour, day or both")
+    readings_per_window: tuple[float, float, float] = Field(
+        description="a device's readings per window: the least, the mean and the most over "
+        "the day's windows"
+    )
+    empty_share: float = Field(description="share of windows a device leaves without reading")
+    fleet_empty_share: float = Field(
+        description="share of windows no device gives a reading: they have no average"
+    )
+    std_error: float | None = Field(
+        description="standard error of a window's average, over the windows that hold "
+        "readings (Zeal's noise at the typical reading)"
+    )
+    worst_std_error: float | None = Field(description="of the window with the fewest readings")
+    guaranteed_half_width: float | None = Field(
+        description="guaranteed (Bernstein) half width of that window's interval"
+    )
+    even_reading_every: float = Field(
+        description="seconds between readings that spread the day's allowance over 24 hours"
+    )
+    risk: float = Field(
+        description="mean squared error of a window's average over the day's windows, a "
+        "window without readings counting as a guess at the middle of the range"
+    )
+
+
+class PreviewOut(BaseModel):
+    """What a stream with these parameters would be, before it is created."""
+
+    payload_bits: int
+    shared_bits: int
+    exponent: int
+    sampler: str
+    abar: float = Field(description="the addition constant Abar (paper Eq. (22))")
+    C: float = Field(description="the output bound C (paper Eq. (6))")
+    grid_step: float
+    realized_epsilon: float | None = Field(description="privacy loss the sampler realizes")
+    transmission_ratio: float = Field(description="TR, paper Eq. (27)")
+    n: int = Field(
+        description="readings in the average previewed: all devices' readings in a window "
+        "together (with devices, reading_every and interval, see windows instead)"
+    )
+    confidence: float
+    std_error: float | None = Field(
+        description="worst-case standard error of the average of n readings "
+        "(null when it exceeds the float64 range, for astronomically wide ranges)"
+    )
+    guaranteed_half_width: float | None = Field(
+        description="half width of the guaranteed (Bernstein, Theorem 3) interval for n "
+        "readings (null when it exceeds the float64 range)"
+    )
+    max_epsilon_per_day: float = Field(description="the privacy policy previewed")
+    readings_per_day: int = Field(description="readings one device may send per UTC day")
+    readings_per_hour: int = Field(description="and per UTC hour (twice the day's even rate)")
+    epsilon_per_day: float | None = Field(
+        description="privacy loss per device per day at reading_every (null without it)"
+    )
+    within_policy: bool | None = Field(
+        description="whether a device reading every reading_every seconds stays within the "
+        "policy, day and hour (null without reading_every); beyond it, the agent skips"
+    )
+    binding: str | None = Field(
+        default=None,
+        description="which caps skip readings of a device reading every reading_every "
+        "seconds: none, hour, day or both (null without reading_every)",
+    )
+    windows: WindowPlanOut | None = Field(
+        default=None,
+        description="with devices, reading_every and interval: what each window of the "
+        "fleet holds at this epsilon, and what its average is worth",
+    )
+    best: WindowPlanOut | None = Field(
+        default=None,
+        description="the same at the epsilon per reading that serves the windows best under "
+        "the policy (the least mean squared error of a window's average, a window without "
+        "readings counting as a guess at the middle of the range)",
+    )

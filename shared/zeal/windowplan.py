@@ -1,0 +1,224 @@
+"""Planning a fleet's window averages under a privacy policy: what an operator asks before
+the devices are out ("500 sensors, a reading a minute, the default policy: what is an
+hour's average worth?").
+
+A device reads every ``reading_every`` seconds at its own phase and sends each reading
+while its UTC hour holds fewer than ``readings_per_hour`` and its UTC day fewer than
+``readings_per_day`` (zeal.policy; the agent skips the rest, and the collector would refuse
+them). So the caps bind first come, first served: a device reading more often than its
+day's allowance spread evenly fills the early hours of each UTC day and leaves the rest
+empty, and every device does so in the same hours.
+
+The average of a window is the mean of the privatized readings the window holds, from all
+devices; its only error is Zeal's noise, whose variance averaged over readings with mean
+``mean`` and standard deviation ``sd`` is ``Zeal.variance(mean) + sd**2 / (s - 1)``,
+s = exp(epsilon / 2) (quadratic in the reading: paper 001, Theorem 2, Eq. (14); as in
+zeal.plan). A window with n readings then has the standard error sqrt(noise / n), and the
+guaranteed half-width of the Bernstein bound with the mechanism's variance bound
+(zeal.estimate.bernstein_half_width).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+
+from zeal.errors import ParameterError
+from zeal.estimate import bernstein_half_width
+from zeal.mechanism import Zeal
+from zeal.policy import MICRO, cap_micro
+
+__all__ = ["DAY_SECONDS", "Fleet", "WindowPlan", "best_epsilon", "plan_windows"]
+
+DAY_SECONDS: Final = 86_400
+HOUR_SECONDS: Final = 3_600
+#: Device phases a day is simulated at (devices read at their own phase).
+PHASES: Final = 16
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The fleet planned: `devices` reading every `reading_every` seconds, averaged in
+    windows of `interval` seconds on the UTC clock; `mean` and `sd` describe the readings
+    (default: the middle of the range, no spread), for Zeal's noise."""
+
+    devices: int
+    reading_every: float
+    interval: int
+    mean: float | None = None
+    sd: float = 0.0
+    confidence: float = 0.95
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """What a fleet's windows hold, per device and together, and what their averages are
+    worth. Counts are per device and UTC day, averaged over the devices' phases."""
+
+    epsilon: float
+    devices: int
+    reading_every: float
+    interval: int
+    readings_per_day: int  # the policy's caps at this epsilon
+    readings_per_hour: int
+    attempted_per_day: float  # readings a device takes
+    sent_per_day: float  # readings a device sends within the caps
+    dropped_by_hour: float  # readings skipped because their hour was full
+    dropped_by_day: float  # readings skipped because their day was full
+    binding: str  # "none", "hour", "day" or "both": which caps skip readings
+    per_window: tuple[float, float, float]  # readings per device and window: least, mean, most
+    empty_share: float  # share of a device's windows that hold none of its readings
+    fleet_empty_share: float  # share of windows that hold no reading of any device
+    noise_variance: float  # Zeal's variance per reading, averaged over the readings
+    std_error: float | None  # of a covered window's average, averaged over the covered windows
+    worst_std_error: float | None  # of the covered window with the fewest readings
+    guaranteed_half_width: float | None  # of that window, at `confidence`
+    confidence: float
+    even_reading_every: float  # reading this seldom spreads the day's allowance over 24 hours
+    #: The mean squared error of a window's average over the day's windows: noise / n for a
+    #: window with n readings, (upper - lower)**2 / 12 for one with none (a guess at the
+    #: middle of the range, readings spread evenly over it).
+    risk: float
+
+
+def _check(fleet: Fleet) -> None:
+    devices, reading_every, interval = fleet.devices, fleet.reading_every, fleet.interval
+    if fleet.sd < 0 or not math.isfinite(fleet.sd):
+        raise ParameterError(f"sd must be finite and non-negative, got {fleet.sd!r}")
+    if devices < 1:
+        raise ParameterError(f"devices must be at least 1, got {devices}")
+    if not (math.isfinite(reading_every) and 1 <= reading_every <= DAY_SECONDS):
+        raise ParameterError(
+            f"a fleet's windows are planned for reading_every in [1, 86400] seconds, got "
+            f"{reading_every!r}"
+        )
+    if interval < 1 or (DAY_SECONDS % interval and interval % DAY_SECONDS):
+        raise ParameterError(
+            f"the window ({interval} s) must divide a day or be whole days: windows are on "
+            "the UTC clock"
+        )
+
+
+def _day(
+    reading_every: float, per_day: int, per_hour: int, interval: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per phase: (readings taken, skipped at the hour cap, skipped at the day cap) in one
+    UTC day, and readings per window of the day (phases x windows)."""
+    windows = max(DAY_SECONDS // interval, 1)
+    slots = math.ceil(DAY_SECONDS / reading_every)
+    phases = PHASES if slots <= 10_000 else 4  # readings of a second: few phases differ
+    taken, by_hour, by_day = (np.zeros(phases) for _ in range(3))
+    counts = np.zeros((phases, windows))
+    for p in range(phases):
+        t = (p + 0.5) / phases * reading_every + reading_every * np.arange(slots)
+        t = t[t < DAY_SECONDS]
+        hour = (t // HOUR_SECONDS).astype(np.int64)
+        first = np.searchsorted(hour, hour)  # index of each reading's hour's first reading
+        fits_hour = np.arange(t.size) - first < per_hour
+        fits_day = np.cumsum(fits_hour) <= per_day
+        sent = fits_hour & fits_day
+        taken[p], by_hour[p], by_day[p] = t.size, (~fits_hour).sum(), (fits_hour & ~fits_day).sum()
+        if interval >= DAY_SECONDS:
+            counts[p, 0] = sent.sum() * (interval // DAY_SECONDS)
+        else:
+            counts[p] = np.bincount((t[sent] // interval).astype(np.int64), minlength=windows)
+    return taken, by_hour, by_day, counts
+
+
+def plan_windows(params: Zeal, fleet: Fleet) -> WindowPlan:
+    """The plan of `fleet` under the policy of `params` (its ``max_epsilon_per_day``; none:
+    no caps)."""
+    _check(fleet)
+    devices, reading_every, interval = fleet.devices, fleet.reading_every, fleet.interval
+    mean, sd, confidence = fleet.mean, fleet.sd, fleet.confidence
+    attempted = DAY_SECONDS / reading_every
+    per_day = params.readings_per_day or math.ceil(attempted)
+    per_hour = params.readings_per_hour or per_day
+    taken, by_hour, by_day, counts = _day(reading_every, per_day, per_hour, interval)
+    hour_drops, day_drops = float(by_hour.mean()), float(by_day.mean())
+    binding = {(False, False): "none", (True, False): "hour", (False, True): "day"}.get(
+        (hour_drops > 0, day_drops > 0), "both"
+    )
+    centre = (params.lower + params.upper) / 2 if mean is None else float(mean)
+    s = math.exp(params.epsilon / 2)
+    noise = params.variance(centre) + sd * sd / (s - 1)
+    per_window = counts.mean(axis=0)  # a device's readings per window, over its phases
+    # a window holds no reading of any device if each misses it: the share of phases that
+    # miss it, to the power of the devices (their phases independent)
+    missed = (counts == 0).mean(axis=0)
+    fleet_empty = float((missed**devices).mean())
+    covered = per_window > 0
+    guess = (params.upper - params.lower) ** 2 / 12
+    with np.errstate(divide="ignore"):
+        risk = np.where(covered, noise / (devices * per_window), guess)
+    risk = risk * (1 - missed**devices) + guess * missed**devices
+    std_error = worst = half = None
+    if covered.any():
+        n = devices * per_window[covered]
+        errors = np.sqrt(noise / n)
+        std_error, worst = float(errors.mean()), float(errors.max())
+        fewest = max(math.floor(n.min()), 1)
+        half = bernstein_half_width(
+            confidence, n=fewest, variance=params.variance_bound(), bound=params.error_bound()
+        )
+    return WindowPlan(
+        epsilon=params.epsilon,
+        devices=devices,
+        reading_every=reading_every,
+        interval=interval,
+        readings_per_day=per_day,
+        readings_per_hour=per_hour,
+        attempted_per_day=float(taken.mean()),
+        sent_per_day=float(taken.mean() - by_hour.mean() - by_day.mean()),
+        dropped_by_hour=hour_drops,
+        dropped_by_day=day_drops,
+        binding=binding,
+        per_window=(float(per_window.min()), float(per_window.mean()), float(per_window.max())),
+        empty_share=float((counts == 0).mean()),
+        fleet_empty_share=fleet_empty,
+        noise_variance=noise,
+        std_error=std_error,
+        worst_std_error=worst,
+        guaranteed_half_width=half,
+        confidence=confidence,
+        even_reading_every=DAY_SECONDS / per_day,
+        risk=float(risk.mean()),
+    )
+
+
+def best_epsilon(
+    make: Callable[[float], Zeal], max_epsilon_per_day: float, fleet: Fleet, candidates: int = 40
+) -> WindowPlan:
+    """The epsilon per reading that serves the windows best under the policy
+    `max_epsilon_per_day`: the smallest mean squared error of a window's average over the
+    day's windows (``WindowPlan.risk``), where a window without any reading counts as a
+    guess at the middle of the range. A larger epsilon buys less noise per
+    reading and fewer readings a day; the candidates spend the day's cap exactly on 1, 2,
+    ... readings (up to those taken, on a geometric grid of `candidates`), each epsilon the
+    cap over the count in whole micro-epsilon. `make` builds the mechanism for an epsilon
+    (the stream's range and width; it may refuse one, which is then skipped)."""
+    _check(fleet)
+    cap = cap_micro(max_epsilon_per_day)
+    most = max(1, min(math.ceil(DAY_SECONDS / fleet.reading_every), cap))
+    counts = np.unique(np.geomspace(1, most, num=candidates).round().astype(np.int64))
+    best: WindowPlan | None = None
+    for count in counts.tolist():
+        epsilon = (cap // count) / MICRO
+        try:
+            params = make(epsilon)
+        except ParameterError:
+            continue
+        plan = plan_windows(params, fleet)
+        if plan.std_error is not None and (best is None or _better(plan, best)):
+            best = plan
+    if best is None:
+        raise ParameterError("no epsilon under this policy gives a window any reading")
+    return best
+
+
+def _better(plan: WindowPlan, than: WindowPlan) -> bool:
+    return plan.risk < than.risk
