@@ -37,7 +37,7 @@ from zeal.estimate import check_real
 from zeal.mechanism import Zeal
 from zeal.studentt import t_quantile, two_sided_p
 
-__all__ = ["SIMULATED_DEVICES", "Plan", "plan_comparison", "zero_inflated"]
+__all__ = ["SIMULATED_DEVICES", "Plan", "plan_comparison", "reading_noise", "zero_inflated"]
 
 _F = npt.NDArray[np.float64]
 
@@ -65,6 +65,14 @@ def zero_inflated(zero_share: float, positive_mean: float, cv: float) -> tuple[f
     mean = keep * positive_mean
     second = keep * positive_mean * positive_mean * (1.0 + cv * cv)
     return mean, math.sqrt(max(second - mean * mean, 0.0))
+
+
+def reading_noise(params: Zeal, mean: float, sd: float) -> float:
+    """Zeal's variance per reading averaged over readings of mean `mean` and standard
+    deviation `sd`: Var[decode | x] is quadratic in x with leading coefficient 1 / (s - 1),
+    s = exp(epsilon / 2) (paper 001, Theorem 2, Eq. (14), plus the grid's D**2/6), so its
+    average is its value at the mean plus sd**2 / (s - 1)."""
+    return params.variance(mean) + sd * sd / (math.exp(params.epsilon / 2) - 1)
 
 
 def _power(effect: float, std_error: float, df: float, alpha: float) -> float:
@@ -186,8 +194,7 @@ def plan_comparison(
     if not 0.0 < alpha < 1.0 or not 0.0 < target_power < 1.0:
         raise ParameterError("alpha and target_power must be in (0, 1)")
     centre = (params.lower + params.upper) / 2 if mean is None else check_real("mean", mean)
-    s = math.exp(params.epsilon / 2)
-    noise = params.variance(centre) + (between * between + within * within) / (s - 1)
+    noise = reading_noise(params, centre, math.hypot(between, within))
     weights = 1.0 + spread * spread
     per_group = (between * between * weights + (within * within + noise) / readings) / devices
     std_error = math.sqrt(2 * per_group)

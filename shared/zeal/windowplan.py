@@ -30,9 +30,10 @@ import numpy as np
 from zeal.errors import ParameterError
 from zeal.estimate import bernstein_half_width
 from zeal.mechanism import Zeal
+from zeal.plan import reading_noise
 from zeal.policy import MICRO, cap_micro
 
-__all__ = ["DAY_SECONDS", "Fleet", "WindowPlan", "best_epsilon", "plan_windows"]
+__all__ = ["DAY_SECONDS", "Fleet", "WindowPlan", "best_epsilon", "binding_of", "plan_windows"]
 
 DAY_SECONDS: Final = 86_400
 HOUR_SECONDS: Final = 3_600
@@ -59,10 +60,8 @@ class WindowPlan:
     """What a fleet's windows hold, per device and together, and what their averages are
     worth. Counts are per device and UTC day, averaged over the devices' phases."""
 
+    fleet: Fleet
     epsilon: float
-    devices: int
-    reading_every: float
-    interval: int
     readings_per_day: int  # the policy's caps at this epsilon
     readings_per_hour: int
     attempted_per_day: float  # readings a device takes
@@ -76,13 +75,19 @@ class WindowPlan:
     noise_variance: float  # Zeal's variance per reading, averaged over the readings
     std_error: float | None  # of a covered window's average, averaged over the covered windows
     worst_std_error: float | None  # of the covered window with the fewest readings
-    guaranteed_half_width: float | None  # of that window, at `confidence`
-    confidence: float
+    guaranteed_half_width: float | None  # of that window, at the fleet's confidence
     even_reading_every: float  # reading this seldom spreads the day's allowance over 24 hours
     #: The mean squared error of a window's average over the day's windows: noise / n for a
     #: window with n readings, (upper - lower)**2 / 12 for one with none (a guess at the
     #: middle of the range, readings spread evenly over it).
     risk: float
+
+
+def binding_of(*, hour: bool, day: bool) -> str:
+    """Which caps skip readings, from whether the hour's and the day's do."""
+    return {(False, False): "none", (True, False): "hour", (False, True): "day"}.get(
+        (hour, day), "both"
+    )
 
 
 def _check(fleet: Fleet) -> None:
@@ -134,18 +139,13 @@ def plan_windows(params: Zeal, fleet: Fleet) -> WindowPlan:
     no caps)."""
     _check(fleet)
     devices, reading_every, interval = fleet.devices, fleet.reading_every, fleet.interval
-    mean, sd, confidence = fleet.mean, fleet.sd, fleet.confidence
     attempted = DAY_SECONDS / reading_every
     per_day = params.readings_per_day or math.ceil(attempted)
     per_hour = params.readings_per_hour or per_day
     taken, by_hour, by_day, counts = _day(reading_every, per_day, per_hour, interval)
     hour_drops, day_drops = float(by_hour.mean()), float(by_day.mean())
-    binding = {(False, False): "none", (True, False): "hour", (False, True): "day"}.get(
-        (hour_drops > 0, day_drops > 0), "both"
-    )
-    centre = (params.lower + params.upper) / 2 if mean is None else float(mean)
-    s = math.exp(params.epsilon / 2)
-    noise = params.variance(centre) + sd * sd / (s - 1)
+    centre = (params.lower + params.upper) / 2 if fleet.mean is None else float(fleet.mean)
+    noise = reading_noise(params, centre, fleet.sd)
     per_window = counts.mean(axis=0)  # a device's readings per window, over its phases
     # a window holds no reading of any device if each misses it: the share of phases that
     # miss it, to the power of the devices (their phases independent)
@@ -163,20 +163,18 @@ def plan_windows(params: Zeal, fleet: Fleet) -> WindowPlan:
         std_error, worst = float(errors.mean()), float(errors.max())
         fewest = max(math.floor(n.min()), 1)
         half = bernstein_half_width(
-            confidence, n=fewest, variance=params.variance_bound(), bound=params.error_bound()
+            fleet.confidence, n=fewest, variance=params.variance_bound(), bound=params.error_bound()
         )
     return WindowPlan(
+        fleet=fleet,
         epsilon=params.epsilon,
-        devices=devices,
-        reading_every=reading_every,
-        interval=interval,
         readings_per_day=per_day,
         readings_per_hour=per_hour,
         attempted_per_day=float(taken.mean()),
         sent_per_day=float(taken.mean() - by_hour.mean() - by_day.mean()),
         dropped_by_hour=hour_drops,
         dropped_by_day=day_drops,
-        binding=binding,
+        binding=binding_of(hour=hour_drops > 0, day=day_drops > 0),
         per_window=(float(per_window.min()), float(per_window.mean()), float(per_window.max())),
         empty_share=float((counts == 0).mean()),
         fleet_empty_share=fleet_empty,
@@ -184,7 +182,6 @@ def plan_windows(params: Zeal, fleet: Fleet) -> WindowPlan:
         std_error=std_error,
         worst_std_error=worst,
         guaranteed_half_width=half,
-        confidence=confidence,
         even_reading_every=DAY_SECONDS / per_day,
         risk=float(risk.mean()),
     )

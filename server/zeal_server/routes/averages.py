@@ -4,6 +4,7 @@ parameters (two groups compared: routes/compare.py)."""
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from typing import Annotated, Literal
 
 import numpy as np
@@ -13,7 +14,7 @@ from zeal import ParameterError, Zeal
 from zeal.estimate import bernstein_half_width
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY, MAX_EPSILON_PER_DAY
 from zeal.protocol import EXPONENT
-from zeal.windowplan import Fleet, WindowPlan, best_epsilon, plan_windows
+from zeal.windowplan import Fleet, WindowPlan, best_epsilon, binding_of, plan_windows
 from zeal_server import store
 from zeal_server.bayesian import (
     BayesModel,
@@ -151,15 +152,11 @@ def preview(
             best = best_epsilon(make, max_epsilon_per_day, fleet)
         except ParameterError as exc:
             raise invalid("query", None, str(exc)) from exc
-    binding = None
+    over: tuple[bool, bool] | None = None  # the hour's cap, the day's cap
     if daily is not None and hourly is not None:
-        over_day = daily > (params.readings_per_day or 0)
-        over_hour = hourly > (params.readings_per_hour or 0)
-        binding = {(False, False): "none", (True, False): "day", (False, True): "hour"}.get(
-            (over_day, over_hour), "both"
-        )
+        over = hourly > (params.readings_per_hour or 0), daily > (params.readings_per_day or 0)
     return PreviewOut(
-        binding=binding,
+        binding=None if over is None else binding_of(hour=over[0], day=over[1]),
         windows=None if windows is None else window_out(windows),
         best=None if best is None else window_out(best),
         payload_bits=params.payload_bits,
@@ -179,31 +176,13 @@ def preview(
         readings_per_day=params.readings_per_day or 0,
         readings_per_hour=params.readings_per_hour or 0,
         epsilon_per_day=None if daily is None else daily * params.epsilon,
-        within_policy=None
-        if daily is None or hourly is None
-        else daily <= (params.readings_per_day or 0) and hourly <= (params.readings_per_hour or 0),
+        within_policy=None if over is None else not any(over),
     )
 
 
 def window_out(plan: WindowPlan) -> WindowPlanOut:
-    return WindowPlanOut(
-        epsilon=plan.epsilon,
-        readings_per_day=plan.readings_per_day,
-        readings_per_hour=plan.readings_per_hour,
-        attempted_per_day=plan.attempted_per_day,
-        sent_per_day=plan.sent_per_day,
-        dropped_by_hour=plan.dropped_by_hour,
-        dropped_by_day=plan.dropped_by_day,
-        binding=plan.binding,
-        readings_per_window=plan.per_window,
-        empty_share=plan.empty_share,
-        fleet_empty_share=plan.fleet_empty_share,
-        std_error=plan.std_error,
-        worst_std_error=plan.worst_std_error,
-        guaranteed_half_width=plan.guaranteed_half_width,
-        even_reading_every=plan.even_reading_every,
-        risk=plan.risk,
-    )
+    # the plan's fields by name; the fleet asked about (nested) is left out
+    return WindowPlanOut(**{**asdict(plan), "readings_per_window": plan.per_window})
 
 
 Device = Annotated[
