@@ -145,6 +145,16 @@ def plan_windows(params: Zeal, fleet: Fleet) -> WindowPlan:
     taken, by_hour, by_day, counts = _day(reading_every, per_day, per_hour, interval)
     hour_drops, day_drops = float(by_hour.mean()), float(by_day.mean())
     centre = (params.lower + params.upper) / 2 if fleet.mean is None else float(fleet.mean)
+    if not params.lower <= centre <= params.upper:
+        raise ParameterError(
+            f"mean must be a reading in the range [{params.lower:g}, {params.upper:g}], got "
+            f"{fleet.mean!r}"
+        )
+    if fleet.sd > (params.upper - params.lower) / 2:
+        raise ParameterError(
+            f"sd must be at most half the range ({(params.upper - params.lower) / 2:g}): "
+            f"readings in the range spread no more, got {fleet.sd!r}"
+        )
     noise = reading_noise(params, centre, fleet.sd)
     per_window = counts.mean(axis=0)  # a device's readings per window, over its phases
     # a window holds no reading of any device if each misses it: the share of phases that

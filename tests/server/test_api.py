@@ -936,6 +936,11 @@ def test_preview_plans_a_fleets_hourly_windows_and_says_which_cap_binds(
     missing = client.get("/api/v1/preview", params={**query, "devices": 500})
     assert missing.status_code == 422
     assert "interval" in missing.text
+    outside = client.get(
+        "/api/v1/preview", params={**query, "devices": 5, "interval": 60, "mean": 1e308}
+    )
+    assert outside.status_code == 422, outside.text
+    assert "mean must be a reading in the range" in outside.text
     off_clock = client.get("/api/v1/preview", params={**query, "devices": 5, "interval": 7})
     assert off_clock.status_code == 422
     assert "divide a day" in off_clock.text

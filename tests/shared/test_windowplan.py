@@ -110,6 +110,11 @@ def test_windows_off_the_clock_and_bad_fleets_are_refused() -> None:
             plan_windows(make(1.0), Fleet(devices=5, reading_every=60, interval=interval))
     with pytest.raises(ParameterError, match="devices"):
         plan_windows(make(1.0), Fleet(devices=0, reading_every=60, interval=60))
+    for mean in (1e308, -21.0, math.nan):
+        with pytest.raises(ParameterError, match="mean must be a reading in the range"):
+            plan_windows(make(1.0), Fleet(devices=5, reading_every=60, interval=60, mean=mean))
+    with pytest.raises(ParameterError, match="sd must be at most half the range"):
+        plan_windows(make(1.0), Fleet(devices=5, reading_every=60, interval=60, sd=1e15))
     with pytest.raises(ParameterError, match="reading_every"):
         plan_windows(make(1.0), Fleet(devices=5, reading_every=1e-9, interval=60))
 
