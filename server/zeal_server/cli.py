@@ -13,6 +13,7 @@ zeal-server migrate                          bring the database schema up to dat
 zeal-server devices provision NAME           a broker login for a device (password shown once)
 zeal-server devices revoke NAME              remove it: the device is disconnected, for good
 zeal-server devices list                     devices with a login made here
+zeal-server devices harden                   deny-by-default rules on logins made before them
 
 Errors (a bad setting, an unreachable database) are one line on stderr and exit status 2.
 """
@@ -186,6 +187,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     revoke.add_argument("name", help="the device id")
     _command(sub, "list", "the devices with a broker login made here", variables=broker)
+    _command(
+        sub,
+        "harden",
+        "set the plugin's default access to deny and add the explicit denials to the roles "
+        "of devices provisioned before Zeal wrote them (a provisioned login could otherwise "
+        "subscribe to '#' and receive other devices' traffic); safe to run again",
+        variables=broker,
+    )
     return parser
 
 
@@ -271,6 +280,12 @@ def _devices(settings: ServerSettings, args: argparse.Namespace) -> int:
         if args.action == "list":
             for name in admin.provisioned():
                 print(name)
+        elif args.action == "harden":
+            changed = admin.harden()
+            print(
+                f"default access: deny; roles given the denials: {len(changed)}"
+                + "".join(f"\n  {name}" for name in changed)
+            )
         elif args.action == "provision":
             password = admin.provision(args.name)
             print(

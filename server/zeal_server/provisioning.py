@@ -2,17 +2,25 @@
 
 ``provision(name)`` creates a broker client ``name`` with a generated password and a role
 of its own, ``zeal-device-{name}``, that allows exactly what a device does (topics:
-zeal.topics)::
+zeal.topics) and denies the rest explicitly::
 
     publish    zeal/v1/+/{name}/up         its data, to any stream
     publish    zeal/v1/+/{name}/presence   its presence (retained, Last Will)
-    subscribe  zeal/v1/+/config            the stream configurations
-    subscribe  zeal/v1/+/{name}/notice     the collector's notices to it
+    subscribe  zeal/v1/+/config            the stream configurations (and receive them)
+    subscribe  zeal/v1/+/{name}/notice     the collector's notices to it (and receive them)
     subscribe  zeal/v1/+/{name}/presence   its own presence (one agent per device id)
+    deny       every other subscription and every other message, $SYS included
 
-Everything else is refused by the plugin's defaults (publishing and subscribing are denied
-unless a role allows them). ``revoke(name)`` deletes the client and its role: the broker
-disconnects a connected device at once, and the login no longer works.
+The denials are in the role because the plugin's defaults do not deny: a default of
+"deny" makes the plugin *defer* to the password file's ACL, which in Mosquitto 2.0 grants
+every subscription (it checks reads, per message), and the plugin's own default lets a
+known client receive whatever it subscribed to. Without them a provisioned login could
+subscribe to ``#`` and receive every device's batches and presence. ``provision`` also sets
+the plugin's default access explicitly (``setDefaultACLAccess``: nothing but unsubscribing
+is allowed by default), and :meth:`BrokerAdmin.harden` adds the denials to the roles of
+devices provisioned before them (``zeal-server devices harden``). ``revoke(name)`` deletes
+the client and its role: the broker disconnects a connected device at once, and the login
+no longer works.
 
 The commands travel as JSON on ``$CONTROL/dynamic-security/v1`` under the admin login made
 by ``mosquitto_ctrl dynsec init`` (ZEAL_MQTT_ADMIN_USERNAME, ZEAL_MQTT_ADMIN_PASSWORD); the
@@ -41,7 +49,14 @@ from zeal.topics import CONFIG_FILTER, device_filters
 from zeal_server.errors import ServerError
 from zeal_server.settings import ServerSettings
 
-__all__ = ["BrokerAdmin", "ProvisioningError", "admin_for", "device_acls", "role_name"]
+__all__ = [
+    "DEFAULT_ACCESS",
+    "BrokerAdmin",
+    "ProvisioningError",
+    "admin_for",
+    "device_acls",
+    "role_name",
+]
 
 CONTROL = "$CONTROL/dynamic-security/v1"
 RESPONSE = f"{CONTROL}/response"
@@ -62,17 +77,41 @@ def role_name(device: str) -> str:
     return f"zeal-device-{device}"
 
 
+#: The plugin's default access, set explicitly (mosquitto_ctrl's init allows receiving).
+DEFAULT_ACCESS: list[dict[str, Any]] = [
+    {"acltype": "publishClientSend", "allow": False},
+    {"acltype": "publishClientReceive", "allow": False},
+    {"acltype": "subscribe", "allow": False},
+    {"acltype": "unsubscribe", "allow": True},
+]
+#: Rule priorities in a device role: the plugin takes the first match, highest first.
+ALLOW, DENY = 10, 0
+
+
 def device_acls(device: str) -> list[dict[str, Any]]:
     """The dynamic security ACL entries of a device's role (see the module docstring)."""
     own = device_filters(device)
-    rules = [
+    allowed = [
         ("publishClientSend", own["data"]),
         ("publishClientSend", own["presence"]),
-        ("subscribePattern", CONFIG_FILTER),
-        ("subscribePattern", own["notice"]),
-        ("subscribePattern", own["presence"]),
+        *(
+            (kind, topic)
+            for topic in (CONFIG_FILTER, own["notice"], own["presence"])
+            for kind in ("subscribePattern", "publishClientReceive")
+        ),
     ]
-    return [{"acltype": kind, "topic": topic, "allow": True} for kind, topic in rules]
+    denied = [
+        (kind, topic)
+        for kind in ("subscribePattern", "publishClientReceive", "publishClientSend")
+        for topic in ("#", "$SYS/#")
+    ]
+    return [
+        {"acltype": kind, "topic": topic, "priority": ALLOW, "allow": True}
+        for kind, topic in allowed
+    ] + [
+        {"acltype": kind, "topic": topic, "priority": DENY, "allow": False}
+        for kind, topic in denied
+    ]
 
 
 def admin_for(settings: ServerSettings) -> BrokerAdmin:
@@ -110,6 +149,7 @@ class BrokerAdmin:
         password = secrets.token_urlsafe(24)
         answers = self.run(
             [
+                {"command": "setDefaultACLAccess", "acls": DEFAULT_ACCESS},
                 {
                     "command": "createRole",
                     "rolename": role_name(device),
@@ -123,7 +163,7 @@ class BrokerAdmin:
                 },
             ]
         )
-        created = answers[1].get("error")
+        created = answers[2].get("error")
         if created:
             if "exist" in created.lower():
                 raise ProvisioningError("exists", f"device {device!r} is already provisioned")
@@ -151,6 +191,31 @@ class BrokerAdmin:
         roles = answer.get("data", {}).get("roles", [])
         prefix = role_name("")
         return sorted(r.removeprefix(prefix) for r in roles if r.startswith(prefix))
+
+    def harden(self) -> list[str]:
+        """Set the plugin's default access and give every provisioned device's role the
+        rules of :func:`device_acls` it lacks (roles made before the denials existed);
+        returns the devices whose role changed."""
+        devices = self.provisioned()
+        commands: list[dict[str, Any]] = [
+            {"command": "setDefaultACLAccess", "acls": DEFAULT_ACCESS}
+        ]
+        owners: list[str] = []
+        for device in devices:
+            for acl in device_acls(device):
+                commands.append({"command": "addRoleACL", "rolename": role_name(device), **acl})
+                owners.append(device)
+        answers = self.run(commands)
+        if answers[0].get("error"):
+            raise ProvisioningError("unavailable", f"the broker refused: {answers[0]['error']}")
+        changed: set[str] = set()
+        for owner, answer in zip(owners, answers[1:], strict=True):
+            error = answer.get("error")
+            if not error:
+                changed.add(owner)
+            elif "already exists" not in error.lower():
+                raise ProvisioningError("unavailable", f"the broker refused: {error}")
+        return sorted(changed)
 
     def _check(self, device: str) -> None:
         try:

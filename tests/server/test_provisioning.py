@@ -10,12 +10,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tools.testbed.server import TOKEN, DeployBroker, Server, batches, create, serve, wait_until
+from zeal.brokerurl import parse_broker_url
+from zeal_server.provisioning import BrokerAdmin, role_name
 
 pytestmark = pytest.mark.integration
 ADMIN = {"ZEAL_MQTT_ADMIN_USERNAME": "zeal-admin", "ZEAL_MQTT_ADMIN_PASSWORD": "pw-zeal-admin"}
@@ -185,3 +188,163 @@ def test_provisioning_errors_are_clear(setup: tuple[DeployBroker, Server]) -> No
     )
     assert wrong.returncode == 2
     assert "ZEAL_MQTT_ADMIN_USERNAME" in wrong.stderr
+
+
+class Spy:
+    """A device login that subscribes to everything it can and records what it receives."""
+
+    FILTERS = (
+        "#",
+        "$SYS/#",
+        "zeal/v1/+/+/up",
+        "zeal/v1/+/+/presence",
+        "zeal/v1/+/+/notice",
+    )
+
+    def __init__(self, port: int, username: str, password: str) -> None:
+        self.username = username
+        self.received: list[str] = []
+        self.granted: list[bool] = []
+        self.subscribed = threading.Event()
+        self.lock = threading.Lock()
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=username, protocol=MQTTProtocolVersion.MQTTv5
+        )
+        self.client.username_pw_set(username, password)
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        self.client.subscribe([(f, 1) for f in self.FILTERS])
+        assert self.subscribed.wait(5), f"{username}: no SUBACK"
+        self.wide = self.granted
+        self.subscribed.clear()
+        # Its own presence, which it may read: the barrier below travels there.
+        self.client.subscribe(f"zeal/v1/temps/{username}/presence", 1)
+        assert self.subscribed.wait(5), f"{username}: no SUBACK"
+        assert self.granted == [True], f"{username}: own presence refused"
+
+    def _on_subscribe(self, c: object, u: object, mid: object, codes: list[Any], p: object) -> None:
+        self.granted = [not code.is_failure for code in codes]
+        self.subscribed.set()
+
+    def _on_message(self, c: object, u: object, message: mqtt.MQTTMessage) -> None:
+        with self.lock:
+            self.received.append(message.topic)
+
+    def barrier(self) -> None:
+        """Publish to its own presence and wait for it: everything the broker routed
+        before has been delivered to this client."""
+        marker = f"zeal/v1/temps/{self.username}/presence"
+        self.client.publish(marker, b"barrier", qos=1)
+        wait_until(lambda: marker in self.topics(), 5, f"{self.username}'s own presence")
+
+    def topics(self) -> list[str]:
+        with self.lock:
+            return list(self.received)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def test_a_device_login_receives_nothing_of_another_device_or_of_the_broker(
+    setup: tuple[DeployBroker, Server],
+) -> None:
+    """A device provisioned through the API and one from the password file subscribe to
+    `#`, `$SYS/#` and every device's data, presence and notices, while another device
+    publishes data and its retained presence, and the collector sends it notices. An
+    operator's login sees that traffic (so it flowed); the two devices see only the
+    stream configurations and their own presence. The provisioned device's wider filters
+    are refused in the SUBACK; the password-file one's are granted by Mosquitto's acl_file
+    (it checks reads, not subscriptions) but deliver nothing."""
+    broker, server = setup
+    params = create(server)
+    made = server.http.post("/api/v1/devices/mallory/login")
+    assert made.status_code == 201, made.text
+    victim_login = server.http.post("/api/v1/devices/kitchen-1/login").json()["password"]
+    operator = Spy(broker.port, "zeal-admin", "pw-zeal-admin")
+    spies = [
+        Spy(broker.port, "mallory", made.json()["password"]),
+        Spy(broker.port, "evil", "pw-evil"),
+    ]
+    assert spies[0].wide == [False, False, False, False, False]
+    victim = Device(broker.port, "kitchen-1", victim_login)
+    victim.client.publish(
+        "zeal/v1/temps/kitchen-1/presence", b'{"online": true}', qos=1, retain=True
+    ).wait_for_publish(5)
+    victim.publish("zeal/v1/temps/kitchen-1/up", batches(params, "temps", "kitchen-1", 3))
+    # A batch for a stream that does not exist: the collector answers with a notice.
+    victim.publish("zeal/v1/nosuch/kitchen-1/up", batches(params, "nosuch", "kitchen-1", 1))
+    wanted = {
+        "zeal/v1/temps/kitchen-1/up",
+        "zeal/v1/temps/kitchen-1/presence",
+        "zeal/v1/nosuch/kitchen-1/notice",
+    }
+    wait_until(
+        lambda: (
+            wanted <= set(operator.topics())
+            and any(t.startswith("$SYS/") for t in operator.topics())
+        ),
+        15,
+        "the operator sees the device's data, presence, notice and the broker's $SYS",
+    )
+    for spy in spies:
+        spy.barrier()
+        # Subscribing again after the retained presence exists would deliver it if allowed.
+        spy.client.subscribe([(f, 1) for f in Spy.FILTERS])
+        spy.barrier()
+        others = [
+            t for t in spy.topics() if f"/{spy.username}/" not in t and not t.endswith("/config")
+        ]
+        assert others == [], f"{spy.username} received {others[:5]}"
+    for client in (*spies, operator):
+        client.close()
+    victim.close()
+
+
+def test_harden_closes_logins_provisioned_before_the_denials(
+    setup: tuple[DeployBroker, Server],
+) -> None:
+    """A role as an earlier version made it (its allows only) under the plugin's init
+    defaults lets its login subscribe to `#`; `zeal-server devices harden` adds the
+    denials, after which the same filters are refused; a second run changes nothing."""
+    broker, _server = setup
+    admin = BrokerAdmin(parse_broker_url(broker.url), "zeal-admin", "pw-zeal-admin")
+    own = [
+        ("publishClientSend", "zeal/v1/+/old-1/up"),
+        ("publishClientSend", "zeal/v1/+/old-1/presence"),
+        ("subscribePattern", "zeal/v1/+/config"),
+        ("subscribePattern", "zeal/v1/+/old-1/notice"),
+        ("subscribePattern", "zeal/v1/+/old-1/presence"),
+    ]
+    answers = admin.run(
+        [
+            {
+                "command": "createRole",
+                "rolename": role_name("old-1"),
+                "acls": [{"acltype": k, "topic": t, "allow": True} for k, t in own],
+            },
+            {
+                "command": "createClient",
+                "username": "old-1",
+                "password": "pw-old-1",
+                "roles": [{"rolename": role_name("old-1")}],
+            },
+        ]
+    )
+    assert [a.get("error") for a in answers] == [None, None]
+    before = Spy(broker.port, "old-1", "pw-old-1")
+    assert before.wide == [True] * 5  # the leak this version closes
+    before.close()
+    first = cli(broker, "harden")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == [
+        "default access: deny; roles given the denials: 1",
+        "  old-1",
+    ]
+    after = Spy(broker.port, "old-1", "pw-old-1")
+    assert after.wide == [False] * 5
+    after.close()
+    again = cli(broker, "harden")
+    assert again.stdout.strip() == "default access: deny; roles given the denials: 0"
