@@ -32,11 +32,11 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from zeal_server import retention, store
+from zeal_server import devicecommands, retention, store
 from zeal_server.db import make_engine, migrate, session_factory
 from zeal_server.jetstream import name_problem
 from zeal_server.models import Device
-from zeal_server.provisioning import ProvisioningError, admin_for
+from zeal_server.provisioning import ProvisioningError
 from zeal_server.settings import ServerSettings, SettingsError, variables_help
 
 __all__ = ["main"]
@@ -162,39 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--end", type=datetime.fromisoformat, help="ISO 8601 time, exclusive")
     _command(commands, "migrate", "bring the database schema to the latest revision")
-    broker = ("ZEAL_MQTT_URL", "ZEAL_MQTT_ADMIN_USERNAME", "ZEAL_MQTT_ADMIN_PASSWORD")
-    devices = _command(
-        commands,
-        "devices",
-        "device logins in the broker (Mosquitto's dynamic security plugin)",
-        variables=broker,
-    )
-    sub = devices.add_subparsers(dest="action", required=True, metavar="ACTION")
-    provision = _command(
-        sub,
-        "provision",
-        "create a broker login for a device: it may publish only its own data and presence "
-        "and read the configurations and its notices; prints its password once",
-        variables=broker,
-    )
-    provision.add_argument("name", help="the device id (1-64 letters, digits, '_', '.' or '-')")
-    revoke = _command(
-        sub,
-        "revoke",
-        "delete a device's broker login: a connected device is disconnected, and it can no "
-        "longer connect (its stored data stays; DELETE .../devices/NAME removes it)",
-        variables=broker,
-    )
-    revoke.add_argument("name", help="the device id")
-    _command(sub, "list", "the devices with a broker login made here", variables=broker)
-    _command(
-        sub,
-        "harden",
-        "set the plugin's default access to deny and add the explicit denials to the roles "
-        "of devices provisioned before Zeal wrote them (a provisioned login could otherwise "
-        "subscribe to '#' and receive other devices' traffic); safe to run again",
-        variables=broker,
-    )
+    devicecommands.add_parsers(commands, _command)
     return parser
 
 
@@ -276,27 +244,7 @@ def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
 
 def _devices(settings: ServerSettings, args: argparse.Namespace) -> int:
     try:
-        admin = admin_for(settings)
-        if args.action == "list":
-            for name in admin.provisioned():
-                print(name)
-        elif args.action == "harden":
-            changed = admin.harden()
-            print(
-                f"default access: deny; roles given the denials: {len(changed)}"
-                + "".join(f"\n  {name}" for name in changed)
-            )
-        elif args.action == "provision":
-            password = admin.provision(args.name)
-            print(
-                f"provisioned device {args.name} on {admin.broker.url}\n"
-                f"username: {args.name}\npassword: {password}\n"
-                "(shown once: give it to the device as ZEAL_MQTT_PASSWORD; it is stored "
-                "nowhere but hashed in the broker)"
-            )
-        else:
-            admin.revoke(args.name)
-            print(f"revoked device {args.name}: disconnected, and its login is gone")
+        devicecommands.run(settings, args)
     except ProvisioningError as exc:
         return _fail(str(exc))
     return 0

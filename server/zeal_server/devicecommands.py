@@ -1,0 +1,75 @@
+"""``zeal-server devices ...``: device logins in the broker (zeal_server.provisioning) from
+the command line. Errors are ProvisioningError, which the CLI prints in one line."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from zeal_server.provisioning import admin_for
+from zeal_server.settings import ServerSettings
+
+__all__ = ["add_parsers", "run"]
+
+BROKER = ("ZEAL_MQTT_URL", "ZEAL_MQTT_ADMIN_USERNAME", "ZEAL_MQTT_ADMIN_PASSWORD")
+
+
+def add_parsers(commands: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
+    """The ``devices`` command and its actions (`command`: the CLI's parser maker)."""
+    devices = command(
+        commands,
+        "devices",
+        "device logins in the broker (Mosquitto's dynamic security plugin)",
+        variables=BROKER,
+    )
+    sub = devices.add_subparsers(dest="action", required=True, metavar="ACTION")
+    provision = command(
+        sub,
+        "provision",
+        "create a broker login for a device: it may publish only its own data and presence "
+        "and read the configurations and its notices; prints its password once",
+        variables=BROKER,
+    )
+    provision.add_argument("name", help="the device id (1-64 letters, digits, '_', '.' or '-')")
+    revoke = command(
+        sub,
+        "revoke",
+        "delete a device's broker login: a connected device is disconnected, and it can no "
+        "longer connect (its stored data stays; DELETE .../devices/NAME removes it)",
+        variables=BROKER,
+    )
+    revoke.add_argument("name", help="the device id")
+    command(sub, "list", "the devices with a broker login made here", variables=BROKER)
+    command(
+        sub,
+        "harden",
+        "set the plugin's default access to deny and add the explicit denials to the roles "
+        "of devices provisioned before them (such a login could subscribe to '#' and "
+        "receive other devices' traffic); safe to run again",
+        variables=BROKER,
+    )
+
+
+def run(settings: ServerSettings, args: argparse.Namespace) -> None:
+    """Carry out one ``devices`` action, printing its result."""
+    admin = admin_for(settings)
+    if args.action == "list":
+        for name in admin.provisioned():
+            print(name)
+    elif args.action == "harden":
+        changed = admin.harden()
+        print(f"default access: deny; roles given the denials: {len(changed)}")
+        for name in changed:
+            print(f"  {name}")
+    elif args.action == "provision":
+        password = admin.provision(args.name)
+        print(
+            f"provisioned device {args.name} on {admin.broker.url}\n"
+            f"username: {args.name}\npassword: {password}\n"
+            "(shown once: give it to the device as ZEAL_MQTT_PASSWORD; it is stored "
+            "nowhere but hashed in the broker)"
+        )
+    else:
+        admin.revoke(args.name)
+        print(f"revoked device {args.name}: disconnected, and its login is gone")
