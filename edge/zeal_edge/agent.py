@@ -10,8 +10,9 @@ after it, the same bytes are sent again on restart. The agent stops (:class:`Age
 exit status 3) rather than spend budget in vain: when another agent already runs this
 device id (``zeal_edge.presence``), or when the server that configured the stream
 withdraws its configuration or reports that it no longer has it (``zeal_edge.notices``).
-The halt is kept in the outbox, so a restart refuses too, until the stream is created anew
-or ``zeal-edge resume`` clears it.
+It stops too when its stream's configuration comes from another origin than the one it
+first adopted (``zeal_edge.configs``). The halt is kept in the outbox, so a restart
+refuses too, until ``zeal-edge resume`` clears it.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from zeal import ParameterError, Zeal
 from zeal.streamconfig import StreamConfig
 from zeal.topics import Presence, config_topic, notice_topic, presence_topic
 from zeal_edge.budget import micro_epsilon
+from zeal_edge.configs import ConfigDesk
 from zeal_edge.datadir import DataDirLock
 from zeal_edge.errors import AgentError
 from zeal_edge.holding import Holding
 from zeal_edge.mqtt import BrokerSettings, Connection, Message
 from zeal_edge.notices import NoticeDesk
-from zeal_edge.options import AgentOptions, Throttle, config_from_file, halted_text, screened
+from zeal_edge.options import AgentOptions, Throttle, config_from_file, halted_text
 from zeal_edge.outbox import Outbox
 from zeal_edge.pipeline import Batcher, Pipeline, which_batches
 from zeal_edge.presence import DeviceClaim
@@ -93,8 +95,8 @@ class Agent:
         self._throttle = Throttle(60)
         self.holding = Holding(self.outbox, self.namespace, options, self._throttle)
         self.notices = NoticeDesk(self.outbox, self.namespace, options, self._throttle)
+        self.configs = ConfigDesk(self.outbox, self.namespace, options)
         self._failure: AgentError | None = None
-        self._refused: str | None = None
         self._invalid_booked = 0
 
     @property
@@ -139,29 +141,20 @@ class Agent:
     def _on_config(self, message: Message) -> None:
         if self.options.params_file is not None:
             return  # --params given: the local document is the configuration
-        if not message.payload:
-            if self.config is not None:
-                self._halt(
-                    "stream_deleted",
-                    f"the server withdrew the configuration of stream {self.options.stream} "
-                    "from the broker: the stream was deleted",
-                )
+        verdict = self.configs.offer(message, self.config)
+        if verdict.halt is not None:
+            self._halt(*verdict.halt)
             return
-        try:
-            config = screened(message, self.options)
-        except ParameterError as exc:
-            log.error("ignoring stream configuration on %s: %s", message.topic, exc)
-            return
-        if isinstance(config, str):  # refused: never used, nothing privatized with it
-            self._refused = config
-            still = "Still using the adopted one." if self.config else "Not reading or sending."
-            log.error("%s. %s", config, still)
+        config = verdict.config
+        if config is None:
             return
         if self.config is not None and config.params != self.config.params:
             log.warning(
-                "stream %s has new parameters (fingerprint %s); flushing and switching",
+                "stream %s has new parameters from its server (fingerprint %s, policy %s "
+                "epsilon per day); flushing and switching",
                 self.options.stream,
                 config.params.fingerprint.hex(),
+                config.params.max_epsilon_per_day,
             )
             self._flush()
         if self.config is None or config.identity != self.config.identity:
@@ -169,17 +162,11 @@ class Agent:
         self._use(config)
 
     def _use(self, config: StreamConfig) -> None:
+        """Adopt a configuration (ConfigDesk's, or --params'), unless the agent is halted."""
         halt = self.outbox.halt(self.namespace)
         if halt is not None:
-            if halt.identity == config.identity:
-                self._fail(AgentError(halted_text(self.options, halt)))
-                return
-            log.info(
-                "stream %s was created anew since this agent stopped (%s): sending again",
-                self.options.stream,
-                halt.reason,
-            )
-            self.outbox.set_halt(self.namespace, None)
+            self._fail(AgentError(halted_text(self.options, halt)))
+            return
         self.config, policy = config, self.options.budget
         self.outbox.set_policy(
             self.namespace,
@@ -221,7 +208,11 @@ class Agent:
             if time.monotonic() > deadline:
                 raise ParameterError(
                     f"no stream parameters arrived on {config_topic(self.options.stream)}"
-                    + (f" that this agent accepts ({self._refused})" if self._refused else "")
+                    + (
+                        f" that this agent accepts ({refused})"
+                        if (refused := self.configs.refused)
+                        else ""
+                    )
                 )
             if self._throttle.ready("params"):
                 log.warning(

@@ -57,8 +57,9 @@ def _parser() -> argparse.ArgumentParser:
         "resume",
         help="clear a halt, so the agent sends its stream again",
         description="An agent halts when the server that configured its stream no longer "
-        "accepts it (the stream was deleted). It starts again by itself once the stream is "
-        "created anew; this clears the halt at once (e.g. after a database was restored).",
+        "accepts it (the stream was deleted), or when the stream's configuration comes from "
+        "another server or from the stream created anew. This clears the halt and the pinned "
+        "origin: the next configuration is adopted and pinned.",
     )
     add_arguments(resume, {"data_dir"})
     from zeal_edge.simulate import add_simulate_arguments
@@ -99,6 +100,7 @@ def _run(args: argparse.Namespace) -> int:
         params_file=Path(values["params"]) if values["params"] else None,
         budget=BudgetPolicy.from_epsilon(values["budget_cap"], values["budget_window"]),
         max_epsilon=values["max_epsilon"],
+        max_epsilon_per_day=values["max_epsilon_per_day"],
         pin=values["pin"],
     )
 
@@ -196,6 +198,7 @@ def _resume(args: argparse.Namespace) -> int:
     cleared = [st for st in outbox.status() if st.halt is not None]
     for st in cleared:
         outbox.set_halt(st.namespace, None)
+        outbox.set_origin(st.namespace, None)
         print(f"{st.stream}/{st.device}: halt cleared ({st.halt.reason if st.halt else ''})")
     outbox.close()
     if not cleared:

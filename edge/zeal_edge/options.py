@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zeal import ParameterError
+from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
 from zeal.streamconfig import StreamConfig, read_config
 from zeal_edge.budget import BudgetPolicy
 from zeal_edge.mqtt import Message
@@ -21,6 +22,7 @@ __all__ = [
     "halted_text",
     "refusal",
     "screened",
+    "unpinned",
 ]
 
 
@@ -54,12 +56,16 @@ class AgentOptions:
     #: Refuse a configuration whose privacy loss per reading (the realized epsilon where the
     #: sampler's is known, else the nominal one) exceeds this.
     max_epsilon: float = 5.0
+    #: Refuse a configuration whose privacy policy (epsilon per device per UTC day) exceeds
+    #: this.
+    max_epsilon_per_day: float = DEFAULT_MAX_EPSILON_PER_DAY
     #: Adopt only the configuration with this parameter fingerprint (16 hex digits).
     pin: str | None = None
 
 
 def refusal(config: StreamConfig, options: AgentOptions) -> str | None:
-    """Why this agent must not adopt `config` (its pin, its epsilon ceiling), or None.
+    """Why this agent must not adopt `config` (its pin, its ceilings on epsilon per reading
+    and per day), or None.
 
     Whoever can retain a configuration on the broker (a broker without ACLs, a leaked
     collector login) could otherwise hand agents epsilon 20 and read their readings off the
@@ -78,7 +84,31 @@ def refusal(config: StreamConfig, options: AgentOptions) -> str | None:
             f"{options.max_epsilon:g} (--max-epsilon): raise the ceiling only if the "
             "operator really chose it"
         )
+    policy = config.params.max_epsilon_per_day
+    if policy is not None and policy > options.max_epsilon_per_day:
+        return (
+            f"its privacy policy, {policy:g} epsilon per device per UTC day, exceeds this "
+            f"agent's ceiling {options.max_epsilon_per_day:g} (--max-epsilon-per-day): raise "
+            "the ceiling only if the operator really chose it"
+        )
     return None
+
+
+def unpinned(stream: str, origin: str, config: StreamConfig) -> tuple[str, str]:
+    """The halt for a configuration whose origin is not the pinned one."""
+    server, created = origin.split("/", 1)
+    if config.server != server:
+        return (
+            "foreign_server",
+            f"the configuration of stream {stream} on the broker now comes from server "
+            f"{config.server}, not from server {server} that configured this agent (two "
+            "servers on one broker, or someone who may retain configurations)",
+        )
+    return (
+        "stream_recreated",
+        f"stream {stream} was created anew (at {config.created_ms}, not {created} as when "
+        f"this agent adopted it), with parameters {config.params!r}",
+    )
 
 
 def _when(ms: int) -> str:
@@ -94,9 +124,10 @@ def halted_text(options: AgentOptions, halt: Halt) -> str:
     return (
         f"stream {options.stream} is no longer accepted by its server ({halt.reason}, since "
         f"{_when(halt.since_ms)}): {halt.message}. Stopped: no further reading of device "
-        f"{options.device} is privatized or sent. Started again, the agent sends once the "
-        f"stream has been created anew{fetch}; `zeal-edge resume --data-dir "
-        f"{options.data_dir}` clears the halt at once."
+        f"{options.device} is privatized or sent, and a restart refuses too. Once the "
+        f"operator has checked the stream's configuration{fetch}, `zeal-edge resume "
+        f"--data-dir {options.data_dir}` clears the halt, and the agent adopts the "
+        "configuration it finds next."
     )
 
 

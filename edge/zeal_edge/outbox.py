@@ -107,6 +107,19 @@ class Outbox:
                 (None if halt is None else halt.to_json(), namespace),
             )
 
+    def origin(self, namespace: str) -> str | None:
+        """The server and creation time (``zeal.streamconfig.StreamConfig.origin``) of the
+        stream configuration this namespace was first configured by, or None."""
+        value = self._one("SELECT origin FROM namespaces WHERE namespace = ?", namespace)
+        return None if value is None else str(value)
+
+    def set_origin(self, namespace: str, origin: str | None) -> None:
+        """Pin the namespace to a configuration's origin (None: the next one is pinned)."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE namespaces SET origin = ? WHERE namespace = ?", (origin, namespace)
+            )
+
     def advance_sequence(self, namespace: str, at_least: int) -> bool:
         """Make the next sequence number at least `at_least` (True if it moved)."""
         with self._lock:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zeal.brokerurl import parse_protocol
+from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
 from zeal.protocol import check_name
 from zeal.topics import PREFIX
 from zeal_edge.errors import SettingsError
@@ -168,6 +169,14 @@ SETTINGS: tuple[Setting, ...] = (
         5.0,
         "ZEAL_MAX_EPSILON",
         "refuse a stream configuration whose epsilon per reading exceeds this",
+    ),
+    Setting(
+        "max_epsilon_per_day",
+        _positive,
+        DEFAULT_MAX_EPSILON_PER_DAY,
+        "ZEAL_MAX_EPSILON_PER_DAY",
+        "refuse a stream configuration whose privacy policy (epsilon per device per UTC "
+        "day) exceeds this",
     ),
     Setting(
         "pin",

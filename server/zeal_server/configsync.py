@@ -9,8 +9,13 @@ at once after a connect or a change made through this process's API):
   id as ``server``, its creation time and unit);
 - a configuration this installation published for a stream it no longer has is withdrawn
   (an empty retained message: agents on it stop);
-- another installation's configurations are left alone, with a warning when it uses one of
-  this server's stream names (after a connect this server's own is retained anyway).
+- a configuration another installation (or anyone who may retain on the topic: a leaked
+  collector login) retained for one of this server's streams is replaced by this server's
+  own within seconds, with a warning: agents pinned to this server halt on the foreign one
+  rather than follow it (zeal_edge.configs), and new agents must find this server's. At
+  most once every ``REASSERT_EVERY`` seconds per stream, so two servers that share a stream
+  name on one broker do not flood it (their agents halt: rename one of the streams);
+- other installations' configurations of streams this server does not have are left alone.
 
 What the broker holds is learnt from the collector's subscription to
 ``zeal/v1/+/config`` (retained messages once, other servers' changes as they happen; its
@@ -35,6 +40,8 @@ from zeal_server import store
 __all__ = ["ConfigSync"]
 
 log = logging.getLogger("zeal_server.configsync")
+#: The shortest time between two re-assertions of one stream's configuration (seconds).
+REASSERT_EVERY = 5.0
 
 
 class ConfigSync:
@@ -51,6 +58,7 @@ class ConfigSync:
         self._on_broker: dict[str, dict[str, Any] | None] = {}  # None: cleared
         self._lock = threading.Lock()
         self._warned: dict[str, float] = {}
+        self._reasserted: dict[str, float] = {}
         # Documents by stream id: the writer thread syncs every few seconds, and building
         # a document derives the stream's mechanism again.
         self._documents: dict[tuple[int, str], dict[str, Any]] = {}
@@ -118,7 +126,10 @@ class ConfigSync:
                 continue
             if other not in (None, server) and not force:
                 self._warn_foreign(name, str(other))
-                continue
+                now = time.monotonic()
+                if now - self._reasserted.get(name, -1e18) < REASSERT_EVERY:
+                    continue
+                self._reasserted[name] = now
             self.publish(document)
         for name, held in there.items():
             if name not in ours and held is not None and held.get("server") == server:
@@ -131,9 +142,11 @@ class ConfigSync:
         if now - self._warned.get(name, -1e18) >= 600:
             self._warned[name] = now
             log.warning(
-                "stream %s: the broker holds the configuration of another server (%s), not "
-                "of this one (%s): two servers use the stream name %s on one broker, and "
-                "agents follow the other one. Rename or delete one of the streams.",
+                "stream %s: the broker holds a configuration of another server (%s), not "
+                "of this one (%s); retaining this server's again. Agents that saw it have "
+                "halted. Two servers using the stream name %s on one broker, or someone "
+                "who may retain configurations (a leaked collector login): rename one of "
+                "the streams, or change the collector's password.",
                 name,
                 other,
                 self.server_id,

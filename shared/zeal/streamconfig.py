@@ -13,9 +13,11 @@ made before policies, which have none); it is part of the fingerprint::
      "server": "…installation id…", "created_ms": 1767225600000}
 
 ``server`` and ``created_ms`` say which server (its database's installation id) created
-the stream and when: an agent acts only on notices from that server, and a halted agent
-starts again by itself only once the stream is created anew. They and ``unit`` are not
-part of the fingerprint, and documents without them (older servers) are still read.
+the stream and when (its *origin*): an agent acts only on notices from that server, and
+it pins the origin of the first configuration it adopts: another origin (another server,
+or the stream deleted and created anew) halts it until ``zeal-edge resume``. They and
+``unit`` are not part of the fingerprint, and documents without them (older servers) are
+still read.
 """
 
 from __future__ import annotations
@@ -82,6 +84,12 @@ class StreamConfig:
     server: str | None = None
     created_ms: int | None = None
     unit: str = ""
+
+    @property
+    def origin(self) -> str:
+        """Which server created the stream, and when: what an agent pins (a new value is
+        another server, or the stream created anew)."""
+        return f"{self.server}/{self.created_ms}"
 
     @property
     def identity(self) -> str:

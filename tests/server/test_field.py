@@ -50,6 +50,7 @@ def agent_command(
         str(data_dir),
         "--params",
         str(params),
+        *("--max-epsilon-per-day", "1e6"),  # the policy of stream_body
         *args,
     ]
 

@@ -147,6 +147,7 @@ def test_agent_clock_stepping_back_loses_and_duplicates_nothing(
                 batch=30,
                 interval=3600,
                 params_file=params_file,
+                max_epsilon_per_day=1e6,  # the policy of stream_body
             )
             clock = SteppingClock()
             agent = Agent(options, parse_broker_url(broker.url), clock=clock)
