@@ -24,22 +24,22 @@ collector rolls back and stores the messages again).
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
 
 import numpy as np
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from zeal import ParameterError
-from zeal.protocol import REJECT_REASONS, check_name
+from zeal.protocol import check_name
 from zeal.topics import MAX_TOPIC_LENGTH, parse_data_topic
 from zeal.wirebatches import Batches, decode_many
 from zeal_server.dedup import payload_digests
 from zeal_server.fleet import add_devices, device_ids
 from zeal_server.groups import Group, Outcome, implausible, rounds, select_batches
-from zeal_server.models import Reject, Stream
+from zeal_server.models import Stream
 from zeal_server.rawsql import Raw
+from zeal_server.rejectkeys import MAX_REJECT_ROWS, RejectKeys
 from zeal_server.settle import Round
 from zeal_server.streams import params_of, stream_by_name
 from zeal_server.writes import StreamEntry, Writes, build_statement, write
@@ -48,8 +48,6 @@ __all__ = ["FOREIGN", "MAX_REJECT_ROWS", "Ingest", "Outcome"]
 
 #: The wire reason of a payload made with other parameters (or for another topic).
 FOREIGN = "fingerprint_mismatch"
-#: The rejects table keeps at most about this many (stream, device, reason) rows.
-MAX_REJECT_ROWS = 10_000
 #: Topics whose names were checked, remembered at most (then forgotten all at once).
 _TOPICS = 50_000
 
@@ -82,8 +80,7 @@ class Ingest:
         self._streams: dict[str, StreamEntry | None] = {}
         self._devices: dict[tuple[int, str], int] = {}
         self._topics: dict[str, tuple[str, str] | None] = {}
-        self._reject_keys: dict[tuple[str, str], None] = {}
-        self._reject_rows: tuple[int, float] = (0, -1e18)  # (rows, when counted)
+        self._rejects = RejectKeys()
         self._statements: dict[tuple[str, str], Any] = {}
         self._raw = Raw()
 
@@ -197,33 +194,29 @@ class Ingest:
     def _reject_key(
         self, session: Session, stream: str, device: str, reason: str
     ) -> tuple[str, str, str]:
-        """The rejects row a reject of (stream, device, reason) counts under. Once the table
-        holds MAX_REJECT_ROWS rows, rejects of names it does not know yet are counted under
-        ("*", "*", reason): clients cannot grow it without bound. `reason` is one of
-        zeal.protocol.REJECT_REASONS (anything else is a bug, refused loudly)."""
-        if reason not in REJECT_REASONS:
-            raise AssertionError(f"{reason!r} is not in the reject catalogue")
-        key = (stream[:64], device[:64])
-        if key not in self._reject_keys:
-            now = time.monotonic()
-            if now - self._reject_rows[1] > 10:
-                self._reject_rows = (
-                    session.scalar(select(func.count()).select_from(Reject)) or 0,
-                    now,
-                )
-            if self._reject_rows[0] >= MAX_REJECT_ROWS:
-                key = ("*", "*")
-            else:
-                self._reject_rows = (self._reject_rows[0] + 1, self._reject_rows[1])
-                self._reject_keys[key] = None
-                if len(self._reject_keys) > MAX_REJECT_ROWS:
-                    self._reject_keys.clear()
-        return (*key, reason)
+        """The rejects row a reject of (stream, device, reason) counts under (RejectKeys).
+        A stream that exists is in the cache: the reject's caller has looked it up."""
+        entry = self._streams.get(stream)
+        is_device = False
+        if entry is not None:
+            if (entry.id, device) not in self._devices:
+                self._look_up(session, entry.id, [device])
+            is_device = (entry.id, device) in self._devices
+        return self._rejects.key(
+            session,
+            stream,
+            device,
+            reason,
+            stream_id=None if entry is None else entry.id,
+            is_device=is_device,
+        )
 
     def reject(
         self, session: Session, stream: str, device: str, reason: str, *, when: int, count: int = 1
     ) -> Outcome:
         """Count `count` rejects under (stream, device, reason) at once (see _reject_key)."""
+        if stream not in ("*", ""):
+            self._stream(session, stream)  # cached if it exists
         key = self._reject_key(session, stream, device, reason)
         session.execute(
             self._statement(session, "reject"),
