@@ -84,6 +84,9 @@ DEFAULT_ACCESS: list[dict[str, Any]] = [
     {"acltype": "subscribe", "allow": False},
     {"acltype": "unsubscribe", "allow": True},
 ]
+#: Names of the deployment's own logins (collectors, the simulator, the admin): a device
+#: provisioned under one would shadow a password-file user (deploy/mosquitto/acl).
+RESERVED_PREFIX = "zeal-"
 #: Rule priorities in a device role: the plugin takes the first match, highest first.
 ALLOW, DENY = 10, 0
 
@@ -222,9 +225,12 @@ class BrokerAdmin:
             check_name("device", device)
         except ParameterError as exc:
             raise ProvisioningError("invalid", str(exc)) from None
-        if device in self.reserved:
+        if device in self.reserved or device.startswith(RESERVED_PREFIX):
             raise ProvisioningError(
-                "invalid", f"{device!r} is the login of a server component, not a device name"
+                "invalid",
+                f"{device!r} is, or could be, the login of a server component, not a device "
+                f"name (names starting with {RESERVED_PREFIX!r} are the deployment's own: "
+                "zeal-collector, zeal-collector-2, zeal-fleet-simulator, zeal-admin)",
             )
 
     def run(self, commands: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -278,7 +278,8 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
     and wrong-password clients refused; a device cannot publish as, or read, another device;
     its own topic reaches the collector; configs are readable by devices; the collector's
     notices reach only their device, which cannot write them; a device announces its own
-    presence and can neither read nor forge another device's."""
+    presence and can neither read nor forge another device's; a QoS 2 publish, even on its
+    own topic, is not delivered (max_qos 1)."""
     port = free_port()
     conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
     ca = None
@@ -287,9 +288,10 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
         ca = certs["ca"]
         assert "#listener 8883" in conf
         conf = (
-            conf.replace("listener 1883\nuse_username_as_clientid true\n", "")
+            conf.replace("listener 1883\nuse_username_as_clientid true\nmax_qos 1\n", "")
             .replace("#listener 8883", f"listener {port} 127.0.0.1")
             .replace("#use_username_as_clientid", "use_username_as_clientid")
+            .replace("#max_qos 1", "max_qos 1")
             .replace("#cafile /mosquitto/certs/ca.crt", f"cafile {certs['ca']}")
             .replace("#certfile /mosquitto/certs/server.crt", f"certfile {certs['cert']}")
             .replace("#keyfile /mosquitto/certs/server.key", f"keyfile {certs['key']}")
@@ -362,6 +364,9 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
         # The broker may answer a forbidden publish by closing the connection.
         with contextlib.suppress(RuntimeError):
             dev1.client.publish("zeal/v1/temps/dev2/up", b"forged", qos=1).wait_for_publish(5)
+        # QoS 2 on its own topic: max_qos 1 makes the broker disconnect it, storing nothing.
+        with contextlib.suppress(RuntimeError, ValueError):
+            dev2.client.publish("zeal/v1/temps/dev2/up", b"qos2", qos=2).wait_for_publish(5)
         time.sleep(1.5)
         assert collector.messages == [("zeal/v1/temps/dev1/up", b"own")]
         assert dev2.messages == [("zeal/v1/temps/config", b"{}")]

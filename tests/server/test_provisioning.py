@@ -168,6 +168,7 @@ def test_provisioning_errors_are_clear(setup: tuple[DeployBroker, Server]) -> No
     )
     assert server.http.delete("/api/v1/devices/nobody/login").status_code == 404
     assert server.http.post("/api/v1/devices/zeal-collector/login").status_code == 422
+    assert server.http.post("/api/v1/devices/zeal-collector-2/login").status_code == 422
     assert server.http.post("/api/v1/devices/a+b/login").status_code == 422
     anonymous = server.http.post("/api/v1/devices/d2/login", headers={"Authorization": ""})
     assert anonymous.status_code == 401
