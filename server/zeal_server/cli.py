@@ -226,18 +226,19 @@ def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
     import uvicorn
 
     from zeal_server.api import create_app
+    from zeal_server.guard import guarded
 
     app = create_app(settings, collector=not args.no_collector)
-    # Idle keep-alive connections close after 5 s; beyond 1,000 connections at once new
-    # requests get 503 instead of exhausting the process. uvicorn has no time limit on
-    # reading a request's headers: on the internet, put a proxy in front (docs/server.md).
+    # Idle keep-alive connections close after 5 s. No limit_concurrency: it answers 503 to
+    # every route, /livez too, once that many sockets are open; zeal_server.guard limits
+    # connections per address and in all, and the time to send a request, instead.
     uvicorn.run(
         app,
         host=args.host,
         port=args.port,
         log_level=args.log_level.lower(),
         timeout_keep_alive=5,
-        limit_concurrency=1000,
+        http=guarded(settings.http_per_peer),
     )
     return 0
 

@@ -6,6 +6,7 @@ the command-line help and docs/server.md are written from it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,14 @@ VARIABLES: dict[str, tuple[str, str]] = {
     ),
     "ZEAL_BACKFILL_SECONDS": ("300", "reject readings stamped before stream creation - this"),
     "ZEAL_MAX_BUCKETS_PER_BATCH": ("1440", "reject a batch spanning more time buckets"),
+    "ZEAL_HEAVY_READS": (
+        "half the CPUs, at least 1",
+        "heavy reads (planners, comparisons, fine series, ...) at once; more get 429",
+    ),
+    "ZEAL_HTTP_CONNECTIONS_PER_PEER": (
+        "64",
+        "HTTP connections at once from one address (0: no limit, behind a proxy)",
+    ),
 }
 
 
@@ -114,6 +123,10 @@ class ServerSettings:
     #: The broker's dynamic security admin login (device provisioning); None: off.
     admin_username: str | None = None
     admin_password: str | None = None
+    #: HTTP connections at once from one address; 0: no limit (zeal_server.guard).
+    http_per_peer: int = 64
+    #: Heavy reads at once (zeal_server.costs).
+    heavy_reads: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServerSettings:
@@ -163,6 +176,10 @@ class ServerSettings:
         }
         buckets = _whole(env, "ZEAL_MAX_BUCKETS_PER_BATCH", 1440, (1, 65_535), "buckets")
         inflight = _whole(env, "ZEAL_COLLECTOR_INFLIGHT", 20_000, (10, 65_535), "messages")
+        per_peer = _whole(env, "ZEAL_HTTP_CONNECTIONS_PER_PEER", 64, (0, 65_535), "connections")
+        heavy = _whole(
+            env, "ZEAL_HEAVY_READS", max(1, (os.cpu_count() or 2) // 2), (1, 1024), "reads"
+        )
         nats = _nats(env)
         if nats["nats_servers"] and broker is None:
             raise SettingsError(
@@ -175,6 +192,8 @@ class ServerSettings:
             backfill_seconds=limits["ZEAL_BACKFILL_SECONDS"],
             max_buckets_per_batch=buckets,
             collector_inflight=inflight,
+            http_per_peer=per_peer,
+            heavy_reads=heavy,
             **nats,
             database_url=url,
             broker=broker,
