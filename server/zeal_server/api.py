@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from zeal_server.auth import refusal
 from zeal_server.collector import Collector
+from zeal_server.costs import HeavyReads, ReadBudget
 from zeal_server.db import make_engine, migrate, session_factory
 from zeal_server.deps import MAX_EXPORTS
 from zeal_server.metrics import build_registry
@@ -100,6 +101,25 @@ class WriteGuard:
         await self.app(scope, capped, send)
 
 
+class RedactQuery(logging.Filter):
+    """Keeps query values out of uvicorn's access log: a token someone put in a query
+    string (refused, but sent) would otherwise be written to it. Parameter names stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and "?" in str(args[2]):
+            path, _, query = str(args[2]).partition("?")
+            names = "&".join(f"{part.split('=', 1)[0]}=…" for part in query.split("&") if part)
+            record.args = (args[0], args[1], f"{path}?{names}", args[3], args[4])
+        return True
+
+
+def _redact_access_log() -> None:
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactQuery) for f in access.filters):
+        access.addFilter(RedactQuery())
+
+
 async def _answer(
     send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
@@ -135,6 +155,7 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         app.state.collector = None
         app.state.metrics = build_registry(None, app.state.sessions)
         app.state.exports = threading.BoundedSemaphore(MAX_EXPORTS)
+        app.state.reads = ReadBudget(config.heavy_reads)
         if config.operator_token is None:
             log.warning("development mode without ZEAL_OPERATOR_TOKEN: writes are open")
         collector_engine = None
@@ -168,6 +189,8 @@ def create_app(settings: ServerSettings | None = None, *, collector: bool = True
         "bounds from locally privatized, compressed readings.",
     )
 
+    _redact_access_log()
+    app.add_middleware(HeavyReads, answer=_answer)
     app.add_middleware(WriteGuard)
 
     @app.exception_handler(OperationalError)

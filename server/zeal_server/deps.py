@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Query, Request
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from zeal import Estimate
@@ -15,6 +17,7 @@ from zeal.protocol import EPSILON_MAX, PAYLOAD_BITS
 from zeal.wire import MAX_TIMESTAMP
 from zeal_server import store
 from zeal_server.auth import operator, reader
+from zeal_server.costs import STATEMENT_SECONDS
 from zeal_server.models import Stream
 from zeal_server.schemas import EstimateOut, StreamOut
 
@@ -159,11 +162,31 @@ def devices_in(session: Session, stream: Stream, group: str | None) -> store.Dev
 
 
 def session(request: Request) -> Iterator[Session]:
+    """A request's database session. A heavy read's (zeal_server.costs) statements time out
+    after STATEMENT_SECONDS on PostgreSQL: a 503 that says so."""
+    heavy = getattr(request.state, "heavy", None)
     with request.app.state.sessions() as session:
-        yield session
+        if heavy is None or session.get_bind().dialect.name != "postgresql":
+            yield session
+            return
+        session.execute(text(f"SET LOCAL statement_timeout = '{STATEMENT_SECONDS}s'"))
+        try:
+            yield session
+        except OperationalError as exc:
+            if "statement timeout" not in str(exc):
+                raise
+            session.rollback()
+            raise HTTPException(
+                503,
+                f"the query ({heavy}) ran longer than {STATEMENT_SECONDS} s and was cancelled: "
+                "ask for a shorter window or a longer interval",
+            ) from None
 
 
 Db = Annotated[Session, Depends(session)]
+
+
+READ = [Depends(reader)]
 
 
 Confidence = Annotated[

@@ -44,7 +44,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from zeal_server import store
+from zeal_server.costs import REFUSED
 from zeal_server.door import Inbox
+from zeal_server.guard import CLOSED
 from zeal_server.models import Device, Stream
 
 __all__ = [
@@ -248,6 +250,24 @@ class _ProcessFigures(PrometheusCollector):
             "1 while the collector's last database write succeeded (this process).",
             value=int(bool(coll is None or coll.database_ok)),
         )
+        closed = CounterMetricFamily(
+            "zeal_http_connections_closed",
+            "HTTP connections closed by a limit (zeal_server.guard): per_peer, total, "
+            "slow_request (this process; zeal-server serve only).",
+            labels=["reason"],
+        )
+        for reason in ("per_peer", "total", "slow_request"):
+            closed.add_metric([reason], CLOSED[reason])
+        yield closed
+        refused = CounterMetricFamily(
+            "zeal_http_heavy_reads_refused",
+            "Heavy reads answered 429 because their slots were taken, by kind "
+            "(zeal_server.costs; this process).",
+            labels=["kind"],
+        )
+        for kind, count in sorted(REFUSED.items()):
+            refused.add_metric([kind], count)
+        yield refused
         if coll is not None:
             yield from coll.lags.collect()
 

@@ -111,15 +111,23 @@ function token() {
   return sessionStorage.getItem("zeal-token") || "";
 }
 
+// A heavy read past the server's slots is answered 429 with Retry-After (docs/server.md,
+// "Heavy reads"): a page asks for several at once, so it waits and asks again, 5 times.
 async function api(path, options = {}) {
   const headers = { Accept: "application/json" };
   if (token()) headers.Authorization = `Bearer ${token()}`;
   if (options.body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(path, {
-    method: options.method || "GET",
-    headers,
-    body: options.body === undefined ? undefined : JSON.stringify(options.body),
-  });
+  let response;
+  for (let attempt = 0; ; attempt += 1) {
+    response = await fetch(path, {
+      method: options.method || "GET",
+      headers,
+      body: options.body === undefined ? undefined : JSON.stringify(options.body),
+    });
+    if (response.status !== 429 || attempt === 5) break;
+    const wait = Number(response.headers.get("Retry-After")) || 2;
+    await new Promise((resolve) => setTimeout(resolve, 1000 * Math.min(wait, 10)));
+  }
   let body = null;
   try {
     body = await response.json();
