@@ -78,6 +78,16 @@ class Bounded(Generic[K, V]):
         while len(self._items) > self.limit:
             self._items.popitem(last=False)
 
+    def find(self, key: K) -> V | None:
+        """The value of `key` (now the most recently used), or None."""
+        if key not in self._items:
+            return None
+        self._items.move_to_end(key)
+        return self._items[key]
+
+    def clear(self) -> None:
+        self._items.clear()
+
     def __contains__(self, key: object) -> bool:
         return key in self._items
 
