@@ -56,6 +56,9 @@ reliability: install   # the timed parts of docs/reliability.md (not in make tes
 	$(BIN)/python bench/reliability.py --out bench/reliability.json # 10 minutes
 	$(BIN)/python bench/hostile.py --out bench/hostile.json         # about 2 minutes
 	$(BIN)/python bench/cluster_throughput.py --out bench/cluster.json  # NATS cluster, 1 and 2 collectors
+	$(BIN)/python bench/slow_clients.py --out bench/slow_clients.json   # about 3 minutes
+	$(BIN)/python bench/heavy_reads.py --out bench/heavy_reads.json     # about 7 minutes
+	$(BIN)/python bench/broker_limits.py --out bench/broker_limits.json # about 2 minutes; exits 1: retained
 
 bench-quick: install
 	$(BIN)/python bench/report.py --quick --out $(or $(OUT),bench-quick)

@@ -115,7 +115,7 @@ def retain(broker: Mosquitto, document: dict[str, Any]) -> None:
 def test_a_forged_configuration_is_refused_or_halts_the_agent_and_the_server_retains_its_own(
     broker: Mosquitto, running: tuple[Server, Agent, str]
 ) -> None:
-    """The attack of issue 35: a configuration with the stream's own server id and creation
+    """The forged-configuration attack: a configuration with the stream's own server id and creation
     time (copied from the retained one) but a policy of 1e8 epsilon a day is refused by the
     agent's ceiling (8), which keeps its adopted configuration; one from another server id
     with the stream's very parameters halts it (exit 3, saying which server). It spent no
