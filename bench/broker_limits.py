@@ -10,13 +10,16 @@ attacker has gone, and what the broker did:
    topic, never released (a raw MQTT 3.1.1 client; it connects again when the broker
    closes the connection);
 2. retained messages: 2,000 retained 100 KB messages on the device's own presence topics
-   under invented stream names;
+   under invented stream names, with the deployment's config as it is, and with its
+   zeal_retain plugin enabled (deploy/mosquitto/plugin; then also 20,000 presences of
+   1 KB, under the plugin's size limit);
 3. an offline session: each login connects with a persistent session, subscribes to `#`,
    `zeal/v1/+/+/up` and its own topics, and goes away; 200 other devices then publish
    100,000 batches.
 
-Target (issue 35): no attack grows the broker's memory by more than 50 MB. Exits 1 when
-one does. Memory figures, so a benchmark and not a unit test.
+Target: no attack grows the broker's memory by more than 50 MB. Exits 1 when
+one does (the retained attack does, without the plugin). Memory figures, so a benchmark
+and not a unit test.
 """
 
 from __future__ import annotations
@@ -113,11 +116,13 @@ def paho_client(port: int, user: str, password: str, *, persistent: bool = False
     return c
 
 
-def retained(port: int, user: str, password: str, count: int) -> dict[str, Any]:
+def retained(
+    port: int, user: str, password: str, count: int, payload: bytes = BIG
+) -> dict[str, Any]:
     c = paho_client(port, user, password)
     accepted = 0
     for i in range(count):
-        info = c.publish(f"zeal/v1/invented-{i}/{user}/presence", BIG, qos=1, retain=True)
+        info = c.publish(f"zeal/v1/invented-{i}/{user}/presence", payload, qos=1, retain=True)
         try:
             info.wait_for_publish(10)
             accepted += 1
@@ -146,9 +151,11 @@ def offline_session(port: int, logins: list[tuple[str, str]], batches: int) -> d
     return {"batches": batches}
 
 
-def attack(name: str, run: Any) -> dict[str, Any]:
+def attack(name: str, run: Any, *, plugin: bool = False) -> dict[str, Any]:
+    """`plugin`: with deploy/mosquitto/plugin/zeal_retain.so enabled, and the collector's
+    configuration of stream temps retained first (as a running collector's is)."""
     with tempfile.TemporaryDirectory() as tmp:
-        broker = DeployBroker(Path(tmp) / "broker")
+        broker = DeployBroker(Path(tmp) / "broker", retain_plugin=plugin)
         passwd = Path(tmp) / "broker" / "passwd"
         subprocess.run(
             [
@@ -166,6 +173,13 @@ def attack(name: str, run: Any) -> dict[str, Any]:
             pid = broker.process.pid
             admin = BrokerAdmin(parse_broker_url(broker.url), "zeal-admin", "pw-zeal-admin")
             password = admin.provision("mallory")
+            if plugin:
+                collector = paho_client(broker.port, "zeal-collector", "pw-zeal-collector")
+                collector.publish(
+                    "zeal/v1/temps/config", b'{"stream": "temps"}', qos=1, retain=True
+                ).wait_for_publish(10)
+                collector.disconnect()
+                collector.loop_stop()
             before = rss_mb(pid)
             found = run(broker.port, password)
             held = rss_mb(pid)
@@ -180,7 +194,7 @@ def attack(name: str, run: Any) -> dict[str, Any]:
             broker.stop()
         stored = db.stat().st_size / 1e6 if db.exists() else 0.0
     found.update(
-        attack=name,
+        attack=name + (" with zeal_retain" if plugin else ""),
         rss_before_mb=round(before, 1),
         rss_attacker_present_mb=round(held, 1),
         rss_after_mb=round(after, 1),
@@ -206,6 +220,16 @@ def main(argv: list[str] | None = None) -> int:
         ),
         attack(
             "retained (provisioned login)", lambda port, pw: retained(port, "mallory", pw, 2000)
+        ),
+        attack(
+            "retained (provisioned login)",
+            lambda port, pw: retained(port, "mallory", pw, 2000),
+            plugin=True,
+        ),
+        attack(
+            "20,000 retained 1 KB presences (provisioned login)",
+            lambda port, pw: retained(port, "mallory", pw, 20_000, b"p" * 1000),
+            plugin=True,
         ),
         attack(
             "offline sessions of both logins",

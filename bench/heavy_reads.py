@@ -10,7 +10,7 @@ ask for `/preview/compare` planners; each client has an address of its own (127.
 Another client (127.0.0.200) asks `GET /api/v1/streams` all along.
 
 Measured: the light read's median, the collector's commit lag (median over the phase, from
-/healthz), and how the heavy reads were answered. Targets (issue 35): light reads and
+/healthz), and how the heavy reads were answered. Targets: light reads and
 commit lag within 2x their quiet medians, the excess answered 429. Run with the server's
 defaults (ZEAL_HEAVY_READS: half the CPUs) and, for comparison, with ZEAL_HEAVY_READS=1024
 (no budget to speak of). Timings, so a benchmark and not a unit test. Exits 1 when a

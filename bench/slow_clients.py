@@ -7,7 +7,7 @@ and then one header line every 5 s, and is opened again as soon as the server cl
 (`GET /api/v1/streams`) in turn all along, and an honest device publishes 50 batches
 whose time to be stored is measured; the same is measured with no attack first.
 
-Targets (issue 35): the other client's `/livez` and light read answer 200 with a median
+Targets: the other client's `/livez` and light read answer 200 with a median
 under 100 ms during the attack, and the honest device's ingest time stays within 2x of
 the quiet one. Run once with the server's defaults and once with
 ZEAL_HTTP_CONNECTIONS_PER_PEER=0 (no cap per address; the request time limit alone).

@@ -172,14 +172,26 @@ READ = "read-token-0123456789abc"
 USERS = ("zeal-collector", "dev1", "evil")
 
 
+def build_retain_plugin() -> Path:
+    """deploy/mosquitto/plugin/zeal_retain.so, built with its Makefile (mosquitto-dev)."""
+    folder = ROOT / "deploy" / "mosquitto" / "plugin"
+    subprocess.run(["make", "-s", "-C", str(folder)], check=True, capture_output=True)
+    return folder / "zeal_retain.so"
+
+
 class DeployBroker(Mosquitto):
     """deploy/mosquitto (its mosquitto.conf and acl, unchanged but for paths and port) with a
     password file holding USERS (password pw-USER), and the dynamic security plugin's file
-    made by `mosquitto_ctrl dynsec init` with its admin zeal-admin (pw-zeal-admin)."""
+    made by `mosquitto_ctrl dynsec init` with its admin zeal-admin (pw-zeal-admin).
+    `retain_plugin`: with deploy/mosquitto/plugin/zeal_retain.so enabled (built here)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, retain_plugin: bool = False) -> None:
         super().__init__(directory)
         conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
+        if retain_plugin:  # the line the deployment leaves commented out, with the build
+            line = "#plugin /mosquitto/plugins/zeal_retain.so"
+            assert line in conf
+            conf = conf.replace(line, f"plugin {build_retain_plugin()}")
         self.config.write_text(deploy_broker_config(conf, self.port, directory))
         for i, user in enumerate(USERS):
             subprocess.run(
