@@ -12,6 +12,7 @@ from zeal.protocol import BUCKET_SECONDS, EPSILON_MAX, EXPONENT, PAYLOAD_BITS
 from zeal_server import store
 
 __all__ = [
+    "HEAVY",
     "AverageOut",
     "CompareOut",
     "DeletedOut",
@@ -347,4 +348,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": Problem, "description": "wrong token"},
     404: {"model": Problem, "description": "no such stream or device"},
     503: {"model": Problem, "description": "database unavailable"},
+}
+#: The answer of a heavy read past its slots (zeal_server.costs; docs/server.md).
+HEAVY: dict[int | str, dict[str, Any]] = {
+    429: {
+        "model": Problem,
+        "description": "too many heavy reads at once (this one is heavy with the parameters "
+        "given: see docs/server.md, 'Heavy reads'); ask again after Retry-After seconds",
+    },
 }

@@ -48,14 +48,14 @@ from zeal_server.deps import (
 from zeal_server.influence import without_implausible
 from zeal_server.models import Stream
 from zeal_server.previews import PreviewOut, WindowPlanOut
-from zeal_server.schemas import AverageOut, PointOut, SeriesOut
+from zeal_server.schemas import HEAVY, AverageOut, PointOut, SeriesOut
 
 __all__ = ["router"]
 
 router = APIRouter()
 
 
-@router.get(f"{API}/preview", dependencies=READ, response_model=PreviewOut)
+@router.get(f"{API}/preview", dependencies=READ, response_model=PreviewOut, responses=HEAVY)
 def preview(
     lower: Lower,
     upper: Upper,
@@ -207,7 +207,9 @@ def _devices(db: Db, stream: Stream, group: str | None, device: str | None) -> s
     return devices_in(db, stream, group) if device is None else device_ids(db, stream, device)
 
 
-@router.get(f"{API}/streams/{{name}}/average", dependencies=READ, response_model=AverageOut)
+@router.get(
+    f"{API}/streams/{{name}}/average", dependencies=READ, response_model=AverageOut, responses=HEAVY
+)
 def average(
     name: str,
     db: Db,
@@ -257,7 +259,9 @@ def average(
     )
 
 
-@router.get(f"{API}/streams/{{name}}/series", dependencies=READ, response_model=SeriesOut)
+@router.get(
+    f"{API}/streams/{{name}}/series", dependencies=READ, response_model=SeriesOut, responses=HEAVY
+)
 def series(
     name: str,
     db: Db,

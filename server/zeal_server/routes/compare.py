@@ -31,7 +31,7 @@ from zeal_server.deps import (
     window,
 )
 from zeal_server.previews import ComparePlanOut
-from zeal_server.schemas import CompareOut
+from zeal_server.schemas import HEAVY, CompareOut
 
 __all__ = ["router"]
 
@@ -51,7 +51,9 @@ def _partitions(params: Zeal, rows: Rows) -> methods.Partitions:
     return methods.Partitions.of(counts, params.decoded_sums(counts, codes))
 
 
-@router.get(f"{API}/streams/{{name}}/compare", dependencies=READ, response_model=CompareOut)
+@router.get(
+    f"{API}/streams/{{name}}/compare", dependencies=READ, response_model=CompareOut, responses=HEAVY
+)
 def compare(
     name: str,
     db: Db,
@@ -206,7 +208,9 @@ def _fill(
     return out
 
 
-@router.get(f"{API}/preview/compare", dependencies=READ, response_model=ComparePlanOut)
+@router.get(
+    f"{API}/preview/compare", dependencies=READ, response_model=ComparePlanOut, responses=HEAVY
+)
 def preview_compare(
     lower: Lower,
     upper: Upper,

@@ -25,7 +25,7 @@ from zeal_server.deps import (
 from zeal_server.influence import ALL_TIME, implausible
 from zeal_server.jetstream import name_problem
 from zeal_server.models import Device, Reject, Stream
-from zeal_server.schemas import DeletedOut, DeviceOut, DevicesOut, GroupOut, TagsIn
+from zeal_server.schemas import HEAVY, DeletedOut, DeviceOut, DevicesOut, GroupOut, TagsIn
 
 __all__ = ["router"]
 
@@ -78,7 +78,9 @@ def delete_device(
     return DeletedOut(stream=name, device=device, readings=readings)
 
 
-@router.get(f"{API}/streams/{{name}}/devices", dependencies=READ, response_model=DevicesOut)
+@router.get(
+    f"{API}/streams/{{name}}/devices", dependencies=READ, response_model=DevicesOut, responses=HEAVY
+)
 def devices(
     name: str,
     db: Db,
