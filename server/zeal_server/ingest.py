@@ -40,7 +40,7 @@ from zeal_server.fleet import add_devices, device_ids
 from zeal_server.groups import Group, Outcome, implausible, rounds, select_batches
 from zeal_server.models import Stream
 from zeal_server.rawsql import Raw
-from zeal_server.rejectkeys import MAX_REJECT_ROWS, RejectKeys
+from zeal_server.rejectkeys import MAX_REJECT_ROWS, RejectKeys, check_reason
 from zeal_server.settle import Round
 from zeal_server.streams import params_of, stream_by_name
 from zeal_server.writes import StreamEntry, Writes, build_statement, write
@@ -209,11 +209,9 @@ class Ingest:
         """The rejects row a reject of (stream, device, reason) counts under (RejectKeys).
         A stream that exists is in the cache: the reject's caller has looked it up."""
         entry = self._streams.get(stream)
-        is_device = False
-        if entry is not None:
-            if (entry.id, device) not in self._devices:
-                self._look_up(session, entry.id, [device])
-            is_device = (entry.id, device) in self._devices
+        if entry is not None and (entry.id, device) not in self._devices:
+            self._look_up(session, entry.id, [device])
+        is_device = entry is not None and (entry.id, device) in self._devices
         return self._rejects.key(
             session,
             stream,
@@ -227,6 +225,7 @@ class Ingest:
         self, session: Session, stream: str, device: str, reason: str, *, when: int, count: int = 1
     ) -> Outcome:
         """Count `count` rejects under (stream, device, reason) at once (see _reject_key)."""
+        check_reason(reason)
         if stream not in ("*", ""):
             self._stream(session, stream)  # cached if it exists
         key = self._reject_key(session, stream, device, reason)

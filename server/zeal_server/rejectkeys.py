@@ -26,12 +26,19 @@ from sqlalchemy.orm import Session
 from zeal.protocol import REJECT_REASONS
 from zeal_server.models import Device, Reject, Stream
 
-__all__ = ["MAX_REJECT_ROWS", "RejectKeys"]
+__all__ = ["MAX_REJECT_ROWS", "RejectKeys", "check_reason"]
 
 #: Rows per pool: the streams that do not exist share one, each stream has one for names
 #: that are not its devices.
 MAX_REJECT_ROWS = 10_000
 RECOUNT = 10.0
+
+
+def check_reason(reason: str) -> None:
+    """A reject reason must be one of zeal.protocol.REJECT_REASONS: anything else is a bug,
+    refused loudly."""
+    if reason not in REJECT_REASONS:
+        raise AssertionError(f"{reason!r} is not in the reject catalogue")
 
 
 class RejectKeys:
@@ -52,10 +59,8 @@ class RejectKeys:
         is_device: bool,
     ) -> tuple[str, str, str]:
         """(stream, device, reason) to count a reject under. `stream_id`: the stream's id if
-        it exists; `is_device`: `device` is one of its devices. `reason` is one of
-        zeal.protocol.REJECT_REASONS (anything else is a bug, refused loudly)."""
-        if reason not in REJECT_REASONS:
-            raise AssertionError(f"{reason!r} is not in the reject catalogue")
+        it exists; `is_device`: `device` is one of its devices (check_reason applies)."""
+        check_reason(reason)
         names = (stream[:64], device[:64])
         if (stream_id is not None and is_device) or names in self._seen:
             return (*names, reason)
