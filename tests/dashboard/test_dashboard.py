@@ -55,8 +55,17 @@ class Server:
             headers["Authorization"] = f"Bearer {token}"
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.origin + path, data, headers, method=method)
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
+        for attempt in range(10):
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                # A heavy read while the page runs one: asked again after Retry-After, as
+                # docs/server.md ("Heavy reads") tells clients to.
+                if exc.code != 429 or attempt == 9:
+                    raise
+                time.sleep(float(exc.headers.get("Retry-After", "2")))
+        raise AssertionError("unreachable")
 
     def get(self, path: str, **params: Any) -> Any:
         query = urllib.parse.urlencode({k: v for k, v in params.items() if v not in (None, "")})
