@@ -9,9 +9,9 @@ them made a light ``GET /streams`` take half a second and the collector's commit
 
 So a heavy read (:func:`heavy_kind`) runs only in one of ``at_once`` slots
 (``ZEAL_HEAVY_READS``, default half the CPUs, at least 1), at most ``per_client`` of them
-per client (its bearer token, or its address without one); past either it is answered
-429 with ``Retry-After`` at once, never queued, and counted by kind (:data:`REFUSED`,
-``zeal_http_heavy_reads_refused_total``). On PostgreSQL its statements get a
+per client (its bearer token, or its address without one). Past either it waits up to
+``SLOT_WAIT`` seconds for one, then is answered 429 with ``Retry-After`` and counted by
+kind (:data:`REFUSED`, ``zeal_http_heavy_reads_refused_total``). On PostgreSQL its statements get a
 ``statement_timeout`` of ``STATEMENT_SECONDS``; one that runs longer is cancelled by the
 database and answered 503 with the reason. Exports have their own limit (4 at once).
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import parse_qsl
@@ -40,8 +41,10 @@ __all__ = [
 #: Seconds a heavy read's statement may run on PostgreSQL.
 STATEMENT_SECONDS = 30
 RETRY_AFTER = "2"
-#: Seconds before a 429 is sent (the connection stays open meanwhile, at no cost).
-REFUSAL_PAUSE = 1.0
+#: Seconds a heavy read waits for a slot before its 429 (a page's few heavy reads at once
+#: are served one after the other; a client that asks again at once, whatever
+#: Retry-After says, costs one cheap request every 2 s, not hundreds).
+SLOT_WAIT = 2.0
 #: Heavy reads answered 429, by kind (this process).
 REFUSED: Counter[str] = Counter()
 
@@ -81,14 +84,13 @@ class ReadBudget:
         self._running: Counter[str] = Counter()
 
     def take(self, client: str, kind: str) -> str | None:
-        """Take a slot for `client`; or why not (the 429's text), counted."""
+        """Take a slot for `client`; or why not (the 429's text)."""
         with self._lock:
             total = sum(self._running.values())
             if total < self.at_once and self._running[client] < self.per_client:
                 self._running[client] += 1
                 return None
             mine = self._running[client] >= self.per_client
-        REFUSED[kind] += 1
         return (
             f"too many heavy reads ({kind}) "
             + ("of this client" if mine else "at once")
@@ -137,11 +139,11 @@ class HeavyReads:
         who = client_of(
             headers.get(b"authorization", b"").decode("latin-1"), client[0] if client else ""
         )
-        refused = budget.take(who, kind)
+        deadline = time.monotonic() + SLOT_WAIT
+        while (refused := budget.take(who, kind)) is not None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # the connection stays open meanwhile, at no cost
         if refused is not None:
-            # Answered after a pause: a client that asks again at once, whatever
-            # Retry-After says, costs one cheap request a second, not hundreds.
-            await asyncio.sleep(REFUSAL_PAUSE)
+            REFUSED[kind] += 1
             await self.answer(send, 429, refused, [(b"retry-after", RETRY_AFTER.encode())])
             return
         scope.setdefault("state", {})["heavy"] = kind

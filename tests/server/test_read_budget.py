@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,8 +62,9 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
 def test_past_the_slots_a_heavy_read_gets_429_and_a_light_one_is_served(
     client: TestClient,
 ) -> None:
-    """With ZEAL_HEAVY_READS=1 and the slot taken by this client: its next heavy read is
-    429 with Retry-After ("of this client"); another client's (a token) too ("at once");
+    """With ZEAL_HEAVY_READS=1 and the slot taken by this client: its next heavy read waits
+    for it (SLOT_WAIT), then is 429 with Retry-After ("of this client"); another client's
+    (a token) too ("at once");
     light reads are served; once the slot is free the heavy read is served, and the
     refusals are counted in /metrics by kind."""
     planner = (
@@ -85,3 +87,19 @@ def test_past_the_slots_a_heavy_read_gets_429_and_a_light_one_is_served(
     assert REFUSED["planner"] - before == 2
     metrics = client.get("/metrics").text
     assert 'zeal_http_heavy_reads_refused_total{kind="planner"}' in metrics
+
+
+def test_a_heavy_read_waits_for_a_slot_that_frees_meanwhile(client: TestClient) -> None:
+    """The slot is given back while a heavy read waits for it (within SLOT_WAIT): that read
+    is served, not refused, and nothing is counted as refused."""
+    planner = (
+        "/api/v1/preview?lower=0&upper=50&epsilon=1&devices=500&interval=3600&reading_every=60"
+    )
+    before = REFUSED["planner"]
+    reads = client.app.state.reads  # type: ignore[attr-defined]
+    reads.take("address:testclient", "planner")
+    freed = threading.Timer(0.3, reads.give_back, args=("address:testclient",))
+    freed.start()
+    assert client.get(planner).status_code == 200
+    freed.join()
+    assert REFUSED["planner"] == before
