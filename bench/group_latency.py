@@ -53,7 +53,12 @@ def fill(url: str, devices: int, days: int) -> dict[str, float]:
 
     from zeal import encode_batch
     from zeal_server import store
-    from zeal_server.db import make_engine, migrate, session_factory
+    from zeal_server.ingest import Ingest  # a module before the subpackages, a package since
+
+    try:
+        from zeal_server.store.db import make_engine, migrate, session_factory
+    except ImportError:  # a baseline from before the server's subpackages
+        from zeal_server.db import make_engine, migrate, session_factory  # type: ignore[no-redef]
 
     engine = make_engine(url)
     migrate(engine)
@@ -67,7 +72,7 @@ def fill(url: str, devices: int, days: int) -> dict[str, float]:
     phase = rng.integers(0, 3_600, size=devices) * 1000  # minute and second in the hour
     hours = np.arange(24, dtype=np.int64) * 3_600_000
     started = time.perf_counter()
-    ingest = store.Ingest()  # no time limits: the month lies in the past
+    ingest = Ingest()  # no time limits: the month lies in the past
     messages: list[tuple[str, bytes, int]] = []
 
     def flush() -> None:
@@ -115,8 +120,12 @@ def time_queries(url: str, runs: int) -> dict[str, float]:
     warnings.filterwarnings("ignore")
     from fastapi.testclient import TestClient
 
-    from zeal_server.api import create_app
     from zeal_server.settings import ServerSettings
+
+    try:
+        from zeal_server.app import create_app
+    except ImportError:  # a baseline from before the server's subpackages
+        from zeal_server.api import create_app  # type: ignore[no-redef]
 
     settings = ServerSettings.from_env({"ZEAL_DATABASE_URL": url, "ZEAL_MQTT_URL": "off"})
     inside = {"start": _iso(T0 + 86_400_000 + 7 * 3_600_000 + 13 * 60_000)}

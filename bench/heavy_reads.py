@@ -1,5 +1,5 @@
 """Heavy reads against light reads and ingestion (docs/reliability.md, "Probed as an attacker
-would"; zeal_server.costs).
+would"; zeal_server.api.costs).
 
 A real `zeal-server serve` (SQLite, the deployment's broker config) holding 6 days of
 minute readings of 50 devices (432,000 readings). An honest device publishes a batch every
@@ -38,7 +38,8 @@ from tools.testbed.server import DeployBroker, batches, client, serve  # noqa: E
 from tools.testbed.verdict import finish  # noqa: E402
 from zeal import Zeal, encode_batch  # noqa: E402
 from zeal_server import store  # noqa: E402
-from zeal_server.db import make_engine, migrate, session_factory  # noqa: E402
+from zeal_server.ingest import Ingest  # noqa: E402
+from zeal_server.store.db import make_engine, migrate, session_factory  # noqa: E402
 
 DAY, HOUR = 86_400_000, 3_600_000
 DEVICES, DAYS = 50, 6
@@ -55,7 +56,7 @@ def fill(url: str, now: int) -> Zeal:
             session, name="temps", lower=0, upper=110, epsilon=1, max_epsilon_per_day=1e6
         )
         params = store.params_of(stream)
-    ingest = store.Ingest(max_age_ms=30 * DAY)
+    ingest = Ingest(max_age_ms=30 * DAY)
     rng = np.random.default_rng(35)
     start = now // HOUR * HOUR - DAYS * DAY
     messages = []

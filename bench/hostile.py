@@ -35,12 +35,12 @@ from sqlalchemy import insert  # noqa: E402
 
 from tools.testbed.server import FLOOD, DeployBroker, batches, client, create, serve, stats  # noqa: E402
 from zeal_server import store  # noqa: E402
-from zeal_server.api import create_app  # noqa: E402
-from zeal_server.compaction import chunk_rows  # noqa: E402
-from zeal_server.db import make_engine, migrate, session_factory  # noqa: E402
-from zeal_server.models import Device, DeviceTag, Segment  # noqa: E402
-from zeal_server.segments import Columns  # noqa: E402
+from zeal_server.app import create_app  # noqa: E402
 from zeal_server.settings import ServerSettings  # noqa: E402
+from zeal_server.store.compaction import chunk_rows  # noqa: E402
+from zeal_server.store.db import make_engine, migrate, session_factory  # noqa: E402
+from zeal_server.store.models import Device, DeviceTag, Segment  # noqa: E402
+from zeal_server.store.segments import Columns  # noqa: E402
 
 DEVICES = 100_000
 PG = os.environ.get("ZEAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")

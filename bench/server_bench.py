@@ -33,8 +33,8 @@ warnings.filterwarnings("ignore")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from zeal import Zeal, encode_batch  # noqa: E402
-from zeal_server import store  # noqa: E402
-from zeal_server.api import create_app  # noqa: E402
+from zeal_server.app import create_app  # noqa: E402
+from zeal_server.ingest import Ingest  # noqa: E402
 from zeal_server.settings import ServerSettings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +142,7 @@ def average_latency(tmp: str) -> tuple[float, float]:
             json=stream_body("big"),
         )
         rng = np.random.default_rng(0)
-        ingest, t0, batch, devices, per_device = store.Ingest(), 1767225600000, 600, 100, 100_000
+        ingest, t0, batch, devices, per_device = Ingest(), 1767225600000, 600, 100, 100_000
         started = time.time()
         for start in range(0, per_device, batch):
             codes = params.perturb(rng.uniform(30, 70, (devices, batch)), rng=rng)

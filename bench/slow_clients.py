@@ -1,4 +1,4 @@
-"""Slow clients (docs/reliability.md, "Probed as an attacker would"; zeal_server.guard).
+"""Slow clients (docs/reliability.md, "Probed as an attacker would"; zeal_server.api.guard).
 
 A real `zeal-server serve` (SQLite, the deployment's broker config) while one address,
 127.0.0.1, holds SOCKETS connections open for --seconds: each sends the start of a request

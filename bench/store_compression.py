@@ -27,9 +27,10 @@ from zeal import Zeal, encode_batch
 from zeal.baselines import PiecewiseFloat
 from zeal.topics import data_topic
 from zeal_server import store
-from zeal_server.db import make_engine, migrate, session_factory
-from zeal_server.models import Segment, Stream
-from zeal_server.segments import CHUNK, section_sizes
+from zeal_server.ingest import Ingest
+from zeal_server.store.db import make_engine, migrate, session_factory
+from zeal_server.store.models import Segment, Stream
+from zeal_server.store.segments import CHUNK, section_sizes
 
 __all__ = ["empirical_entropy", "measure"]
 
@@ -77,7 +78,7 @@ def measure(
         engine = make_engine(f"sqlite:///{tmp}/zeal.sqlite")
         migrate(engine)
         sessions = session_factory(engine)
-        ingest = store.Ingest()
+        ingest = Ingest()
         t0 = 1767225600000
         per_device = readings // devices
         with sessions() as session, session.begin():

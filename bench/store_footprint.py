@@ -45,9 +45,11 @@ sys.path.insert(0, str(ROOT))
 from tools.testbed.databases import postgres_database, table_bytes, vacuum  # noqa: E402
 from zeal import Zeal, encode_batch  # noqa: E402
 from zeal.topics import data_topic  # noqa: E402
-from zeal_server import retention, store  # noqa: E402
-from zeal_server.db import make_engine, migrate, session_factory  # noqa: E402
-from zeal_server.footprint import stream_bytes  # noqa: E402
+from zeal_server import store  # noqa: E402
+from zeal_server.ingest import Ingest  # noqa: E402
+from zeal_server.store import retention  # noqa: E402
+from zeal_server.store.db import make_engine, migrate, session_factory  # noqa: E402
+from zeal_server.store.footprint import stream_bytes  # noqa: E402
 
 DATA = ROOT / "data" / "seattle-temps.csv"
 MAX_AGE_MS = 60_000
@@ -137,7 +139,7 @@ def transactions(arrivals: list[tuple[int, str, bytes]]) -> Iterator[list[tuple[
         yield current
 
 
-def housekeep(engine: Engine, ingest: store.Ingest, now_ms: int) -> None:
+def housekeep(engine: Engine, ingest: Ingest, now_ms: int) -> None:
     """The collector's housekeeping at `now_ms` of the simulated clock."""
     sessions = session_factory(engine)
     with sessions() as session, session.begin():
@@ -237,7 +239,7 @@ def run(
         t0 = (stream.created_ms // 60_000 + 1) * 60_000
         fleet = make_fleet(params, devices, readings, t0=t0, jitter=jitter, seed=seed)
         arrivals = messages(params, fleet, pattern.per_message)
-        ingest = store.Ingest(max_future_ms=MAX_FUTURE_MS, max_age_ms=MAX_AGE_MS, max_buckets=1440)
+        ingest = Ingest(max_future_ms=MAX_FUTURE_MS, max_age_ms=MAX_AGE_MS, max_buckets=1440)
         started = time.perf_counter()
         next_housekeeping = t0 + HOUSEKEEP_EVERY_MS
         stored = 0

@@ -13,7 +13,7 @@ COPY = ROOT / "docs" / "openapi.json"
 
 def document() -> str:
     """The OpenAPI document of the application, as committed (sorted keys, indented)."""
-    from zeal_server.api import create_app
+    from zeal_server.app import create_app
     from zeal_server.settings import ServerSettings
 
     app = create_app(ServerSettings(database_url="sqlite://", broker=None))

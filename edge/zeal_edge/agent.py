@@ -43,7 +43,7 @@ from zeal_edge.sources import END, Reading, Source, read_into
 
 __all__ = ["Agent"]
 
-log = logging.getLogger("zeal_edge.agent")
+log = logging.getLogger(__name__)
 #: How long a starting agent waits for the broker before it goes on offline (seconds).
 PRESENCE_WAIT = 5.0
 #: On a stop, how long to wait for the broker to confirm what is in flight (seconds).

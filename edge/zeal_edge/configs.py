@@ -23,7 +23,7 @@ from zeal_edge.outbox import Outbox
 
 __all__ = ["ConfigDesk", "Verdict"]
 
-log = logging.getLogger("zeal_edge.agent")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

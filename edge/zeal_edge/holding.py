@@ -21,7 +21,7 @@ from zeal_edge.sources import Reading
 
 __all__ = ["Holding"]
 
-log = logging.getLogger("zeal_edge.agent")
+log = logging.getLogger(__name__)
 
 
 class Holding:

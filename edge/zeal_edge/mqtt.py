@@ -27,7 +27,7 @@ from zeal_edge.errors import PublishError
 __all__ = ["BrokerSettings", "Connection", "Message", "parse_broker_url"]
 
 
-log = logging.getLogger("zeal_edge.mqtt")
+log = logging.getLogger(__name__)
 #: MQTT v5 reason code of a DISCONNECT sent because another client took the session.
 SESSION_TAKEN_OVER = 142
 

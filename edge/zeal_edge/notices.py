@@ -15,7 +15,7 @@ from zeal_edge.outbox import Outbox
 
 __all__ = ["FATAL", "NoticeDesk"]
 
-log = logging.getLogger("zeal_edge.agent")
+log = logging.getLogger(__name__)
 #: Notices after which the agent stops: the server no longer has the stream.
 FATAL = frozenset({"unknown_stream"})
 

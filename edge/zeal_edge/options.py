@@ -158,7 +158,7 @@ def config_from_file(options: AgentOptions) -> StreamConfig:
 
 def _warn_if_unbounded(config: StreamConfig, options: AgentOptions) -> StreamConfig:
     if config.params.max_epsilon_per_day is None and options.budget.cap_micro is None:
-        logging.getLogger("zeal_edge").warning(
+        logging.getLogger(__name__).warning(
             "stream %s has no privacy policy (it was made before policies) and no "
             "--budget-cap is set: what this device spends per day is not bounded",
             config.stream,

@@ -33,7 +33,7 @@ from zeal_edge.records import SealedBatch
 
 __all__ = ["Batcher", "Draft", "Pipeline", "topic_of", "which_batches"]
 
-log = logging.getLogger("zeal_edge.pipeline")
+log = logging.getLogger(__name__)
 
 
 def topic_of(namespace: str) -> str:

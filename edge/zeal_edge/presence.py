@@ -24,7 +24,7 @@ from zeal_edge.mqtt import Connection
 
 __all__ = ["RETAINED_GRACE", "DeviceClaim"]
 
-log = logging.getLogger("zeal_edge.presence")
+log = logging.getLogger(__name__)
 #: After the SUBACK, how long a retained presence message may take to arrive (seconds).
 RETAINED_GRACE = 0.5
 

@@ -34,7 +34,7 @@ from zeal_edge.settings import add_arguments, resolve
 
 __all__ = ["add_simulate_arguments", "run_simulation"]
 
-log = logging.getLogger("zeal_edge.simulate")
+log = logging.getLogger(__name__)
 _SETTINGS = {
     "stream",
     "broker",

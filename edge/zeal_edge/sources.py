@@ -37,7 +37,7 @@ __all__ = [
     "read_into",
 ]
 
-log = logging.getLogger("zeal_edge.source")
+log = logging.getLogger(__name__)
 _TIME_FORMATS = ("%Y/%m/%d %H:%M:%S", "%Y/%m/%d %H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S")
 
 

@@ -2,12 +2,10 @@
 operator dashboard (``zeal-server``; docs/server.md).
 
 Importing the package loads no web framework: the application is
-``zeal_server.api.create_app``. Its errors (``zeal_server.errors``) are re-exported here.
+``zeal_server.app.create_app``. Its errors (``zeal_server.errors``) are re-exported here.
 """
 
-from zeal_server.errors import IdentityError, ServerError
-from zeal_server.provisioning import ProvisioningError
+from zeal_server.errors import IdentityError, ProvisioningError, ServerError, StoreError
 from zeal_server.settings import SettingsError
-from zeal_server.store import StoreError
 
 __all__ = ["IdentityError", "ProvisioningError", "ServerError", "SettingsError", "StoreError"]

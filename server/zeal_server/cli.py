@@ -32,16 +32,17 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from zeal_server import devicecommands, retention, store
-from zeal_server.db import make_engine, migrate, session_factory
-from zeal_server.jetstream import name_problem
-from zeal_server.models import Device
-from zeal_server.provisioning import ProvisioningError
+from zeal_server import devicecommands, store
+from zeal_server.errors import ProvisioningError
 from zeal_server.settings import ServerSettings, SettingsError, variables_help
+from zeal_server.store import retention
+from zeal_server.store.db import make_engine, migrate, session_factory
+from zeal_server.store.models import Device
+from zeal_server.store.streams import name_problem
 
 __all__ = ["main"]
 
-log = logging.getLogger("zeal_server.cli")
+log = logging.getLogger(__name__)
 _DATABASE = ("ZEAL_DATA_DIR", "ZEAL_DATABASE_URL")
 _FORMATTER = argparse.RawDescriptionHelpFormatter
 
@@ -225,12 +226,12 @@ def _nats_names(settings: ServerSettings, args: argparse.Namespace) -> None:
 def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from zeal_server.api import create_app
-    from zeal_server.guard import guarded
+    from zeal_server.api.guard import guarded
+    from zeal_server.app import create_app
 
     app = create_app(settings, collector=not args.no_collector)
     # Idle keep-alive connections close after 5 s. No limit_concurrency: it answers 503 to
-    # every route, /livez too, once that many sockets are open; zeal_server.guard limits
+    # every route, /livez too, once that many sockets are open; zeal_server.api.guard limits
     # connections per address and in all, and the time to send a request, instead.
     uvicorn.run(
         app,

@@ -1,4 +1,4 @@
-"""``zeal-server devices ...``: device logins in the broker (zeal_server.provisioning) from
+"""``zeal-server devices ...``: device logins in the broker (zeal_server.broker.provisioning) from
 the command line. Errors are ProvisioningError, which the CLI prints in one line."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from zeal_server.provisioning import admin_for
+from zeal_server.broker.provisioning import admin_for
 from zeal_server.settings import ServerSettings
 
 __all__ = ["add_parsers", "run"]

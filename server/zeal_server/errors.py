@@ -1,4 +1,4 @@
-"""The server package's exceptions::
+"""The server package's exceptions, every one defined here::
 
 ServerError
 ├── SettingsError (ValueError)       a ZEAL_ setting is missing or invalid: exit status 2
@@ -8,16 +8,45 @@ ServerError
 └── IdentityError (RuntimeError)     no collector id slot is free in the data directory
 
 Database and broker errors keep their own types (SQLAlchemy's, paho's) and are translated
-where they reach a user: the HTTP layer answers 503, the CLI prints one line.
+where they reach a user: the HTTP layer answers 503, the CLI prints one line. This module
+imports nothing but the standard library, so catching these costs no heavy import.
 """
 
 from __future__ import annotations
 
-__all__ = ["IdentityError", "ServerError"]
+from typing import Literal
+
+__all__ = [
+    "IdentityError",
+    "ProvisioningError",
+    "ProvisioningKind",
+    "ServerError",
+    "SettingsError",
+    "StoreError",
+]
+
+#: Why a device login could not be made or removed.
+ProvisioningKind = Literal["invalid", "exists", "unknown", "off", "unavailable"]
 
 
 class ServerError(Exception):
     """Base of the server's errors."""
+
+
+class SettingsError(ServerError, ValueError):
+    """A server setting is missing or invalid."""
+
+
+class StoreError(ServerError, ValueError):
+    """A request the store cannot satisfy (unknown or duplicate stream, bad parameters)."""
+
+
+class ProvisioningError(ServerError, ValueError):
+    """A device login could not be made or removed; ``kind`` says why."""
+
+    def __init__(self, kind: ProvisioningKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: ProvisioningKind = kind
 
 
 class IdentityError(ServerError, RuntimeError):

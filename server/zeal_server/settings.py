@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from zeal.brokerurl import BrokerSettings, parse_broker_url, parse_protocol
-from zeal_server.errors import ServerError
+from zeal_server.errors import SettingsError
 
 __all__ = ["VARIABLES", "ServerSettings", "SettingsError", "variables_help"]
 
@@ -95,16 +95,12 @@ def variables_help(names: tuple[str, ...] | None = None) -> str:
     return "\n".join(lines)
 
 
-class SettingsError(ServerError, ValueError):
-    """A server setting is missing or invalid."""
-
-
 @dataclass(frozen=True)
 class ServerSettings:
     database_url: str
     broker: BrokerSettings | None
     share_group: str = ""
-    #: None: claim one in data_dir (zeal_server.identity).
+    #: None: claim one in data_dir (zeal_server.broker.identity).
     collector_id: str | None = None
     data_dir: Path = Path("zeal-data")
     operator_token: str | None = None
@@ -123,9 +119,9 @@ class ServerSettings:
     #: The broker's dynamic security admin login (device provisioning); None: off.
     admin_username: str | None = None
     admin_password: str | None = None
-    #: HTTP connections at once from one address; 0: no limit (zeal_server.guard).
+    #: HTTP connections at once from one address; 0: no limit (zeal_server.api.guard).
     http_per_peer: int = 64
-    #: Heavy reads at once (zeal_server.costs).
+    #: Heavy reads at once (zeal_server.api.costs).
     heavy_reads: int = 1
 
     @classmethod

@@ -8,15 +8,51 @@ Public surface::
     encode_batch / decode_batch -> Batch      wire format v2 (docs/wire-format.md)
     exact_sum / exact_sum_squares             exact integer sums of codes (the store's sums)
     ZealError, ParameterError, ReadingError, CodeError, WireError, ZealWarning
+
+Public modules, which the edge, the server, benchmarks and tools may import (PUBLIC_MODULES;
+tests/test_architecture.py holds it to the files)::
+
+    errors       the exception tree
+    protocol     names, parameter limits, the reject reasons
+    policy       a stream's privacy policy in integer micro-epsilon
+    wire         the batch format; wirebatches: many payloads of a stream decoded at once
+    topics       the MQTT topic layout
+    streamconfig, brokerurl, mqttclient    configuration documents, broker URLs, paho clients
+    estimate     an average's estimate and intervals
+    compare, plan, windowplan, bayes, censored   comparisons, planners, small-window estimates
+    baselines    the other papers' mechanisms, for benchmarks
+
+Every other module has a leading underscore: the mechanism and its samplers, the code width,
+randomness, the exact sums, the privacy audit, the firmware profiles, the benchmarks.
 """
 
+from zeal._distribution import OutputDistribution
 from zeal._exact import exact_sum, exact_sum_squares
-from zeal.distribution import OutputDistribution
+from zeal._mechanism import SAMPLERS, Zeal
+from zeal._privacy_audit import AuditReport, audit
 from zeal.errors import CodeError, ParameterError, ReadingError, ZealError, ZealWarning
 from zeal.estimate import Estimate
-from zeal.mechanism import SAMPLERS, Zeal
-from zeal.privacy_audit import AuditReport, audit
 from zeal.wire import REASONS, Batch, CodecParams, WireError, decode_batch, encode_batch
+
+#: The submodules other packages may import; the rest are private (a leading underscore).
+PUBLIC_MODULES = (
+    "baselines",
+    "bayes",
+    "brokerurl",
+    "censored",
+    "compare",
+    "errors",
+    "estimate",
+    "mqttclient",
+    "plan",
+    "policy",
+    "protocol",
+    "streamconfig",
+    "topics",
+    "windowplan",
+    "wire",
+    "wirebatches",
+)
 
 __all__ = [
     "REASONS",

@@ -6,8 +6,8 @@ import argparse
 import sys
 import warnings
 
+from zeal._mechanism import SAMPLERS, Zeal
 from zeal.errors import ZealError, ZealWarning
-from zeal.mechanism import SAMPLERS, Zeal
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
 def _firmware(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from zeal.firmware import c_header, profile_bytes
+    from zeal._firmware import c_header, profile_bytes
     from zeal.protocol import check_name
     from zeal.streamconfig import read_config
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "firmware-profile":
             return _firmware(args)
         if args.command == "bench":
-            from zeal.bench import run
+            from zeal._bench import run
 
             run(n=args.n)
             return 0

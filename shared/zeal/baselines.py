@@ -44,8 +44,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from zeal.estimate import normal_quantile
-from zeal.laplace import (
+from zeal._laplace import (
     BITLaplace,
     BoundedLaplace,
     LaplaceMechanism,
@@ -53,8 +52,9 @@ from zeal.laplace import (
     check_range,
     clipped,
 )
-from zeal.mechanism import Zeal
-from zeal.randomness import Randomness, random_words, uniform01
+from zeal._mechanism import Zeal
+from zeal._randomness import Randomness, random_words, uniform01
+from zeal.estimate import normal_quantile
 
 __all__ = [
     "BITLaplace",

@@ -28,9 +28,9 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from zeal._mechanism import Zeal
 from zeal.errors import ParameterError
 from zeal.estimate import check_confidence, check_real
-from zeal.mechanism import Zeal
 
 __all__ = [
     "NormalPrior",

@@ -6,14 +6,47 @@ Tree::
     ├── ParameterError (ValueError)  stream parameters that cannot be used
     │   └── FitError                   a model that cannot be fitted to these data
     ├── ReadingError   (ValueError)  readings that cannot be perturbed (NaN, inf, wrong shape)
-    └── CodeError      (ValueError)  codes or privatized floats that are not valid outputs
+    ├── CodeError      (ValueError)  codes or privatized floats that are not valid outputs
+    ├── WireError      (ValueError)  a payload (or a batch to encode) that is not valid: .reason
+    └── TopicError     (ValueError)  a topic, notice or presence document not in the layout
 
 :class:`ZealWarning` marks uses that work but are not recommended (the paper's float sampler).
+
+Every class is defined here, and this module imports nothing but the standard library.
 """
 
 from __future__ import annotations
 
-__all__ = ["CodeError", "FitError", "ParameterError", "ReadingError", "ZealError", "ZealWarning"]
+from typing import Literal
+
+__all__ = [
+    "CodeError",
+    "FitError",
+    "ParameterError",
+    "ReadingError",
+    "TopicError",
+    "WireError",
+    "WireReason",
+    "ZealError",
+    "ZealWarning",
+]
+
+#: Every reason a payload can be refused for, in the order the decoder checks
+#: (``zeal.wire.REASONS``).
+WireReason = Literal[
+    "empty",
+    "too_large",
+    "bad_version",
+    "bad_flags",
+    "truncated",
+    "fingerprint_mismatch",
+    "bad_varint",
+    "bad_count",
+    "bad_timestamp",
+    "bad_padding",
+    "bad_code",
+    "trailing_bytes",
+]
 
 
 class ZealError(Exception):
@@ -39,3 +72,15 @@ class CodeError(ZealError, ValueError):
 
 class ZealWarning(UserWarning):
     """A configuration that works but weakens the guarantees the project states."""
+
+
+class WireError(ZealError, ValueError):
+    """A payload (or a batch to encode) is not valid; ``reason`` says which check failed."""
+
+    def __init__(self, reason: WireReason, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason: WireReason = reason
+
+
+class TopicError(ZealError, ValueError):
+    """A topic or a notice/presence document is not what the layout of zeal.topics says."""

@@ -100,13 +100,10 @@ def acknowledge(client: mqtt.Client, messages: Iterable[tuple[int, int]]) -> Non
     """Acknowledge (mid, qos) pairs of a client with manual acknowledgement, waking its
     network thread once for all of them.
 
-    ``Client.ack`` builds and queues one PUBACK packet and writes a byte to the socket pair
-    that wakes the network thread, every call. From another thread each such write hands
-    Python's interpreter lock to the network thread and back: 18,000 acknowledgements
-    after a commit took 150 to 210 ms, 40 to 100 ms with one wake-up at the end, and a
-    few ms as one write of all the PUBACKs (measured with bench/message_cost.py). So the
-    QoS 1 PUBACKs (4 bytes each, the same under MQTT v5 and 3.1.1: success needs no
-    reason code) are queued as one write, in the order given, through paho 2.1's private
+    ``Client.ack`` wakes the network thread at every call, and from another thread each
+    wake-up hands Python's interpreter lock back and forth (deploy/SCALING.md has the
+    cost). So the QoS 1 PUBACKs (4 bytes each, the same under MQTT v5 and 3.1.1: success
+    needs no reason code) are queued as one write, in the order given, through paho 2.1's private
     ``_packet_queue``; the wake-up socket is its private ``_sockpairW``. constraints.txt
     pins paho-mqtt and tests/shared/test_mqttclient.py checks that both are there; while
     the socket is set aside, packets queued by any thread wait for that last wake-up.

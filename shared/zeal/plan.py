@@ -32,10 +32,10 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from zeal._mechanism import Zeal
+from zeal._studentt import t_quantile, two_sided_p
 from zeal.errors import ParameterError
 from zeal.estimate import check_real
-from zeal.mechanism import Zeal
-from zeal.studentt import t_quantile, two_sided_p
 
 __all__ = ["SIMULATED_DEVICES", "Plan", "plan_comparison", "reading_noise", "zero_inflated"]
 

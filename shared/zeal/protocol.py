@@ -40,7 +40,7 @@ NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 #: Largest privacy budget per reading a stream may declare (epsilon is in (0, EPSILON_MAX]).
 EPSILON_MAX: Final = 20.0
 #: Inclusive bounds of a stream's payload width in bits (the library's; a server may allow
-#: fewer, see ``zeal_server.streams.MAX_SERVER_BITS``).
+#: fewer, see ``zeal_server.store.streams.MAX_SERVER_BITS``).
 PAYLOAD_BITS: Final = (2, 52)
 #: Inclusive bounds of the binade exponent E_U* a stream may name (float64's own range).
 EXPONENT: Final = (-1000, 1022)

@@ -27,8 +27,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Final
 
+from zeal._mechanism import Zeal
 from zeal.errors import ParameterError, ZealWarning
-from zeal.mechanism import Zeal
 from zeal.protocol import check_name
 
 __all__ = [

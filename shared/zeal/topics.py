@@ -31,7 +31,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from zeal.errors import ZealError
+from zeal.errors import TopicError
 
 __all__ = [
     "CONFIG_FILTER",
@@ -63,10 +63,6 @@ CONFIG_FILTER: Final = f"{PREFIX}/+/config"
 FLUSH_FILTER: Final = f"{PREFIX}/flush"
 NOTICE_FORMAT: Final = "zeal-notice/1"
 PRESENCE_FORMAT: Final = "zeal-presence/1"
-
-
-class TopicError(ZealError, ValueError):
-    """A topic or a notice/presence document is not what the layout above says."""
 
 
 def data_topic(stream: str, device: str) -> str:

@@ -27,9 +27,9 @@ from typing import Final
 
 import numpy as np
 
+from zeal._mechanism import Zeal
 from zeal.errors import ParameterError
 from zeal.estimate import bernstein_half_width
-from zeal.mechanism import Zeal
 from zeal.plan import reading_noise
 from zeal.policy import MICRO, cap_micro
 

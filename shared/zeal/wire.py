@@ -25,12 +25,12 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Protocol, get_args
 
 import numpy as np
 import numpy.typing as npt
 
-from zeal.errors import ZealError
+from zeal.errors import WireError, WireReason
 
 __all__ = [
     "FINGERPRINT_BYTES",
@@ -55,30 +55,7 @@ MAX_PAYLOAD_BYTES: Final = 1 << 20
 _IRREGULAR: Final = 0x01
 
 #: Every reason a payload can be refused for, in the order the decoder checks.
-REASONS: Final = (
-    "empty",
-    "too_large",
-    "bad_version",
-    "bad_flags",
-    "truncated",
-    "fingerprint_mismatch",
-    "bad_varint",
-    "bad_count",
-    "bad_timestamp",
-    "bad_padding",
-    "bad_code",
-    "trailing_bytes",
-)
-
-
-class WireError(ZealError, ValueError):
-    """A payload (or a batch to encode) is not valid; ``reason`` says which check failed."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        if reason not in REASONS:
-            raise AssertionError(f"unknown wire error reason {reason!r}")
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
+REASONS: Final = get_args(WireReason)
 
 
 class WireParams(Protocol):
@@ -292,7 +269,9 @@ def decode_batch(  # noqa: C901, PLR0912 (the byte layout checked field by field
         raise WireError("too_large", f"payload of {len(data)} bytes exceeds {MAX_PAYLOAD_BYTES}")
     version, flags = data[0] >> 4, data[0] & 0x0F
     if version != VERSION:
-        older = " (an agent from before stream names were bound: upgrade it)" * (version == 1)
+        older = (
+            " (an agent from before stream names were bound: upgrade it)" if version == 1 else ""
+        )
         raise WireError(
             "bad_version", f"version {version} is not supported (expected {VERSION}){older}"
         )

@@ -14,7 +14,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tools.testbed.server import DeployBroker, wait_until
 from zeal.brokerurl import parse_broker_url
-from zeal_server.provisioning import BrokerAdmin
+from zeal_server.broker.provisioning import BrokerAdmin
 
 pytestmark = pytest.mark.integration
 PRESENCE = json.dumps({"format": "zeal-presence/1", "instance": "a1", "online": True}).encode()

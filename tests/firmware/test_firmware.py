@@ -19,7 +19,7 @@ from scipy.stats import chi2
 
 from tests.shared.test_wire import blocks, stream_of, timestamps_of
 from zeal import WireError, Zeal, ZealWarning, encode_batch
-from zeal.firmware import PROFILE_BYTES, c_header, profile_bytes
+from zeal._firmware import PROFILE_BYTES, c_header, profile_bytes
 from zeal.streamconfig import config_document
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from zeal_server import jetstream
+from zeal_server.broker import jetstream
 from zeal_server.cli import main
 
 _take = jetstream.JetStreamSource._take

@@ -20,12 +20,14 @@ from sqlalchemy import func, select, update
 
 from zeal import Zeal, encode_batch
 from zeal.streamconfig import config_document
-from zeal_server import efficiency, retention, store
-from zeal_server.api import create_app
-from zeal_server.db import make_engine
-from zeal_server.models import BatchSeen, DevicePeriod, Segment
-from zeal_server.segments import CHUNK, section_sizes
+from zeal_server import store
+from zeal_server.app import create_app
+from zeal_server.ingest import Ingest
 from zeal_server.settings import ServerSettings, SettingsError
+from zeal_server.store import efficiency, retention
+from zeal_server.store.db import make_engine
+from zeal_server.store.models import BatchSeen, DevicePeriod, Segment
+from zeal_server.store.segments import CHUNK, section_sizes
 
 OPERATOR, READER = "operator-token-0123456789", "reader-token-0123456789"
 T0 = 1767225600000  # 2026-01-01T00:00:00Z
@@ -86,7 +88,7 @@ def feed(
         codes=codes,
         timestamps=start_ms + 1000 * np.arange(readings.size),
     )
-    ingest = store.Ingest()
+    ingest = Ingest()
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
         outcome = ingest.add(session, f"zeal/v1/{stream}/{device}/up", payload, start_ms)
     assert outcome.status == "stored", outcome
@@ -338,7 +340,7 @@ def test_rejects_are_counted_and_store_nothing(client: TestClient) -> None:
         "zeal/v1/nostream/dev1/up": [good],
         "zeal/v1/temps/up": [good],
     }
-    ingest = store.Ingest()
+    ingest = Ingest()
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
         for topic, payloads in bad.items():
             for payload in payloads:
@@ -362,7 +364,7 @@ def test_redelivered_batches_change_nothing(client: TestClient) -> None:
         codes=codes,
         timestamps=T0 + 1000 * np.arange(60),
     )
-    ingest = store.Ingest()
+    ingest = Ingest()
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
         outcomes = [
             ingest.add(session, "zeal/v1/temps/dev0/up", payload, T0).status for _ in range(3)
@@ -383,7 +385,7 @@ def test_a_reused_sequence_with_other_content_is_stored_as_a_reset(client: TestC
     counted as sequence resets; each of those batches redelivered is then a duplicate, and
     a third generation of sequence 0 is stored too."""
     create(client)
-    ingest = store.Ingest()
+    ingest = Ingest()
 
     def payload(sequence: int, start_ms: int, rng: int) -> bytes:
         codes = PARAMS.perturb(np.full(10, 50.0), rng=np.random.default_rng(rng))
@@ -429,7 +431,7 @@ def test_rows_from_before_digests_still_deduplicate(client: TestClient) -> None:
         timestamps=T0 + 1000 * np.arange(10),
     )
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
-        outcome = store.Ingest().add(session, "zeal/v1/temps/dev0/up", redelivered, T0)
+        outcome = Ingest().add(session, "zeal/v1/temps/dev0/up", redelivered, T0)
     assert outcome.status == "duplicate"
     assert client.get("/api/v1/streams/temps/stats").json()["readings"] == 10
 
@@ -442,7 +444,7 @@ def test_deleting_a_stream_removes_it_and_its_data_only(client: TestClient) -> N
     feed(client, "dev0", 0, np.full(60, 50.0), T0)
     feed(client, "dev0", 0, np.full(60, 40.0), T0, stream="other")
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
-        store.Ingest().add(session, "zeal/v1/temps/dev0/up", b"garbage", T0)
+        Ingest().add(session, "zeal/v1/temps/dev0/up", b"garbage", T0)
     before = client.get("/api/v1/streams/other/average").json()
     anonymous = client.delete(
         "/api/v1/streams/temps?confirm=temps",
@@ -826,7 +828,7 @@ def test_db_errors_are_told_without_their_sql() -> None:
     statement or its parameters."""
     from sqlalchemy.exc import OperationalError
 
-    from zeal_server.db import error_text as db_error_text
+    from zeal_server.store.db import error_text as db_error_text
 
     exc = OperationalError(
         "INSERT INTO batches VALUES (?, ?)", (12, b"secret"), Exception("disk full")
@@ -884,7 +886,7 @@ def test_a_stream_for_enrolled_devices_only_refuses_the_others(client: TestClien
         "/api/v1/streams/temps/devices/dev9", headers={"Authorization": "Bearer wrong"}
     )
     assert anonymous.status_code == 403
-    ingest = store.Ingest()
+    ingest = Ingest()
     outcomes = []
     for device in ("dev0", "dev1"):
         payload = encode_batch(

@@ -145,7 +145,7 @@ def test_a_bayes_query_reads_what_avg_reads_or_the_codes_and_writes_nothing(
     assert any("segments" in s for s in runs["binary"])
     for statements in runs.values():
         # A heavy read (the binary and constant models read the codes) sets its statement
-        # timeout on PostgreSQL first (zeal_server.costs): a setting, not a write.
+        # timeout on PostgreSQL first (zeal_server.api.costs): a setting, not a write.
         reads = [s for s in statements if not s.startswith("SET LOCAL statement_timeout")]
         assert all(s.lstrip("( ").upper().startswith(("SELECT", "WITH")) for s in reads), statements
     assert before == after

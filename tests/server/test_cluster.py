@@ -43,8 +43,8 @@ from tools.testbed.server import (
     wait_until,
 )
 from zeal.topics import data_topic
-from zeal_server.api import create_app
-from zeal_server.jetstream import MQTT_STREAM
+from zeal_server.app import create_app
+from zeal_server.broker.jetstream import MQTT_STREAM
 from zeal_server.settings import ServerSettings
 
 # Three NATS nodes electing leaders, and timed stalls: alone on the machine (see serial).

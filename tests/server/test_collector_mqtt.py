@@ -21,7 +21,7 @@ from tests.server.metrics_check import assert_metrics_are_prometheus, metric_sam
 from tools.testbed.broker import Mosquitto, fleet_command
 from zeal import Zeal, encode_batch
 from zeal_server import store
-from zeal_server.api import create_app
+from zeal_server.app import create_app
 from zeal_server.settings import ServerSettings
 
 pytestmark = pytest.mark.integration

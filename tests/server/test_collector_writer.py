@@ -18,13 +18,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
 from tests.server.test_api import settings
-from zeal_server import collector as collector_module
-from zeal_server.api import create_app
-from zeal_server.collector import Collector
-from zeal_server.door import Inbox, Received
-from zeal_server.groups import Outcome
+from zeal_server.app import create_app
+from zeal_server.broker import collector as collector_module
+from zeal_server.broker.collector import Collector, tally
+from zeal_server.broker.inbox import Inbox, Received
+from zeal_server.ingest.groups import Outcome
 from zeal_server.settings import ServerSettings
-from zeal_server.settle import tally
 
 
 @pytest.fixture
@@ -66,7 +65,7 @@ def test_a_bug_in_the_writer_stops_it_loudly_and_fails_liveness(
     assert client.get("/livez").status_code == 200
     client.app.state.collector = collector  # type: ignore[attr-defined]
     assert client.get("/livez").status_code == 200  # the writer has not met the bug yet
-    with caplog.at_level(logging.ERROR, logger="zeal_server.collector"):
+    with caplog.at_level(logging.ERROR, logger="zeal_server.broker.collector"):
         collector._write_loop()  # returns: the writer thread would end here
     assert collector.writer_error == "ZeroDivisionError: a bug in ingest"
     assert acked == []  # the broker redelivers it to the restarted server

@@ -9,7 +9,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from zeal_server.metrics import LAG_BUCKETS, RECENT_LAGS, CommitLags
+from zeal_server.broker.lags import LAG_BUCKETS, RECENT_LAGS, CommitLags
 
 
 def histogram(lags: CommitLags) -> dict[str, float]:

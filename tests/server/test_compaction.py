@@ -10,7 +10,8 @@ import numpy as np
 
 from zeal import encode_batch
 from zeal_server import store
-from zeal_server.db import make_engine, migrate, session_factory
+from zeal_server.ingest import Ingest
+from zeal_server.store.db import make_engine, migrate, session_factory
 
 
 def test_two_collectors_compacting_one_bucket_at_once_merge_its_parts_once(
@@ -30,7 +31,7 @@ def test_two_collectors_compacting_one_bucket_at_once_merge_its_parts_once(
             session, name="temps", lower=0, upper=110, epsilon=1, max_epsilon_per_day=1e6
         )
         params = store.params_of(stream)
-    ingest = store.Ingest()
+    ingest = Ingest()
     rng = np.random.default_rng(7)
     for sequence in range(6):  # six transactions: six raw parts of one bucket
         payload = encode_batch(

@@ -19,6 +19,7 @@ from zeal import Zeal, compare, encode_batch
 from zeal.estimate import difference_of
 from zeal.plan import plan_comparison, zero_inflated
 from zeal_server import store
+from zeal_server.ingest import Ingest
 
 SITES = {"north": [f"n{i}" for i in range(6)], "south": [f"s{i}" for i in range(5)]}
 URL = "/api/v1/streams/temps/compare"
@@ -155,8 +156,8 @@ def from_rows(rows: list[tuple[int, str, float]], key: Any) -> compare.Partition
 
 
 def test_partition_statistics_equal_a_recomputation_from_export(client: TestClient) -> None:
-    """The route sums the segments per device and block (zeal_server.sums); /export decodes
-    them row by row (zeal_server.export). With part of the window compacted, and a late
+    """The route sums the segments per device and block (zeal_server.store.sums); /export decodes
+    them row by row (zeal_server.store.export). With part of the window compacted, and a late
     batch in a compacted minute, both give the same partitions: no reading lost or counted
     twice between them."""
     codes = fleet(client)
@@ -286,7 +287,7 @@ def test_every_method_answers_on_ranges_of_any_scale_and_never_fails(
         assert stream is not None
         params = store.params_of(stream)
     rng = np.random.default_rng(5)
-    ingest = store.Ingest()
+    ingest = Ingest()
     for site in ("a", "b"):
         for d in range(35):
             device = f"{site}{d}"

@@ -20,7 +20,7 @@ from tools.testbed.server import Server, client, stats, wait_until
 from zeal import Zeal
 from zeal.streamconfig import config_document
 from zeal_server import store
-from zeal_server.db import make_engine, session_factory
+from zeal_server.store.db import make_engine, session_factory
 
 pytestmark = pytest.mark.integration
 

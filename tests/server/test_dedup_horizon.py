@@ -17,8 +17,10 @@ from sqlalchemy import func, select, text
 
 from tests.server.test_api import PARAMS, create, operator_client
 from zeal import encode_batch
-from zeal_server import dedup, retention, store
-from zeal_server.models import BatchSeen, Stream
+from zeal_server import store
+from zeal_server.ingest import Ingest
+from zeal_server.store import dedup, retention
+from zeal_server.store.models import BatchSeen, Stream
 
 MINUTE = 60_000
 NOW = (store.now_ms() // MINUTE) * MINUTE
@@ -43,7 +45,7 @@ def batch(sequence: int, first_ms: int, n: int = 5) -> bytes:
 
 
 def add(client: TestClient, payload: bytes, received_ms: int, max_age_ms: int | None) -> Any:
-    ingest = store.Ingest(max_age_ms=max_age_ms)
+    ingest = Ingest(max_age_ms=max_age_ms)
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
         return ingest.add(session, TOPIC, payload, received_ms)
 
@@ -101,7 +103,7 @@ def test_a_prune_waits_for_a_transaction_that_read_the_horizon(postgres_url: str
         payload = batch(0, NOW - 30_000)
         with sessions() as ingesting:
             ingesting.begin()
-            assert store.Ingest().add(ingesting, TOPIC, payload, NOW).status == "stored"
+            assert Ingest().add(ingesting, TOPIC, payload, NOW).status == "stored"
             pid = ingesting.scalar(text("SELECT pg_backend_pid()"))
             done = threading.Event()
 

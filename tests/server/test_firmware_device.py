@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 
 from tests.server.test_collector_mqtt import stats, wait_until
 from tools.testbed.broker import Mosquitto
-from zeal.firmware import profile_bytes
+from zeal._firmware import profile_bytes
 from zeal.streamconfig import read_config
-from zeal_server.api import create_app
+from zeal_server.app import create_app
 from zeal_server.settings import ServerSettings
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,9 @@ from tests.server.test_api import PARAMS, RAISED_POLICY
 from tools.testbed.databases import table_bytes, vacuum
 from zeal import encode_batch
 from zeal_server import store
-from zeal_server.db import make_engine, migrate
-from zeal_server.footprint import database_bytes, stream_bytes
+from zeal_server.ingest import Ingest
+from zeal_server.store.db import make_engine, migrate
+from zeal_server.store.footprint import database_bytes, stream_bytes
 
 T0 = 1_767_225_600_000
 
@@ -39,7 +40,7 @@ def test_the_all_in_figure_is_the_growth_over_the_empty_schema(database_url: str
                 payload_bits=6,
                 max_epsilon_per_day=RAISED_POLICY,
             )
-            ingest = store.Ingest()
+            ingest = Ingest()
             for d in range(20):
                 for s in range(batches):
                     codes = PARAMS.perturb(rng.uniform(0, 110, 60), rng=rng)

@@ -1,4 +1,4 @@
-"""Held HTTP sockets cost their holder (zeal_server.guard): a real uvicorn serving the app
+"""Held HTTP sockets cost their holder (zeal_server.api.guard): a real uvicorn serving the app
 with the guarded protocol, a cap of 4 connections per address and a request time limit of
 1 s; clients from two loopback addresses."""
 
@@ -16,8 +16,8 @@ import uvicorn
 
 from tools.testbed.broker import Mosquitto, free_port
 from tools.testbed.server import Server, wait_until
-from zeal_server import guard
-from zeal_server.api import create_app
+from zeal_server.api import guard
+from zeal_server.app import create_app
 from zeal_server.settings import ServerSettings
 
 

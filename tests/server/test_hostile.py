@@ -41,7 +41,8 @@ from tools.testbed.server import (
 from zeal import Zeal, encode_batch
 from zeal.streamconfig import config_document, params_from_config
 from zeal_server import store
-from zeal_server.db import make_engine, migrate, session_factory
+from zeal_server.ingest import Ingest
+from zeal_server.store.db import make_engine, migrate, session_factory
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +123,7 @@ def fill(database_url: str, devices: int, per_device: int) -> None:
     engine = make_engine(database_url)
     migrate(engine)
     params = Zeal(lower=0, upper=110, epsilon=1, max_epsilon_per_day=1e6)
-    ingest = store.Ingest()
+    ingest = Ingest()
     t0 = int(time.time() * 1000) - 3_600_000
     with session_factory(engine)() as session, session.begin():
         store.create_stream(

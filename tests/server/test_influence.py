@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from tests.server.test_api import PARAMS, T0, client, create, feed
 from zeal import Zeal, encode_batch
-from zeal_server import store
+from zeal_server.ingest import Ingest
 
 __all__ = ["client"]  # the fixture, on SQLite and PostgreSQL
 
@@ -30,7 +30,7 @@ def rogue(client: TestClient, name: str, code: int, count: int) -> None:
         timestamps=T0 + 1000 * np.arange(count),
     )
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
-        outcome = store.Ingest().add(session, f"zeal/v1/temps/{name}/up", payload, T0)
+        outcome = Ingest().add(session, f"zeal/v1/temps/{name}/up", payload, T0)
     assert outcome.status == "stored", outcome
 
 
@@ -109,7 +109,7 @@ def test_a_device_sending_as_fast_as_it_can_weighs_at_most_its_hourly_cap(
     create(client, max_epsilon_per_day=86_400)
     assert (params.readings_per_day, params.readings_per_hour) == (86_400, 7_200)
     rng = np.random.default_rng(29)
-    ingest, stamps = store.Ingest(), T0 + 1000 * np.arange(3600)
+    ingest, stamps = Ingest(), T0 + 1000 * np.arange(3600)
 
     def send(name: str, sequence: int, codes: np.ndarray, timestamps: np.ndarray) -> str:
         payload = encode_batch(

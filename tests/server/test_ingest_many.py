@@ -22,17 +22,11 @@ from sqlalchemy import select
 from tests.server.conftest import _postgres_database
 from zeal import Zeal, encode_batch
 from zeal_server import store
-from zeal_server.db import make_engine, migrate, session_factory
-from zeal_server.models import (
-    BatchSeen,
-    Device,
-    DevicePeriod,
-    Reject,
-    Segment,
-    Stream,
-)
-from zeal_server.segments import decode
-from zeal_server.sums import VALUE_COLUMNS
+from zeal_server.ingest import Ingest
+from zeal_server.store.db import make_engine, migrate, session_factory
+from zeal_server.store.models import BatchSeen, Device, DevicePeriod, Reject, Segment, Stream
+from zeal_server.store.segments import decode
+from zeal_server.store.sums import VALUE_COLUMNS
 
 HOUR, DAY = 3_600_000, 86_400_000
 DEVICES = ["a", "a-b", "b", "c1", "c10", "c2", "d", "e"]
@@ -207,8 +201,8 @@ def test_a_transaction_of_many_messages_stores_what_one_at_a_time_stores(
     rng = np.random.default_rng(seed)
     (engine_many, many), (engine_one, one) = (streams(url, now) for url in two_databases)
     together, alone = (
-        store.Ingest(max_buckets=300, **limits),
-        store.Ingest(max_buckets=300, **limits),
+        Ingest(max_buckets=300, **limits),
+        Ingest(max_buckets=300, **limits),
     )
     got, expected = [], []
     first = 0

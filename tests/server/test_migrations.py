@@ -8,8 +8,8 @@ from typing import Any
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from zeal_server.db import make_engine, migrate
-from zeal_server.models import Base
+from zeal_server.store.db import make_engine, migrate
+from zeal_server.store.models import Base
 
 
 def test_migrated_schema_matches_the_models(database_url: str) -> None:
@@ -30,7 +30,7 @@ def test_tags_written_before_0003_become_group_rows(database_url: str) -> None:
     from alembic.config import Config
     from sqlalchemy import text
 
-    from zeal_server.db import MIGRATIONS
+    from zeal_server.store.db import MIGRATIONS
 
     engine = make_engine(database_url)
     config = Config()

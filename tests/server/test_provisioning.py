@@ -18,7 +18,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tools.testbed.server import TOKEN, DeployBroker, Server, batches, create, serve, wait_until
 from zeal.brokerurl import parse_broker_url
-from zeal_server.provisioning import BrokerAdmin, role_name
+from zeal_server.broker.provisioning import BrokerAdmin, role_name
 
 pytestmark = pytest.mark.integration
 ADMIN = {"ZEAL_MQTT_ADMIN_USERNAME": "zeal-admin", "ZEAL_MQTT_ADMIN_PASSWORD": "pw-zeal-admin"}

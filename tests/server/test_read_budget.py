@@ -1,4 +1,4 @@
-"""Heavy reads take a slot or get 429 (zeal_server.costs), through the real app."""
+"""Heavy reads take a slot or get 429 (zeal_server.api.costs), through the real app."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from zeal_server.api import create_app
-from zeal_server.costs import REFUSED, heavy_kind
+from zeal_server.api.costs import REFUSED, heavy_kind
+from zeal_server.app import create_app
 from zeal_server.settings import ServerSettings
 
 TOKEN = "operator-token-0123456789"

@@ -1,6 +1,6 @@
 """The rejects table stays bounded whatever names a client invents, and that bound never costs
 the accounting of what exists: a real stream's reject counts and its devices' over_budget
-flags (zeal_server.rejectkeys), on SQLite and PostgreSQL."""
+flags (zeal_server.ingest.rejectkeys), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from sqlalchemy import func, select
 
 from zeal import Zeal, encode_batch
 from zeal_server import store
-from zeal_server.api import create_app
-from zeal_server.db import make_engine, migrate, session_factory
-from zeal_server.models import Reject
-from zeal_server.rejectkeys import MAX_REJECT_ROWS
+from zeal_server.app import create_app
+from zeal_server.ingest import Ingest
+from zeal_server.ingest.rejectkeys import MAX_REJECT_ROWS
 from zeal_server.settings import ServerSettings
+from zeal_server.store.db import make_engine, migrate, session_factory
+from zeal_server.store.models import Reject
 
 OPERATOR = "operator-token-0123456789"
 #: Four readings a UTC hour at epsilon 1.
@@ -55,7 +56,7 @@ def test_150000_rejects_under_invented_names_leave_a_real_streams_accounting_rig
         store.create_stream(
             session, name="temps", lower=0, upper=110, epsilon=1, max_epsilon_per_day=40
         )
-    ingest = store.Ingest()
+    ingest = Ingest()
 
     def add(messages: list[tuple[str, bytes, int]]) -> list[str]:
         with sessions() as session, session.begin():

@@ -21,7 +21,8 @@ from tools.testbed.flood import flood_trial, limit_packet_size
 from tools.testbed.server import Server, create_temps, start_fleet, stream_body, verify, wait_for
 from zeal import Zeal, decode_batch, encode_batch
 from zeal_server import store
-from zeal_server.api import create_app
+from zeal_server.app import create_app
+from zeal_server.ingest import Ingest
 from zeal_server.settings import ServerSettings, SettingsError
 
 PARAMS = Zeal(lower=0, upper=110, epsilon=1, payload_bits=6, max_epsilon_per_day=1e6)
@@ -52,7 +53,7 @@ def test_implausible_timestamps_are_rejected_with_a_reason(database_url: str) ->
         body = stream_body(payload_bits=6)
         assert client.post("/api/v1/streams", json=body).status_code == 201
         app: Any = client.app
-        ingest = store.Ingest(
+        ingest = Ingest(
             max_future_ms=600_000, max_age_ms=7 * DAY_MS, backfill_ms=300_000, max_buckets=1440
         )
         now = store.now_ms()
@@ -312,7 +313,7 @@ def test_a_flooding_device_is_shed_counted_and_stores_nothing(
 
     How much the flood slows the others is a timing, measured by bench/flood.py in
     `make reliability` (limit 20 %); here it is only printed."""
-    from zeal_server.door import REJECT_BURST, REJECT_RATE
+    from zeal_server.broker.door import REJECT_BURST, REJECT_RATE
 
     limit_packet_size(broker)
     server = Server(f"sqlite:///{tmp_path}/z.sqlite", broker, tmp_path / "server.log").start()
@@ -334,7 +335,7 @@ def test_reject_budget_sheds_a_flooding_topic_and_forgives_it(
 ) -> None:
     """100 rejects in a burst, then 10 a second; other topics are never touched; a topic that
     stops misbehaving is heard again within about 10 s, however long it flooded."""
-    from zeal_server import door
+    from zeal_server.broker import door
 
     now = [1000.0]
     monkeypatch.setattr(door.time, "monotonic", lambda: now[0])
@@ -359,7 +360,7 @@ def test_reject_budget_is_per_device_and_its_memory_is_bounded(
     """A device that varies the stream level (all the ACL lets it choose) spends one budget;
     a million distinct devices leave at most MAX_KEYS buckets; the log throttle lets at most
     LOG_LINES_PER_MINUTE reject lines through a minute, whatever the keys."""
-    from zeal_server import door
+    from zeal_server.broker import door
 
     now = [1000.0]
     monkeypatch.setattr(door.time, "monotonic", lambda: now[0])

@@ -13,11 +13,12 @@ from sqlalchemy import func, select
 
 from tests.server.test_api import OPERATOR, create, feed, settings
 from zeal import encode_batch
-from zeal_server import chores, store
-from zeal_server.api import create_app
-from zeal_server.collector import Collector
-from zeal_server.models import BatchSeen, Segment
+from zeal_server import store
+from zeal_server.app import create_app
+from zeal_server.broker.collector import Collector
+from zeal_server.ingest import Ingest
 from zeal_server.settings import ServerSettings
+from zeal_server.store.models import BatchSeen, Segment
 
 DAY = 86_400_000
 NOW = (store.now_ms() // 60_000) * 60_000
@@ -91,7 +92,7 @@ def test_retention_deletes_whole_old_buckets_and_keeps_the_rest_exact(
     )
     collector = Collector(server_settings, client.app.state.sessions)  # type: ignore[attr-defined]
     # Its housekeeping, as its writer runs it every 30 s.
-    chores.housekeep(collector.sessions, collector.ingest)
+    collector.housekeep()
 
     after = average(client)
     assert after == {**before, "start": None}
@@ -113,7 +114,7 @@ def test_retention_deletes_whole_old_buckets_and_keeps_the_rest_exact(
         timestamps=NOW - 9 * DAY + np.arange(3),
     )
     with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        outcome = store.Ingest().add(db, "zeal/v1/temps/a/up", stale, NOW)
+        outcome = Ingest().add(db, "zeal/v1/temps/a/up", stale, NOW)
     assert (outcome.status, outcome.reason) == ("rejected", "too_old")
     assert average(client) == after
     assert (

@@ -21,8 +21,8 @@ from schemathesis.checks import (
 
 from tools.testbed.server import stream_body
 from zeal import Zeal, encode_batch
-from zeal_server import store
-from zeal_server.api import create_app
+from zeal_server.app import create_app
+from zeal_server.ingest import Ingest
 from zeal_server.settings import ServerSettings
 
 TOKEN = "operator-token-0123456789"
@@ -48,7 +48,7 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             json=stream_body(),
         )
         params = Zeal(lower=0, upper=110, epsilon=1, max_epsilon_per_day=1e6)
-        ingest = store.Ingest()
+        ingest = Ingest()
         with app.state.sessions() as session, session.begin():
             for d in range(3):
                 payload = encode_batch(

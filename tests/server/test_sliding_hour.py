@@ -11,9 +11,10 @@ from fastapi.testclient import TestClient
 
 from zeal import Zeal, encode_batch
 from zeal_server import store
-from zeal_server.api import create_app
-from zeal_server.db import make_engine, migrate, session_factory
+from zeal_server.app import create_app
+from zeal_server.ingest import Ingest
 from zeal_server.settings import ServerSettings
+from zeal_server.store.db import make_engine, migrate, session_factory
 
 OPERATOR = "operator-token-0123456789"
 HOUR, MINUTE = 3_600_000, 60_000
@@ -47,7 +48,7 @@ def test_a_device_at_its_cap_moves_any_60_minutes_by_at_most_the_documented_boun
             session, name="temps", lower=0, upper=110, epsilon=1, max_epsilon_per_day=40
         )
     largest = PARAMS.code_max
-    ingest = store.Ingest()
+    ingest = Ingest()
     rng = np.random.default_rng(35)
 
     def send(device: str, sequence: int, stamps: list[int], codes: list[int]) -> str:

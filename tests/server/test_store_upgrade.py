@@ -23,11 +23,12 @@ from sqlalchemy import Engine, MetaData, func, inspect, select, text
 from tools.legacy_store import QUERIES, STATS, export_digest
 from zeal import encode_batch
 from zeal_server import store
-from zeal_server.api import create_app
-from zeal_server.db import MIGRATIONS, make_engine, migrate
-from zeal_server.models import Segment
-from zeal_server.segments import CHUNK
+from zeal_server.app import create_app
+from zeal_server.ingest import Ingest
 from zeal_server.settings import ServerSettings
+from zeal_server.store.db import MIGRATIONS, make_engine, migrate
+from zeal_server.store.models import Segment
+from zeal_server.store.segments import CHUNK
 
 FIXTURE = json.loads((Path(__file__).parent / "data" / "store_0006.json").read_text())
 #: Tables in an order their foreign keys allow.
@@ -165,7 +166,7 @@ def test_a_0006_database_converts_in_place_and_serves_the_same_figures(
             codes=np.full(4, params.code_min, dtype=np.uint64),
             timestamps=1_767_225_600_000 + np.arange(4) * 1000,
         )
-        outcome = store.Ingest().add(session, "zeal/v1/temps/dev9/up", late, 1_767_225_700_000)
+        outcome = Ingest().add(session, "zeal/v1/temps/dev9/up", late, 1_767_225_700_000)
     assert outcome.status == "stored"
     assert problems(engine) == []
     engine.dispose()

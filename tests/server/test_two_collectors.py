@@ -24,8 +24,10 @@ from tools.testbed.server import Server, create, stats, stream_body, verify, wai
 from zeal import encode_batch
 from zeal.streamconfig import params_from_config
 from zeal.topics import data_topic
-from zeal_server import rawsql, store
-from zeal_server.api import create_app
+from zeal_server import store
+from zeal_server.app import create_app
+from zeal_server.ingest import Ingest
+from zeal_server.store import rawsql
 
 DEVICES, SECONDS = 200, 60
 
@@ -158,12 +160,12 @@ def test_two_transactions_meeting_the_same_devices_in_opposite_orders_do_not_dea
             for name in ("dev1", "dev2"):
                 store.enroll(session, stream, name)
 
-        def collector(raw: rawsql.Raw) -> store.Ingest:
-            made = store.Ingest()
+        def collector(raw: rawsql.Raw) -> Ingest:
+            made = Ingest()
             made._raw = raw
             return made
 
-        def run(name: str, ingest: store.Ingest, messages: list[Any]) -> None:
+        def run(name: str, ingest: Ingest, messages: list[Any]) -> None:
             try:
                 with sessions() as session, session.begin():
                     outcomes[name] = [o.status for o in ingest.add_many(session, messages)]

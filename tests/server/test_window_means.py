@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from tests.server.test_api import PARAMS, T0, client, create
 from zeal import encode_batch
 from zeal_edge.sources import Reading, WindowMeans
-from zeal_server import store
+from zeal_server.ingest import Ingest
 
 __all__ = ["client"]  # the fixture, on SQLite and PostgreSQL
 
@@ -69,7 +69,7 @@ def test_hourly_window_means_cost_one_sixtieth_and_stay_unbiased(
         )
         topic = f"zeal/v1/temps/dev{d:03d}/up"
         with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
-            assert store.Ingest().add(session, topic, payload, T0).status == "stored"
+            assert Ingest().add(session, topic, payload, T0).status == "stored"
     stats = client.get("/api/v1/streams/temps/stats").json()
     assert stats["readings"] * 60 == readings == DEVICES * HOURS * 60  # 1/60 of the values
     device = client.get("/api/v1/streams/temps/devices", params={"limit": 1}).json()["devices"][0]

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 
+from zeal._mechanism import Zeal
 from zeal.baselines import (
     BITLaplace,
     BoundedLaplace,
@@ -22,7 +23,6 @@ from zeal.baselines import (
     predicted_rmse,
 )
 from zeal.errors import ParameterError
-from zeal.mechanism import Zeal
 
 N = 1_000_000
 LOWER, UPPER = 0.0, 110.0

@@ -62,7 +62,7 @@ def test_the_mechanism_enforces_the_protocol_limits() -> None:
 
 def test_the_api_schema_states_the_same_limits() -> None:
     """The OpenAPI document's bounds for a new stream are the protocol's numbers."""
-    from zeal_server.schemas import StreamIn
+    from zeal_server.api.schemas import StreamIn
 
     fields = StreamIn.model_json_schema()["properties"]
     assert fields["epsilon"]["maximum"] == EPSILON_MAX
@@ -74,8 +74,8 @@ def test_the_collector_records_only_catalogue_reasons() -> None:
     """Reasons the server tells devices about and the agent halts on are in the catalogue;
     recording any other reason is refused."""
     from zeal_edge.notices import FATAL
-    from zeal_server.ingest import Ingest
-    from zeal_server.notices import NOTICES
+    from zeal_server.broker.notices import NOTICES
+    from zeal_server.ingest.validation import Ingest
 
     assert set(NOTICES) - {"sequence_reset"} <= set(REJECT_REASONS)
     assert set(FATAL) <= set(REJECT_REASONS)

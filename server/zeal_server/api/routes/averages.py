@@ -1,0 +1,353 @@
+"""Averages: the debiased average of a window, its series, and a preview of a stream's
+parameters (two groups compared: routes/compare.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Annotated, Literal
+
+import numpy as np
+from fastapi import APIRouter, Query
+
+from zeal import ParameterError, Zeal
+from zeal.estimate import bernstein_half_width
+from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY, MAX_EPSILON_PER_DAY
+from zeal.protocol import EXPONENT
+from zeal.windowplan import Fleet, WindowPlan, best_epsilon, binding_of, plan_windows
+from zeal_server import store
+from zeal_server.api.bayesian import (
+    BayesModel,
+    Estimator,
+    PriorText,
+    bayes_reader,
+    device_ids,
+    window_codes,
+)
+from zeal_server.api.deps import (
+    API,
+    MAX_POINTS,
+    READ,
+    Confidence,
+    Db,
+    End,
+    Epsilon,
+    Group,
+    Lower,
+    PayloadBits,
+    Start,
+    Upper,
+    as_datetime,
+    bounds_out,
+    devices_in,
+    estimate_out,
+    invalid,
+    stream_or_404,
+    window,
+)
+from zeal_server.api.previews import PreviewOut, WindowPlanOut
+from zeal_server.api.schemas import HEAVY, AverageOut, PointOut, SeriesOut
+from zeal_server.store.influence import without_implausible
+from zeal_server.store.models import Stream
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.get(f"{API}/preview", dependencies=READ, response_model=PreviewOut, responses=HEAVY)
+def preview(
+    lower: Lower,
+    upper: Upper,
+    epsilon: Epsilon,
+    payload_bits: PayloadBits = None,
+    exponent: Annotated[int | None, Query(ge=EXPONENT[0], le=EXPONENT[1])] = None,
+    n: Annotated[
+        int,
+        Query(
+            ge=1,
+            le=10**15,
+            description="readings in the average: all devices' readings in a window together",
+        ),
+    ] = 10_000,
+    confidence: Confidence = 0.95,
+    max_epsilon_per_day: Annotated[
+        float,
+        Query(gt=0, le=MAX_EPSILON_PER_DAY, description="the privacy policy (see POST /streams)"),
+    ] = DEFAULT_MAX_EPSILON_PER_DAY,
+    reading_every: Annotated[
+        float | None,
+        Query(
+            ge=0.001,
+            le=86_400,
+            description="seconds between two readings of one device (at most 1,000 a second)",
+        ),
+    ] = None,
+    devices: Annotated[
+        int | None,
+        Query(ge=1, le=10**7, description="devices in the fleet (with reading_every, interval)"),
+    ] = None,
+    interval: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=366 * 86_400,
+            description="seconds per window averaged, on the UTC clock as /series's interval: "
+            "a divisor of a day or whole days (with devices, reading_every)",
+        ),
+    ] = None,
+    mean: Annotated[
+        float | None,
+        Query(description="typical reading, for the noise (default: the middle of the range)"),
+    ] = None,
+    sd: Annotated[
+        float,
+        Query(ge=0, le=1e15, description="spread of the readings, for the noise"),
+    ] = 0.0,
+) -> PreviewOut:
+    """The derived parameters of a stream, the error of an average of n readings, and the
+    privacy loss per device and day: what the policy allows, and what a device reading
+    every `reading_every` seconds would spend. With `devices` and `interval` too, the
+    fleet's windows (docs/privacy.md, "Planning a fleet"): what each holds under the day's
+    and the hour's caps, which cap binds, how many windows stay empty, the standard error
+    and guaranteed half width of a window's average, and the same at the epsilon per
+    reading that serves the windows best."""
+    try:
+        params = store.derive_params(
+            lower,
+            upper,
+            epsilon,
+            payload_bits,
+            exponent=exponent,
+            max_epsilon_per_day=max_epsilon_per_day,
+        )
+    except store.StoreError as exc:
+        raise invalid("query", None, str(exc)) from exc
+    daily = None if reading_every is None else math.ceil(86_400 / reading_every)
+    hourly = None if reading_every is None else math.ceil(3_600 / reading_every)
+    variance = params.variance_bound()
+    std_error = math.sqrt(variance / n)
+    half = bernstein_half_width(confidence, n=n, variance=variance, bound=params.error_bound())
+    asked = (devices, interval)
+    if any(v is not None for v in asked) and (reading_every is None or None in asked):
+        raise invalid(
+            "query",
+            "devices" if devices is None else "interval" if interval is None else "reading_every",
+            "a fleet's windows need devices, reading_every and interval together",
+        )
+    windows = best = None
+    if devices is not None and interval is not None and reading_every is not None:
+        fleet = Fleet(devices, reading_every, interval, mean=mean, sd=sd, confidence=confidence)
+
+        def make(epsilon: float) -> Zeal:
+            try:
+                return store.derive_params(
+                    lower, upper, epsilon, payload_bits, max_epsilon_per_day=max_epsilon_per_day
+                )
+            except store.StoreError as exc:
+                raise ParameterError(str(exc)) from exc
+
+        try:
+            windows = plan_windows(params, fleet)
+            best = best_epsilon(make, max_epsilon_per_day, fleet)
+        except ParameterError as exc:
+            raise invalid("query", None, str(exc)) from exc
+    over: tuple[bool, bool] | None = None  # the hour's cap, the day's cap
+    if daily is not None and hourly is not None:
+        over = hourly > (params.readings_per_hour or 0), daily > (params.readings_per_day or 0)
+    return PreviewOut(
+        binding=None if over is None else binding_of(hour=over[0], day=over[1]),
+        windows=None if windows is None else window_out(windows),
+        best=None if best is None else window_out(best),
+        payload_bits=params.payload_bits,
+        shared_bits=params.shared_bits,
+        exponent=params.exponent,
+        sampler=params.sampler,
+        abar=params.abar,
+        C=params.C,
+        grid_step=params.grid_step,
+        realized_epsilon=params.realized_epsilon,
+        transmission_ratio=params.transmission_ratio,
+        n=n,
+        confidence=confidence,
+        std_error=std_error if math.isfinite(std_error) else None,
+        guaranteed_half_width=half if math.isfinite(half) else None,
+        max_epsilon_per_day=max_epsilon_per_day,
+        readings_per_day=params.readings_per_day or 0,
+        readings_per_hour=params.readings_per_hour or 0,
+        epsilon_per_day=None if daily is None else daily * params.epsilon,
+        within_policy=None if over is None else not any(over),
+    )
+
+
+def window_out(plan: WindowPlan) -> WindowPlanOut:
+    # the plan's fields by name; the fleet asked about (nested) is left out
+    return WindowPlanOut(**{**asdict(plan), "readings_per_window": plan.per_window})
+
+
+Device = Annotated[
+    str | None,
+    Query(description="one device's readings only (instead of a group)", max_length=200),
+]
+
+
+Exclude = Annotated[
+    Literal["none", "implausible"],
+    Query(
+        description="implausible: leave out the devices whose own readings in the window "
+        "prove them dishonest (their guaranteed interval at level 1 - 1e-9 lies wholly "
+        "outside [lower, upper]; docs/privacy.md); the answer names them in `excluded`"
+    ),
+]
+
+
+def _devices(db: Db, stream: Stream, group: str | None, device: str | None) -> store.Devices:
+    if group is not None and device is not None:
+        raise invalid("query", "device", "give a group or a device, not both")
+    return devices_in(db, stream, group) if device is None else device_ids(db, stream, device)
+
+
+@router.get(
+    f"{API}/streams/{{name}}/average", dependencies=READ, response_model=AverageOut, responses=HEAVY
+)
+def average(
+    name: str,
+    db: Db,
+    start: Start = None,
+    end: End = None,
+    group: Group = None,
+    device: Device = None,
+    confidence: Confidence = 0.95,
+    estimator: Estimator = "avg",
+    model: BayesModel = "mean",
+    prior: PriorText = None,
+    exclude: Exclude = "none",
+) -> AverageOut:
+    """The debiased average AVG* over whole buckets in [start, end), with its intervals;
+    with estimator=bayes, a Bayes estimate beside it (docs/bayes.md)."""
+    stream = stream_or_404(db, name)
+    first, stop = window(stream, start, end)
+    params = store.params_of(stream)
+    read = bayes_reader(params, model, prior, confidence) if estimator == "bayes" else None
+    devices = _devices(db, stream, group, device)
+    excluded: list[str] = []
+    if exclude == "implausible":
+        devices, excluded = without_implausible(db, stream, params, first, stop, devices)
+    sums = store.window_sums(db, stream, first, stop, devices)
+    found = store.estimate(params, sums, confidence)
+    lo, hi = bounds_out(stream, first, stop)
+    bayes = None
+    if read is not None:
+        codes = None
+        if model != "mean" and sums.n:
+            per_bucket = window_codes(db, stream, first, stop, devices)
+            codes = np.concatenate([*per_bucket.values(), np.zeros(0, np.int64)])
+        bayes = read(sums.n, found.mean if found else None, codes)
+    return AverageOut(
+        stream=name,
+        start=lo,
+        end=hi,
+        group=group,
+        device=device,
+        n=sums.n,
+        confidence=confidence,
+        epsilon=stream.epsilon,
+        payload_bits=stream.payload_bits,
+        estimate=estimate_out(found),
+        bayes=bayes,
+        excluded=excluded,
+    )
+
+
+@router.get(
+    f"{API}/streams/{{name}}/series", dependencies=READ, response_model=SeriesOut, responses=HEAVY
+)
+def series(
+    name: str,
+    db: Db,
+    start: Start = None,
+    end: End = None,
+    interval: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=100 * 365 * 86400,
+            description="seconds per point, a multiple of the bucket (at most 100 years)",
+        ),
+    ] = None,
+    group: Group = None,
+    device: Device = None,
+    confidence: Confidence = 0.95,
+    estimator: Estimator = "avg",
+    model: BayesModel = "mean",
+    prior: PriorText = None,
+    exclude: Exclude = "none",
+) -> SeriesOut:
+    """The average per interval (for charts); intervals without readings are omitted. With
+    estimator=bayes, each point's Bayes estimate beside its AVG* (docs/bayes.md)."""
+    stream = stream_or_404(db, name)
+    step = interval or stream.bucket_seconds
+    if step % stream.bucket_seconds:
+        raise invalid(
+            "query",
+            "interval",
+            f"interval must be a multiple of the stream's bucket "
+            f"({stream.bucket_seconds} s), got {step}",
+        )
+    per = step // stream.bucket_seconds
+    params = store.params_of(stream)
+    read = bayes_reader(params, model, prior, confidence) if estimator == "bayes" else None
+    devices = _devices(db, stream, group, device)
+    excluded: list[str] = []
+    first, stop = window(stream, start, end)
+    if exclude == "implausible":
+        devices, excluded = without_implausible(db, stream, params, first, stop, devices)
+    span = store.closed_window(db, stream, first, stop)
+    empty = SeriesOut(
+        stream=name,
+        interval_seconds=step,
+        group=group,
+        device=device,
+        confidence=confidence,
+        points=[],
+        excluded=excluded,
+    )
+    if span is None:
+        return empty
+    first, stop = span
+    if (stop - first) / per > MAX_POINTS:
+        raise invalid(
+            "query",
+            "interval",
+            f"more than {MAX_POINTS} points; choose a longer interval or a shorter window",
+        )
+    size = stream.bucket_seconds * 1000
+    sums = store.series_sums(db, stream, first, stop, buckets_per_point=per, device_ids=devices)
+    codes = (
+        _point_codes(db, stream, (first, stop), per, devices) if read and model != "mean" else {}
+    )
+    points = []
+    for b, s in sums.items():
+        found = store.estimate(params, s, confidence)
+        point = PointOut(
+            start=as_datetime(b * size),
+            end=as_datetime((b + per) * size),
+            n=s.n,
+            estimate=estimate_out(found),
+        )
+        if read is not None:
+            point.bayes = read(s.n, found.mean if found else None, codes.get(b))
+        points.append(point)
+    empty.points = points
+    return empty
+
+
+def _point_codes(
+    db: Db, stream: Stream, span: tuple[int, int], per: int, devices: store.Devices
+) -> dict[int, np.ndarray]:
+    """The window's codes grouped by series point (keyed by the point's first bucket)."""
+    first, stop = span
+    grouped: dict[int, list[np.ndarray]] = {}
+    for bucket, codes in window_codes(db, stream, first, stop, devices).items():
+        grouped.setdefault(first + (bucket - first) // per * per, []).append(codes)
+    return {k: np.concatenate(v) for k, v in grouped.items()}

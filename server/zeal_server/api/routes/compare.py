@@ -1,0 +1,304 @@
+"""Two device groups compared (``zeal.compare``): devices are the independent units;
+readings only when asked (``unit=reading``). And the planner of such a
+comparison (``zeal.plan``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from zeal import ParameterError, Zeal
+from zeal import compare as methods
+from zeal.errors import FitError
+from zeal.estimate import difference_of
+from zeal.plan import plan_comparison, zero_inflated
+from zeal_server import store
+from zeal_server.api.deps import (
+    API,
+    READ,
+    Confidence,
+    Db,
+    End,
+    Epsilon,
+    Lower,
+    PayloadBits,
+    Start,
+    Upper,
+    devices_in,
+    invalid,
+    stream_or_404,
+    window,
+)
+from zeal_server.api.previews import ComparePlanOut
+from zeal_server.api.schemas import HEAVY, CompareOut
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+Method = Literal["cluster", "device_means", "trimmed", "winsorized", "censored"]
+#: Withdrawn: time blocks hold the same devices, so their differences are not independent.
+WITHDRAWN = "paired_blocks"
+
+
+Rows = tuple[list[int], list[int]]  # readings and exact sums of codes, per partition
+
+
+def _partitions(params: Zeal, rows: Rows) -> methods.Partitions:
+    """Readings and decoded sums (AVG* times n, from the exact code sums) per partition."""
+    counts, codes = rows
+    return methods.Partitions.of(counts, params.decoded_sums(counts, codes))
+
+
+@router.get(
+    f"{API}/streams/{{name}}/compare", dependencies=READ, response_model=CompareOut, responses=HEAVY
+)
+def compare(
+    name: str,
+    db: Db,
+    a: Annotated[str, Query(description="first group, key:value", max_length=200)],
+    b: Annotated[str, Query(description="second group, key:value", max_length=200)],
+    start: Start = None,
+    end: End = None,
+    confidence: Confidence = 0.95,
+    unit: Annotated[
+        Literal["device", "reading"],
+        Query(
+            description="the independent units: devices (default; readings of one device "
+            "are correlated) or readings (valid only if every reading is independent)"
+        ),
+    ] = "device",
+    method: Annotated[
+        Method | Literal["paired_blocks"],
+        Query(
+            description="cluster: reading-weighted means, device-level cluster-robust "
+            "standard error (default); device_means: mean of device means, Welch; "
+            "trimmed, winsorized, censored: robust means of each group's device means "
+            "(their estimand is named in the answer). paired_blocks was withdrawn (422): "
+            "its time blocks hold the same devices, so they are not independent"
+        ),
+    ] = "cluster",
+    block_seconds: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            description="withdrawn with paired_blocks (422 when given): time blocks of the "
+            "same devices are not independent units",
+        ),
+    ] = None,
+    proportion: Annotated[
+        float,
+        Query(
+            ge=0,
+            lt=0.5,
+            description="share of each group's device means cut at each end (robust "
+            "methods; with censored and proportion_upper, at the low end): round(P * "
+            "proportion) of P",
+        ),
+    ] = 0.1,
+    proportion_upper: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            lt=0.5,
+            description="censored only: share censored at the high end (paper 003's beta; "
+            "default: proportion)",
+        ),
+    ] = None,
+    allow_overlap: Annotated[
+        bool, Query(description="compare groups that share devices (refused otherwise)")
+    ] = False,
+) -> CompareOut:
+    """Difference of two device groups' averages (A minus B) with its standard error,
+    degrees of freedom, CI and two-sided p-value, by the chosen method (docs/comparison.md)."""
+    if method == WITHDRAWN or block_seconds is not None:
+        raise invalid(
+            "query",
+            "block_seconds" if block_seconds is not None else "method",
+            "paired time blocks were withdrawn: every block holds the same devices, so each "
+            "device's effect enters every block difference and the standard error is far too "
+            "small (docs/comparison.md); compare devices with method=cluster, device_means, "
+            "trimmed, winsorized or censored",
+        )
+    if proportion_upper is not None and method != "censored":
+        raise invalid(
+            "query", "proportion_upper", "proportion_upper applies to method=censored only"
+        )
+    stream = stream_or_404(db, name)
+    first, stop = window(stream, start, end)
+    params = store.params_of(stream)
+    groups = [devices_in(db, stream, g) for g in (a, b)]
+    reading = unit == "reading"
+    per_device = [store.device_sums(db, stream, first, stop, g, squares=reading) for g in groups]
+    shared = per_device[0].ids & per_device[1].ids
+    if shared and not allow_overlap:
+        raise invalid(
+            "query",
+            "b",
+            f"groups {a} and {b} share {len(shared)} device(s) with readings: a comparison "
+            "needs disjoint groups (allow_overlap=true compares them anyway)",
+        )
+    # the groups' averages (AVG*), from the same read as the partitions
+    means = [params.mean_of_sums(p.n, p.total_codes) if p.n > 1 else None for p in per_device]
+    out = CompareOut(
+        stream=name,
+        a=a,
+        b=b,
+        n_a=per_device[0].n,
+        n_b=per_device[1].n,
+        mean_a=means[0],
+        mean_b=means[1],
+        confidence=confidence,
+        unit=unit,
+        method="reading" if reading else method,
+        estimand=methods.estimand(
+            "reading" if reading else method,
+            proportion,
+            proportion_upper if method == "censored" else None,
+        ),
+        warnings=[f"groups {a} and {b} share {len(shared)} device(s)"] if shared else [],
+    )
+    if reading:
+        est = [store.estimate(params, p.total, confidence) if p.n > 1 else None for p in per_device]
+        if est[0] and est[1]:
+            found = difference_of(est[0], est[1], confidence)
+            out.difference, out.std_error = found.difference, found.std_error
+            out.ci, out.p_value = found.ci, found.p_value
+        return out
+    rows = (
+        (per_device[0].counts, per_device[0].sum_codes),
+        (per_device[1].counts, per_device[1].sum_codes),
+    )
+    return _fill(out, method, rows, params, proportion=(proportion, proportion_upper))
+
+
+def _fill(
+    out: CompareOut,
+    method: str,
+    rows: tuple[Rows, Rows],
+    params: Zeal,
+    *,
+    proportion: tuple[float, float | None],
+) -> CompareOut:
+    """The comparison of the partitions, or the reason there is none (a warning)."""
+    level = out.confidence
+    try:
+        pa, pb = (_partitions(params, r) for r in rows)
+        if method == "cluster":
+            found = methods.cluster_weighted(pa, pb, confidence=level)
+        elif method == "device_means":
+            found = methods.device_means(pa, pb, confidence=level)
+        elif method == "censored":
+            low, high = proportion
+            found = methods.censored(pa, pb, proportion=low, upper=high, confidence=level)
+        else:
+            robust = methods.trimmed if method == "trimmed" else methods.winsorized
+            found = robust(pa, pb, proportion=proportion[0], confidence=level)
+    except FitError as exc:
+        raise invalid("query", "method", f"no {method} comparison: {exc}") from exc
+    except ParameterError as exc:
+        out.warnings.append(f"no {method} comparison: {exc}")
+        return out
+    out.method, out.estimand = found.method, found.estimand
+    out.difference, out.std_error, out.df = found.difference, found.std_error, found.df
+    out.ci, out.p_value = found.ci, found.p_value
+    out.partitions, out.smallest, out.median = found.partitions, found.smallest, found.median
+    out.warnings.extend(found.warnings)
+    return out
+
+
+@router.get(
+    f"{API}/preview/compare", dependencies=READ, response_model=ComparePlanOut, responses=HEAVY
+)
+def preview_compare(
+    lower: Lower,
+    upper: Upper,
+    epsilon: Epsilon,
+    devices: Annotated[int, Query(ge=2, le=10**7, description="devices per group")],
+    readings: Annotated[int, Query(ge=1, le=10**9, description="readings per device (their mean)")],
+    between_sd: Annotated[
+        float, Query(ge=0, le=1e15, description="spread of device means within a group")
+    ],
+    payload_bits: PayloadBits = None,
+    within_sd: Annotated[
+        float | None,
+        Query(ge=0, le=1e15, description="spread of readings around their device's mean"),
+    ] = None,
+    zero_share: Annotated[
+        float | None,
+        Query(ge=0, lt=1, description="instead of within_sd: the share of zero readings"),
+    ] = None,
+    positive_mean: Annotated[
+        float | None, Query(ge=0, le=1e15, description="with zero_share: mean of the rest")
+    ] = None,
+    cv: Annotated[
+        float | None, Query(ge=0, le=1e6, description="with zero_share: their CV")
+    ] = None,
+    mean: Annotated[
+        float | None, Query(description="typical reading (default: the middle of the range)")
+    ] = None,
+    readings_cv: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=100,
+            description="coefficient of variation of readings per device (0: all equal)",
+        ),
+    ] = 0.0,
+    shape: Annotated[
+        Literal["normal", "lognormal"],
+        Query(
+            description="shape of the device means: normal, or lognormal (skewed to the right "
+            "of lower, as in most fleets; power is then simulated)"
+        ),
+    ] = "normal",
+    effect: Annotated[float, Query(ge=0, le=1e15, description="the difference to detect")] = 0.0,
+    alpha: Annotated[float, Query(gt=0, lt=1, description="the test's level")] = 0.05,
+    power: Annotated[float, Query(gt=0, lt=1, description="the power wanted")] = 0.8,
+) -> ComparePlanOut:
+    """The standard error, power and minimum detectable effect of the default device-level
+    comparison (method=cluster) of two groups, before the data exist (docs/comparison.md).
+    Give the spread of readings within a device as within_sd, or as zero_share,
+    positive_mean and cv (then mean defaults to the readings' mean)."""
+    try:
+        params = store.derive_params(lower, upper, epsilon, payload_bits, max_epsilon_per_day=None)
+    except store.StoreError as exc:
+        raise invalid("query", None, str(exc)) from exc
+    if within_sd is None:
+        if zero_share is None or positive_mean is None or cv is None:
+            raise invalid(
+                "query",
+                "within_sd",
+                "give within_sd, or zero_share, positive_mean and cv",
+            )
+        typical, within_sd = zero_inflated(zero_share, positive_mean, cv)
+        mean = typical if mean is None else mean
+    try:
+        plan = plan_comparison(
+            params,
+            devices=devices,
+            readings=readings,
+            between_sd=between_sd,
+            within_sd=within_sd,
+            mean=mean,
+            readings_cv=readings_cv,
+            shape=shape,
+            effect=effect,
+            alpha=alpha,
+            target_power=power,
+        )
+    except ParameterError as exc:
+        raise invalid("query", None, str(exc)) from exc
+    return ComparePlanOut(
+        payload_bits=params.payload_bits,
+        std_error=plan.std_error,
+        df=plan.df,
+        noise_variance=plan.noise_variance,
+        effect=effect,
+        power=plan.power,
+        alpha=alpha,
+        target_power=power,
+        detectable_effect=plan.detectable,
+        power_from=plan.power_from,
+    )

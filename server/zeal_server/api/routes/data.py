@@ -1,0 +1,120 @@
+"""What a stream holds: its figures (stats) and its readings as CSV (export)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import StreamingResponse
+
+from zeal_server import store
+from zeal_server.api.deps import (
+    API,
+    MAX_EXPORTS,
+    READ,
+    Db,
+    End,
+    Start,
+    as_datetime,
+    stream_or_404,
+    window,
+)
+from zeal_server.api.schemas import EfficiencyOut, Problem, StatsOut
+from zeal_server.store.efficiency import efficiency
+from zeal_server.store.footprint import segment_totals, stream_bytes
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.get(f"{API}/streams/{{name}}/stats", dependencies=READ, response_model=StatsOut)
+def stats(
+    name: str,
+    db: Db,
+    efficiency_figures: Annotated[
+        bool,
+        Query(
+            alias="efficiency",
+            description="measure the efficiency figures (decodes a sample; false skips it)",
+        ),
+    ] = True,
+) -> StatsOut:
+    """Readings, messages, bytes on the wire and in the store, rejects by reason."""
+    stream = stream_or_404(db, name)
+    totals = store.stream_totals(db, stream)
+    readings, received = totals.readings, totals.received_bytes
+    measured = (
+        efficiency(db, stream, readings=readings, received_bytes=received)
+        if efficiency_figures
+        else None
+    )
+    stored, segment_bytes = segment_totals(db, stream)
+    tables = stream_bytes(db, stream)
+    database = sum(tables.values())
+    return StatsOut(
+        stream=name,
+        readings=readings,
+        messages=totals.messages,
+        devices=totals.devices,
+        active_devices=totals.active_devices,
+        last_seen=None if totals.last_seen_ms is None else as_datetime(totals.last_seen_ms),
+        bytes_received=received,
+        duplicates=totals.duplicates,
+        sequence_resets=totals.sequence_resets,
+        wire_bytes_per_reading=received / readings if readings else None,
+        stored_readings=stored,
+        store_bytes={"segments": segment_bytes, "database": database},
+        store_bits_per_reading=(
+            {"segments": 8 * segment_bytes / stored, "database": 8 * database / stored}
+            if stored
+            else None
+        ),
+        database_bytes=tables,
+        rejects=store.rejects(db, name),
+        efficiency=None if measured is None else EfficiencyOut(**measured),
+    )
+
+
+@router.get(
+    f"{API}/streams/{{name}}/export",
+    dependencies=READ,
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/csv": {}}, "description": "CSV rows"},
+        429: {"model": Problem, "description": f"{MAX_EXPORTS} exports already running"},
+    },
+)
+def export(name: str, request: Request, start: Start = None, end: End = None) -> StreamingResponse:
+    """Decoded per-reading estimates (timestamp, device, estimate) read from the segments,
+    streamed in chunks (each read in a short database session of its own). At most
+    MAX_EXPORTS run at once."""
+    with request.app.state.sessions() as db:
+        stream = stream_or_404(db, name)
+        first, stop = window(stream, start, end)
+    slots: threading.BoundedSemaphore = request.app.state.exports
+    if not slots.acquire(blocking=False):
+        raise HTTPException(
+            429,
+            f"{MAX_EXPORTS} exports are running; try again shortly",
+            headers={"Retry-After": "5"},
+        )
+    released = threading.Event()
+
+    def release() -> None:
+        if not released.is_set():
+            released.set()
+            slots.release()
+
+    def rows() -> Iterator[str]:
+        try:
+            yield from store.export_chunks(request.app.state.sessions, stream, first, stop)
+        finally:
+            release()
+
+    body = rows()
+    weakref.finalize(body, release)  # also when the client left before the first chunk
+    return StreamingResponse(body, media_type="text/csv")

@@ -1,0 +1,359 @@
+"""Request and response models of the HTTP API (pydantic, the HTTP edge only)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY, MAX_EPSILON_PER_DAY
+from zeal.protocol import BUCKET_SECONDS, EPSILON_MAX, EXPONENT, PAYLOAD_BITS
+from zeal_server import store
+
+__all__ = [
+    "HEAVY",
+    "AverageOut",
+    "CompareOut",
+    "DeletedOut",
+    "DeviceOut",
+    "DevicesOut",
+    "EfficiencyOut",
+    "EstimateOut",
+    "GroupOut",
+    "PointOut",
+    "Problem",
+    "SeriesOut",
+    "StatsOut",
+    "StatusOut",
+    "StreamIn",
+    "StreamOut",
+    "StreamPatch",
+    "TagsIn",
+]
+
+
+class StreamIn(BaseModel):
+    name: str = Field(description="stream name: 1-64 letters, digits, '_', '.' or '-'")
+    lower: float = Field(description="lower end of the feasible range")
+    upper: float = Field(description="upper end of the feasible range")
+    epsilon: float = Field(description="privacy budget per reading", gt=0, le=EPSILON_MAX)
+    payload_bits: int | None = Field(
+        None,
+        ge=PAYLOAD_BITS[0],
+        le=store.MAX_SERVER_BITS,
+        description="code width (default: chosen by the library)",
+    )
+    exponent: int | None = Field(
+        None, ge=EXPONENT[0], le=EXPONENT[1], description="binade exponent E_U*"
+    )
+    bucket_seconds: int = Field(
+        60, ge=BUCKET_SECONDS[0], le=BUCKET_SECONDS[1], description="time aggregation bucket"
+    )
+    description: str = Field("", max_length=500)
+    unit: str = Field(
+        "", max_length=32, description="what the readings measure in, e.g. degF, kWh, mg/dL"
+    )
+    enrolled_only: bool = Field(
+        False,
+        description="accept data only from devices enrolled beforehand with "
+        "PUT /streams/{name}/devices/{device} (the broker lets any device publish to any "
+        "stream under its own name)",
+    )
+    retention_days: int | None = Field(
+        None,
+        ge=1,
+        le=36_500,
+        description="delete whole buckets older than this many days (default: keep all)",
+    )
+    max_epsilon_per_day: float = Field(
+        DEFAULT_MAX_EPSILON_PER_DAY,
+        gt=0,
+        le=MAX_EPSILON_PER_DAY,
+        description="privacy policy: the privacy loss one device may spend per UTC day of its "
+        "readings' timestamps (each reading costs epsilon; the agent and the collector both "
+        "enforce it, the collector refusing excess batches as over_budget). The default, 8, "
+        "allows 8 readings a day at epsilon 1: raise it knowingly (docs/privacy.md)",
+    )
+
+
+class StreamPatch(BaseModel):
+    """What may change on an existing stream: its retention, and its privacy policy (a new
+    policy gives the stream a new fingerprint: devices are refused until they take the new
+    configuration). Its mechanism never changes. Fields left out stay as they are."""
+
+    retention_days: int | None = Field(
+        None,
+        description="delete whole buckets older than this many days; null keeps everything",
+        ge=1,
+        le=36_500,
+    )
+    max_epsilon_per_day: float | None = Field(
+        None, gt=0, le=MAX_EPSILON_PER_DAY, description="the new privacy policy (see StreamIn)"
+    )
+
+
+class StreamOut(BaseModel):
+    name: str
+    lower: float
+    upper: float
+    epsilon: float
+    realized_epsilon: float | None
+    exponent: int
+    payload_bits: int
+    shared_bits: int
+    sampler: str
+    fingerprint: str
+    bucket_seconds: int
+    C: float
+    abar: float
+    grid_step: float
+    description: str
+    unit: str
+    enrolled_only: bool
+    retention_days: int | None
+    max_epsilon_per_day: float | None = Field(
+        description="privacy policy: loss one device may spend per UTC day (null: none, a "
+        "stream made before policies)"
+    )
+    readings_per_day: int | None = Field(
+        description="readings one device may send per UTC day under the policy"
+    )
+    readings_per_hour: int | None = Field(
+        description="readings one device may send per UTC hour: twice the day's even rate"
+    )
+    created: datetime
+
+
+class DeletedOut(BaseModel):
+    stream: str
+    device: str | None = Field(None, description="the device whose data was deleted")
+    readings: int = Field(description="readings that were stored and are now gone")
+
+
+class EstimateOut(BaseModel):
+    mean: float
+    std_error: float
+    ci: tuple[float, float]
+    guaranteed: tuple[float, float]
+    in_range: bool
+
+
+class BayesOut(BaseModel):
+    """A Bayes estimate beside AVG* (estimator=bayes; docs/bayes.md): never summed into
+    other figures."""
+
+    model: str = Field(description="mean, binary or constant")
+    assumes: str = Field(description="what the model assumes of the readings")
+    prior: str = Field(description="the prior used")
+    mean: float = Field(description="posterior mean: the estimate under squared loss")
+    median: float = Field(description="posterior median: the estimate under absolute loss")
+    interval: tuple[float, float] = Field(description="equal-tailed credible interval")
+    level: float = Field(description="its level (the query's confidence)")
+    n: int = Field(description="readings behind it")
+
+
+class AverageOut(BaseModel):
+    stream: str
+    start: datetime | None = Field(description="start of the first bucket used")
+    end: datetime | None = Field(description="end of the last bucket used")
+    group: str | None
+    n: int
+    confidence: float
+    estimate: EstimateOut | None = Field(description="null when the window holds no readings")
+    epsilon: float
+    payload_bits: int
+    device: str | None = None
+    bayes: BayesOut | None = Field(
+        default=None, description="with estimator=bayes: the posterior summary beside AVG*"
+    )
+    excluded: list[str] = Field(
+        default=[], description="with exclude=implausible: the devices left out, by name"
+    )
+
+
+class PointOut(BaseModel):
+    start: datetime
+    end: datetime
+    n: int
+    estimate: EstimateOut | None
+    bayes: BayesOut | None = Field(
+        default=None, description="with estimator=bayes: the point's posterior summary"
+    )
+
+
+class SeriesOut(BaseModel):
+    stream: str
+    interval_seconds: int
+    group: str | None
+    device: str | None = None
+    confidence: float
+    points: list[PointOut]
+    excluded: list[str] = Field(
+        default=[],
+        description="with exclude=implausible: the devices left out of every point (flagged "
+        "over the whole window), by name",
+    )
+
+
+class CompareOut(BaseModel):
+    """Group A minus group B. ``mean_a``/``mean_b`` are the groups' reading-weighted
+    averages (AVG*); the inference follows ``unit`` and ``method``."""
+
+    stream: str
+    a: str
+    b: str
+    n_a: int
+    n_b: int
+    mean_a: float | None
+    mean_b: float | None
+    unit: str = Field(description="device (the default) or reading")
+    method: str = Field(
+        description="cluster, device_means, trimmed, winsorized, censored, or reading"
+    )
+    estimand: str = Field(
+        default="",
+        description="what difference estimates, in words; for trimmed, winsorized and "
+        "censored it says that it is not the difference of means unless device means are "
+        "symmetric",
+    )
+    difference: float | None = None
+    std_error: float | None = None
+    df: float | None = Field(
+        default=None,
+        description="degrees of freedom of the t reference (none: normal, unit=reading)",
+    )
+    ci: tuple[float, float] | None = None
+    p_value: float | None = Field(default=None, description="two-sided test of equal means")
+    confidence: float
+    partitions: tuple[int, int] | None = Field(
+        default=None, description="independent units per group: devices"
+    )
+    smallest: tuple[int, int] | None = Field(
+        default=None, description="readings in each group's smallest partition"
+    )
+    median: tuple[float, float] | None = Field(
+        default=None, description="readings in each group's median partition"
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="few partitions, shared devices, or why there is no inference",
+    )
+
+
+class DeviceOut(BaseModel):
+    name: str
+    tags: dict[str, str]
+    first_seen: datetime
+    last_seen: datetime
+    readings: int
+    batches: int
+    epsilon_spent: float = Field(
+        description="privacy loss spent since first seen: readings stored times epsilon "
+        "(counted in integer micro-epsilon, each reading rounded up)"
+    )
+    epsilon_today: float = Field(
+        description="privacy loss spent on readings stamped in the current UTC day, the "
+        "period of the stream's policy (max_epsilon_per_day)"
+    )
+    flags: list[str] = Field(
+        default=[],
+        description="implausible: its readings prove it dishonest (its guaranteed interval at "
+        "level 1 - 1e-9 lies wholly outside the range; exclude=implausible leaves it out of "
+        "averages); over_budget: batches of it were refused at the policy; at_cap: today's "
+        "readings, or those of one of today's UTC hours, reached what the policy allows",
+    )
+    duplicates: int = Field(description="batches received again and dropped (a lost PUBACK)")
+    sequence_resets: int = Field(
+        description="batches stored although their sequence number had been used before "
+        "for other content: the device's outbox was reset, or two agents share its id"
+    )
+
+
+class DevicesOut(BaseModel):
+    total: int
+    limit: int
+    offset: int
+    devices: list[DeviceOut]
+
+
+class GroupOut(BaseModel):
+    group: str = Field(description="key:value, usable as the group parameter")
+    devices: int
+
+
+class TagsIn(BaseModel):
+    tags: dict[str, str] = Field(description='replaces the device\'s tags, e.g. {"site": "aarhus"}')
+
+
+class EfficiencyOut(BaseModel):
+    """Bits per reading, measured on the stream's data (see zeal_server.store.efficiency); the
+    store figures are those of the compacted rows, or of the raw parts while none is."""
+
+    sample: int = Field(description="recent stored readings the alternatives were measured on")
+    wire_bits: float = Field(description="Zeal payload bits per reading received")
+    json_bits: float = Field(description='a JSON message {"ts", "value"} per reading')
+    float64_bits: float = Field(description="a raw float64 value (timestamp not counted)")
+    wire_vs_json: float
+    wire_vs_float64: float
+    store_bits: float = Field(description="bits per reading of the compacted segments' data")
+    store_code_bits: float = Field(description="bits per reading of the codes (sample's rows)")
+    database_bits: float = Field(description="the stream's database share, bits per reading")
+    paper_store_bits: float = Field(
+        description="the paper's format: privatized float64 values, zstandard level 3"
+    )
+    paper_wire_bits: float = Field(description="the paper's transmission: 64 - gamma_min bits")
+    store_vs_paper: float = Field(description="paper_store_bits / store_code_bits")
+    compacted: float = Field(description="share of the readings in compressed rows (0: raw)")
+    compression_ratio_cr: float = Field(description="paper Eq. (34) on the sample")
+    transmission_ratio_tr: float = Field(description="paper Eq. (27)")
+
+
+class StatsOut(BaseModel):
+    stream: str
+    readings: int
+    messages: int
+    devices: int
+    active_devices: int = Field(description="devices heard from in the last hour")
+    last_seen: datetime | None = Field(description="when the newest data arrived")
+    bytes_received: int
+    duplicates: int = Field(description="batches received again and dropped, all devices")
+    sequence_resets: int = Field(description="batches stored after a sequence reset")
+    wire_bytes_per_reading: float | None
+    stored_readings: int = Field(description="readings held now (retention removes some)")
+    store_bytes: dict[str, int] = Field(
+        description="segments: their data; database: all in (every table and index, docs/server.md)"
+    )
+    store_bits_per_reading: dict[str, float] | None = Field(description="store_bytes, bits/reading")
+    database_bytes: dict[str, int] = Field(description="the database figure, table by table")
+    rejects: dict[str, int]
+    efficiency: EfficiencyOut | None = Field(description="null until data is stored")
+
+
+class StatusOut(BaseModel):
+    """A probe's answer (``live``, ``writer stopped``, ``ready``, ...)."""
+
+    status: str
+
+
+class Problem(BaseModel):
+    """An error: ``detail`` says what was wrong and what was expected."""
+
+    detail: str
+
+
+#: Answers every route may give besides its own (documented so clients and fuzzers know).
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "token required"},
+    403: {"model": Problem, "description": "wrong token"},
+    404: {"model": Problem, "description": "no such stream or device"},
+    503: {"model": Problem, "description": "database unavailable"},
+}
+#: The answer of a heavy read past its slots (zeal_server.api.costs; docs/server.md).
+HEAVY: dict[int | str, dict[str, Any]] = {
+    429: {
+        "model": Problem,
+        "description": "too many heavy reads at once (this one is heavy with the parameters "
+        "given: see docs/server.md, 'Heavy reads'); ask again after Retry-After seconds",
+    },
+}

@@ -1,0 +1,89 @@
+"""What the collector tells a device on its notice topic (``zeal.topics``): why a batch was
+rejected, or that a sequence number came back with other content. At most one notice per
+device and reason every NOTICE_EVERY seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from zeal import ParameterError
+from zeal.protocol import check_name
+from zeal.topics import Notice, notice_topic
+from zeal_server.ingest.bounded import Bounded
+from zeal_server.ingest.validation import Outcome
+
+__all__ = ["NOTICES", "NOTICE_EVERY", "Notifier"]
+
+#: A device hears about the same reason at most this often (seconds).
+NOTICE_EVERY = 5.0
+
+#: The reasons a device is told about, with the advice it is given.
+NOTICES = {
+    "unknown_stream": "this server has no stream {stream} (it was deleted, or never created "
+    "here): nothing of this batch was stored",
+    "fingerprint_mismatch": "the batch was encoded with other parameters than stream "
+    "{stream}'s, or for another device: fetch the stream's configuration again",
+    "future_timestamp": "the batch holds readings stamped in the future (beyond the server's "
+    "ZEAL_MAX_FUTURE_SECONDS): check the device's clock",
+    "too_old": "the batch holds readings older than the server accepts (ZEAL_MAX_AGE_SECONDS "
+    "before their arrival): check the device's clock, or ask the operator to raise the "
+    "import window",
+    "too_many_buckets": "the batch spans more time buckets of stream {stream} than the "
+    "server accepts in one batch (ZEAL_MAX_BUCKETS_PER_BATCH): send smaller batches",
+    "not_enrolled": "stream {stream} accepts data only from enrolled devices, and device "
+    "{device} is not one: ask the operator to enroll it",
+    "bad_version": "the batch uses an older wire format than this server accepts: upgrade "
+    "the agent",
+    "before_stream": "the batch holds readings stamped before stream {stream} was created: "
+    "check the device's clock",
+    "over_budget": "the batch would take device {device} past stream {stream}'s privacy "
+    "policy (its max_epsilon_per_day, counted per UTC day of the readings' timestamps): "
+    "nothing of it was stored; the agent's ledger should have held it back (was its outbox "
+    "reset, or does another agent use this device id?)",
+    "sequence_reset": "stored; but this server had already stored sequence {sequence} of "
+    "device {device} with other content (its highest stored sequence is {last}): the "
+    "device's outbox is new (reinstalled?), or another agent uses this device id",
+}
+
+
+class Notifier:
+    """Publishes notices through `publish(topic, payload)` (QoS 1, not retained)."""
+
+    def __init__(self, publish: Callable[[str, bytes], object]) -> None:
+        self._publish = publish
+        self._sent: Bounded[tuple[str, str, str], float] = Bounded()
+
+    def notify(self, server_id: str | None, outcome: Outcome, reason: str) -> None:
+        """Tell the device of `outcome` about `reason`, unless it is not a reason devices are
+        told about, the server's id is not known yet, the names are not valid, or it heard
+        about it within NOTICE_EVERY seconds."""
+        if reason not in NOTICES or server_id is None:
+            return
+        try:
+            check_name("stream", outcome.stream)
+            check_name("device", outcome.device)
+        except ParameterError:
+            return
+        key = (outcome.stream, outcome.device, reason)
+        now = time.monotonic()
+        if now - self._sent.get(key, -1e18) < NOTICE_EVERY:
+            return
+        self._sent[key] = now
+        notice = Notice(
+            server=server_id,
+            stream=outcome.stream,
+            device=outcome.device,
+            reason=reason,
+            message=NOTICES[reason].format(
+                stream=outcome.stream,
+                device=outcome.device,
+                sequence=outcome.sequence,
+                last=outcome.last_sequence,
+            ),
+            time_ms=int(time.time() * 1000),
+            sequence=outcome.sequence,
+            last_sequence=outcome.last_sequence,
+        )
+        self._publish(notice_topic(outcome.stream, outcome.device), notice.to_json())

@@ -1,0 +1,13 @@
+"""Ingest: one transaction of data messages, validated side by side, stream by stream, and
+stored through ``zeal_server.store``. It knows no MQTT: the broker layer hands it (topic,
+payload, arrival time) and acknowledges after the commit.
+
+``Ingest`` (``ingest.validation``) decodes and checks; ``ingest.groups`` holds the outcomes
+and the plausibility limits; ``ingest.settle`` stores one round (dedup rows, the privacy
+ledger, the segment parts); ``ingest.rejectkeys`` pools the keys of rejects.
+"""
+
+from zeal_server.ingest.groups import Outcome
+from zeal_server.ingest.validation import MAX_REJECT_ROWS, Ingest
+
+__all__ = ["MAX_REJECT_ROWS", "Ingest", "Outcome"]

@@ -1,8 +1,0 @@
-"""Routes by resource, each a top-level function on an ``APIRouter`` (read and tested
-alone); ``zeal_server.api.create_app`` includes them."""
-
-from __future__ import annotations
-
-from zeal_server.routes import health, logins
-
-__all__ = ["health", "logins"]

@@ -1,0 +1,117 @@
+"""The store: every table and every statement on it (SQLAlchemy; SQLite or PostgreSQL),
+and nothing of MQTT, NATS or HTTP.
+
+This namespace holds the repository functions the other layers call (``from zeal_server
+import store``): streams (``store.streams``), devices (``store.fleet``), sums over time
+buckets (``store.sums``), compaction and verify (``store.compaction``), export
+(``store.export``). Their modules hold the rest, for callers that need a table
+(``store.models``) or a detail. The caller owns the session and the transaction; no
+function here commits.
+"""
+
+from __future__ import annotations
+
+from zeal_server.errors import StoreError
+from zeal_server.store.compaction import compact, verify
+from zeal_server.store.export import export_chunks, export_lines, segment_columns
+from zeal_server.store.fleet import (
+    MAX_TAG_KEY,
+    MAX_TAG_VALUE,
+    MAX_TAGS,
+    StreamTotals,
+    check_tags,
+    count_devices,
+    device_by_name,
+    device_page,
+    devices_of,
+    enroll,
+    group_devices,
+    groups,
+    hours_at_cap,
+    readings_on_day,
+    set_tags,
+    stream_totals,
+)
+from zeal_server.store.streams import (
+    MAX_SERVER_BITS,
+    check_retention,
+    check_unit,
+    config_of,
+    create_stream,
+    delete_stream,
+    derive_params,
+    installation_id,
+    list_streams,
+    now_ms,
+    params_of,
+    rejects,
+    set_policy,
+    set_retention,
+    stream_by_name,
+)
+from zeal_server.store.sums import (
+    Devices,
+    DeviceSums,
+    Sums,
+    bucket_bounds,
+    closed_window,
+    device_sums,
+    estimate,
+    from_limbs,
+    series_sums,
+    to_limbs,
+    window_ms,
+    window_sums,
+)
+
+__all__ = [
+    "MAX_SERVER_BITS",
+    "MAX_TAGS",
+    "MAX_TAG_KEY",
+    "MAX_TAG_VALUE",
+    "DeviceSums",
+    "Devices",
+    "StoreError",
+    "StreamTotals",
+    "Sums",
+    "bucket_bounds",
+    "check_retention",
+    "check_tags",
+    "check_unit",
+    "closed_window",
+    "compact",
+    "config_of",
+    "count_devices",
+    "create_stream",
+    "delete_stream",
+    "derive_params",
+    "device_by_name",
+    "device_page",
+    "device_sums",
+    "devices_of",
+    "enroll",
+    "estimate",
+    "export_chunks",
+    "export_lines",
+    "from_limbs",
+    "group_devices",
+    "groups",
+    "hours_at_cap",
+    "installation_id",
+    "list_streams",
+    "now_ms",
+    "params_of",
+    "readings_on_day",
+    "rejects",
+    "segment_columns",
+    "series_sums",
+    "set_policy",
+    "set_retention",
+    "set_tags",
+    "stream_by_name",
+    "stream_totals",
+    "to_limbs",
+    "verify",
+    "window_ms",
+    "window_sums",
+]

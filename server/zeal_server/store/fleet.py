@@ -1,0 +1,274 @@
+"""A stream's devices in the database: rows, enrolment, tags and groups, pages of the device
+list, and the totals a stream's figures are made of. Repository functions: the caller owns
+the session and the transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Select, delete, func, insert, select
+from sqlalchemy.orm import Session
+
+from zeal import ParameterError
+from zeal.policy import DAY_MS, HOUR_MS
+from zeal.protocol import check_name
+from zeal_server.errors import StoreError
+from zeal_server.store.models import Device, DevicePeriod, DeviceTag, Stream
+from zeal_server.store.streams import insert_for, now_ms
+
+__all__ = [
+    "DEVICE_ORDER",
+    "MAX_TAGS",
+    "MAX_TAG_KEY",
+    "MAX_TAG_VALUE",
+    "StreamTotals",
+    "add_devices",
+    "check_tags",
+    "count_devices",
+    "device_by_name",
+    "device_ids",
+    "device_page",
+    "devices_of",
+    "enroll",
+    "group_devices",
+    "groups",
+    "new_device_row",
+    "set_tags",
+    "stream_totals",
+]
+
+
+def new_device_row(stream_id: int, name: str, when: int) -> dict[str, Any]:
+    """The columns of a device row that has sent nothing yet."""
+    counters = dict.fromkeys(("readings", "batches", "bytes", "duplicates", "sequence_resets"), 0)
+    return {
+        "stream_id": stream_id,
+        "name": name,
+        "tags": "{}",
+        "first_seen_ms": when,
+        "last_seen_ms": when,
+        **counters,
+    }
+
+
+def device_ids(session: Session, stream_id: int, names: list[str]) -> dict[str, int]:
+    """The ids of those of `names` that are devices of the stream (a query per 500)."""
+    found: dict[str, int] = {}
+    for first in range(0, len(names), 500):
+        chosen = names[first : first + 500]
+        query = select(Device.name, Device.id).where(
+            Device.stream_id == stream_id, Device.name.in_(chosen)
+        )
+        found.update((name, device_id) for name, device_id in session.execute(query))
+    return found
+
+
+def add_devices(session: Session, stream_id: int, first_seen: dict[str, int]) -> None:
+    """Create the devices named in `first_seen` (first seen at the times it gives) that do
+    not exist yet, in name order: every collector locks new rows in one order."""
+    session.execute(
+        insert_for(session)(Device).on_conflict_do_nothing(),
+        [new_device_row(stream_id, n, first_seen[n]) for n in sorted(first_seen)],
+    )
+
+
+def devices_of(session: Session, stream: Stream) -> list[Device]:
+    return list(
+        session.scalars(select(Device).where(Device.stream_id == stream.id).order_by(Device.name))
+    )
+
+
+#: Tags one device may carry, and their sizes.
+MAX_TAGS = 32
+MAX_TAG_KEY = 64
+MAX_TAG_VALUE = 200
+
+
+def check_tags(tags: dict[str, str]) -> None:
+    """StoreError unless `tags` fits: at most MAX_TAGS, keys 1-64 characters without ':',
+    values at most 200 characters."""
+    if len(tags) > MAX_TAGS:
+        raise StoreError(f"a device carries at most {MAX_TAGS} tags, got {len(tags)}")
+    for key, value in tags.items():
+        if not (0 < len(key) <= MAX_TAG_KEY and len(value) <= MAX_TAG_VALUE and ":" not in key):
+            raise StoreError(
+                f"tag {key[:MAX_TAG_KEY]!r}: keys are 1-{MAX_TAG_KEY} characters without ':', "
+                f"values at most {MAX_TAG_VALUE}"
+            )
+
+
+def enroll(session: Session, stream: Stream, name: str) -> tuple[Device, bool]:
+    """The device `name` of `stream`, created (enrolled) if it is new: (device, created).
+    StoreError for an invalid name."""
+    try:
+        check_name("device", name)
+    except ParameterError as exc:
+        raise StoreError(str(exc)) from exc
+    device = session.scalar(
+        select(Device).where(Device.stream_id == stream.id, Device.name == name)
+    )
+    if device is not None:
+        return device, False
+    device = Device(**new_device_row(stream.id, name, now_ms()))
+    session.add(device)
+    session.flush()
+    return device, True
+
+
+def set_tags(session: Session, device: Device, tags: dict[str, str]) -> None:
+    """Replace a device's tags (both the JSON column and the rows groups are queried by)."""
+    check_tags(tags)
+    device.tags = json.dumps(tags, sort_keys=True)
+    session.execute(delete(DeviceTag).where(DeviceTag.device_id == device.id))
+    if tags:
+        session.execute(
+            insert(DeviceTag),
+            [{"device_id": device.id, "key": k, "value": v} for k, v in tags.items()],
+        )
+
+
+def group_devices(session: Session, stream: Stream, group: str) -> Select[Any]:
+    """The ids of the devices whose tags match ``key:value``, as a subquery to filter by
+    (no list of ids travels to the database, however large the group). StoreError if the
+    group is malformed or matches no device."""
+    key, sep, value = group.partition(":")
+    if not sep or not key:
+        raise StoreError(f"group {group!r} must look like key:value (e.g. site:aarhus)")
+    tagged = select(DeviceTag.device_id).where(DeviceTag.key == key, DeviceTag.value == value)
+    ours = tagged.join(Device, Device.id == DeviceTag.device_id).where(
+        Device.stream_id == stream.id
+    )
+    if session.scalar(ours.limit(1)) is None:
+        raise StoreError(f"group {group!r} matches no device of stream {stream.name!r}")
+    # A device id belongs to one stream, and every sum also filters on the stream: the
+    # members of other streams in `tagged` match nothing, and the join is saved.
+    return tagged
+
+
+def groups(session: Session, stream: Stream) -> dict[str, int]:
+    """Every ``key:value`` tag pair of the stream's devices, with how many devices carry it."""
+    rows = session.execute(
+        select(DeviceTag.key, DeviceTag.value, func.count())
+        .join(Device, Device.id == DeviceTag.device_id)
+        .where(Device.stream_id == stream.id)
+        .group_by(DeviceTag.key, DeviceTag.value)
+    )
+    return dict(sorted((f"{k}:{v}", int(n)) for k, v, n in rows))
+
+
+def device_by_name(session: Session, stream: Stream, name: str) -> Device | None:
+    return session.scalar(select(Device).where(Device.stream_id == stream.id, Device.name == name))
+
+
+def count_devices(session: Session, stream: Stream) -> int:
+    return (
+        session.scalar(
+            select(func.count()).select_from(Device).where(Device.stream_id == stream.id)
+        )
+        or 0
+    )
+
+
+#: The columns the device list can be sorted by (epsilon spent orders as readings: it is
+#: readings times the stream's epsilon).
+DEVICE_ORDER = {
+    "name": Device.name,
+    "first_seen": Device.first_seen_ms,
+    "last_seen": Device.last_seen_ms,
+    "readings": Device.readings,
+    "epsilon_spent": Device.readings,
+}
+
+
+def device_page(
+    session: Session, stream: Stream, *, sort: str, descending: bool, limit: int, offset: int
+) -> list[Device]:
+    """One page of the stream's devices, ordered by `sort` (a key of DEVICE_ORDER), ties by
+    name."""
+    column = DEVICE_ORDER[sort]
+    primary = column.desc() if descending else column.asc()
+    return list(
+        session.scalars(
+            select(Device)
+            .where(Device.stream_id == stream.id)
+            .order_by(primary, Device.name)
+            .limit(limit)
+            .offset(offset)
+        )
+    )
+
+
+@dataclass(frozen=True)
+class StreamTotals:
+    """What a stream has received, summed over its devices."""
+
+    readings: int
+    messages: int
+    received_bytes: int
+    devices: int
+    active_devices: int  # heard from in the last hour
+    last_seen_ms: int | None
+    duplicates: int
+    sequence_resets: int
+
+
+def stream_totals(session: Session, stream: Stream) -> StreamTotals:
+    """The stream's devices' counters summed (what was received and stored, whatever
+    retention deleted since)."""
+    readings, messages, received, last_ms, active, duplicates, resets = session.execute(
+        select(
+            func.coalesce(func.sum(Device.readings), 0),
+            func.coalesce(func.sum(Device.batches), 0),
+            func.coalesce(func.sum(Device.bytes), 0),
+            func.max(Device.last_seen_ms),
+            func.count().filter(Device.last_seen_ms >= now_ms() - 3_600_000),
+            func.coalesce(func.sum(Device.duplicates), 0),
+            func.coalesce(func.sum(Device.sequence_resets), 0),
+        ).where(Device.stream_id == stream.id)
+    ).one()
+    return StreamTotals(
+        readings=int(readings),
+        messages=int(messages),
+        received_bytes=int(received),
+        devices=count_devices(session, stream),
+        active_devices=int(active or 0),
+        last_seen_ms=None if last_ms is None else int(last_ms),
+        duplicates=int(duplicates),
+        sequence_resets=int(resets),
+    )
+
+
+def readings_on_day(session: Session, device_ids: list[int], day: int) -> dict[int, int]:
+    """Readings stored per device (of `device_ids`) stamped in UTC day `day`: the ledger of
+    the stream's privacy policy."""
+    if not device_ids:
+        return {}
+    rows = session.execute(
+        select(DevicePeriod.device_id, DevicePeriod.readings).where(
+            DevicePeriod.device_id.in_(device_ids),
+            DevicePeriod.hours == DAY_MS // HOUR_MS,
+            DevicePeriod.period == day,
+        )
+    )
+    return {int(d): int(n) for d, n in rows}
+
+
+def hours_at_cap(session: Session, device_ids: list[int], day: int, cap: int) -> set[int]:
+    """The devices (of `device_ids`) with `cap` readings stamped in some UTC hour of day
+    `day`: the policy's hourly ledger."""
+    if not device_ids:
+        return set()
+    first = day * (DAY_MS // HOUR_MS)
+    rows = session.scalars(
+        select(DevicePeriod.device_id).where(
+            DevicePeriod.device_id.in_(device_ids),
+            DevicePeriod.hours == 1,
+            DevicePeriod.period >= first,
+            DevicePeriod.period < first + DAY_MS // HOUR_MS,
+            DevicePeriod.readings >= cap,
+        )
+    )
+    return {int(d) for d in rows}

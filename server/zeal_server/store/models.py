@@ -1,0 +1,218 @@
+"""Database tables (SQLAlchemy 2.0). Schema changes go through Alembic (``migrations/``).
+
+Exact sums: every segment row keeps the count of its readings and the sums of their codes and
+of their squared codes as 24-bit *limbs* (``total = sum(limb_i * 2**(24 i))``), each limb
+summed over the row's readings (zeal_server.store.segments.limb_sums), so every column stays below
+2**63 for fewer than 2**39 readings, SQL ``SUM`` over any rows cannot overflow on SQLite or
+PostgreSQL, and Python recombines the totals exactly. docs/server.md gives the layout and
+what each byte of it pays for.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = [
+    "LIMB_BITS",
+    "SQUARE_LIMBS",
+    "SUM_LIMBS",
+    "Base",
+    "BatchSeen",
+    "Device",
+    "DevicePeriod",
+    "DeviceTag",
+    "Installation",
+    "Reject",
+    "Segment",
+    "Stream",
+]
+
+LIMB_BITS = 24
+SUM_LIMBS = 3
+SQUARE_LIMBS = 4
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Stream(Base):
+    __tablename__ = "streams"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    lower: Mapped[float] = mapped_column(Float)
+    upper: Mapped[float] = mapped_column(Float)
+    epsilon: Mapped[float] = mapped_column(Float)
+    exponent: Mapped[int] = mapped_column(Integer)
+    payload_bits: Mapped[int] = mapped_column(Integer)
+    sampler: Mapped[str] = mapped_column(String(16))
+    fingerprint: Mapped[str] = mapped_column(String(16))
+    bucket_seconds: Mapped[int] = mapped_column(Integer)
+    description: Mapped[str] = mapped_column(String(500), default="")
+    #: What the readings measure in, e.g. degF or kWh (shown beside every figure).
+    unit: Mapped[str] = mapped_column(String(32), default="")
+    created_ms: Mapped[int] = mapped_column(BigInteger)
+    #: Only devices enrolled beforehand (``PUT .../devices/{device}``) may send: the broker's
+    #: ACL lets a device publish to any stream under its own name, this closes a stream.
+    enrolled_only: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Whole buckets older than this many days are deleted by the collector's housekeeping
+    #: (and readings older than that are refused); None keeps everything.
+    retention_days: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
+    #: The privacy policy (zeal.policy): epsilon one device may spend per UTC day of its
+    #: readings' timestamps. None only for streams made before policies existed.
+    max_epsilon_per_day: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    #: The dedup horizon: a batch with a reading stamped before this is refused (too_old),
+    #: and the dedup rows of such batches are deleted (zeal_server.store.dedup.prune). It only
+    #: moves forward (the import window, then the retention); None before the first prune.
+    horizon_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
+
+
+class Device(Base):
+    __tablename__ = "devices"
+    __table_args__ = (UniqueConstraint("stream_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    tags: Mapped[str] = mapped_column(Text, default="{}")
+    first_seen_ms: Mapped[int] = mapped_column(BigInteger)
+    last_seen_ms: Mapped[int] = mapped_column(BigInteger)
+    readings: Mapped[int] = mapped_column(BigInteger, default=0)
+    batches: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Batches received again (same sequence, same content) and dropped: a lost PUBACK.
+    duplicates: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Batches stored although their sequence number was taken by other content: the
+    #: device's outbox was reset (or two agents share its id).
+    sequence_resets: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class DevicePeriod(Base):
+    """Readings stored per device and UTC day (``hours`` 24), and per device and UTC hour
+    (``hours`` 1), of their timestamps: the collector's privacy ledger (zeal_server.store.ledger).
+    A day's count times the stream's micro-epsilon per reading is the loss spent that day;
+    an hour's count is held to the policy's hourly cap (zeal.policy.readings_per_hour).
+    One table for both periods (revision 0009): a table costs a heap page and an index
+    page before its first row holds anything."""
+
+    __tablename__ = "device_periods"
+
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
+    #: The period's length in hours: 24 for a UTC day, 1 for a UTC hour.
+    hours: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    #: The period's number since 1970 (days for a day, hours for an hour).
+    period: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    readings: Mapped[int] = mapped_column(BigInteger)
+
+
+class DeviceTag(Base):
+    """One tag of a device (the same pairs as ``Device.tags``): groups are queried by join."""
+
+    __tablename__ = "device_tags"
+    __table_args__ = (Index("ix_device_tags_key_value", "key", "value"),)
+
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(200))
+
+
+class BatchSeen(Base):
+    """One row per accepted batch, kept while a copy of it could still be accepted: until
+    its first reading falls behind the stream's dedup horizon (``Stream.horizon_ms``).
+
+    A batch is a duplicate only if the same device already sent the same sequence number
+    with the same content (``digest``). The same sequence with other content is new data
+    from a reset outbox: it is stored under the next ``generation`` of that sequence.
+    Rows written before digests existed have ``digest`` NULL and match any content.
+    """
+
+    __tablename__ = "batches"
+    __table_args__ = (Index("ix_batches_first_ms", "first_ms"),)
+
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
+    #: The sequence number as a signed 64-bit integer (two's complement of the unsigned one).
+    sequence: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    #: 0 for the first batch with this sequence, 1 for the next after a reset, ...
+    generation: Mapped[int] = mapped_column(Integer, primary_key=True, default=0)
+    #: BLAKE2b-64 of the payload, as a signed 64-bit integer.
+    digest: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: The timestamp of the batch's first reading (for rows from before revision 0007, an
+    #: upper bound: the arrival time plus the default clock lead of 10 minutes).
+    first_ms: Mapped[int] = mapped_column(BigInteger)
+    readings: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(Integer)
+
+
+class _Sums:
+    """The exact sums: count, then limbs of the sum of codes (s*) and of squares (q*)."""
+
+    n: Mapped[int] = mapped_column(BigInteger)
+    s0: Mapped[int] = mapped_column(BigInteger)
+    s1: Mapped[int] = mapped_column(BigInteger)
+    s2: Mapped[int] = mapped_column(BigInteger)
+    q0: Mapped[int] = mapped_column(BigInteger)
+    q1: Mapped[int] = mapped_column(BigInteger)
+    q2: Mapped[int] = mapped_column(BigInteger)
+    q3: Mapped[int] = mapped_column(BigInteger)
+
+
+class Segment(_Sums, Base):
+    """Readings of one stream: codes, timestamps and device ids (zeal_server.store.segments).
+
+    A transaction adds one raw part per bucket it touches; compaction merges a day's closed
+    buckets into chunks sorted by (device, time), each small enough to stay inline in a
+    PostgreSQL page (``data`` is stored MAIN there: no TOAST). A row covers the buckets
+    ``first_bucket`` to ``last_bucket`` and never crosses a period (``compaction.period``);
+    its sums are those of all its readings. ``tag`` tells apart rows that start and end in
+    the same buckets (random for new rows).
+    """
+
+    __tablename__ = "segments"
+
+    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"), primary_key=True)
+    first_bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    last_bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    tag: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    encoding: Mapped[int] = mapped_column(SmallInteger)
+    #: Last: SQLite reads a column stored after a blob that overflows its page only by
+    #: reading the blob's overflow chain (revision 0008).
+    data: Mapped[bytes] = mapped_column(LargeBinary, sort_order=1)
+
+
+class Reject(Base):
+    """Counts of rejected messages by stream, device and reason (names as on the topic)."""
+
+    __tablename__ = "rejects"
+
+    stream: Mapped[str] = mapped_column(String(128), primary_key=True)
+    device: Mapped[str] = mapped_column(String(128), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(32), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger)
+    last_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class Installation(Base):
+    """One row: this database's id, named as ``server`` in configurations and notices.
+
+    Every collector on one database shares it, so agents can tell the server that created
+    their stream from another one on the same broker.
+    """
+
+    __tablename__ = "installation"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    created_ms: Mapped[int] = mapped_column(BigInteger)

@@ -1,0 +1,610 @@
+"""Stream parameters of the Zeal mechanism and everything done with them.
+
+:class:`Zeal` derives the paper's values (``C``, ``p``, ``E_enc``, ``E_vul``, ``Abar``,
+``gamma_min``) from the feasible range and epsilon, picks the code width, and offers
+perturbation (on the device), float reconstruction, decoding and the average with bounds
+(on the server). Every output is a float64 in the binade ``[2**Eu, 2**(Eu+1))`` sharing its
+top ``shared_bits`` bits, so only the low ``payload_bits`` bits (the *code*) are sent.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import warnings
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from zeal._distribution import OutputDistribution
+from zeal._exact import ceil_log2, exact_sum, exact_sum_squares
+from zeal._grid import GridSampler
+from zeal._paper import PaperSampler
+from zeal._randomness import Randomness
+from zeal._width import (
+    bits_at,
+    default_bits,
+    exact_grid,
+    exponent_for_bits,
+    smallest_exponent,
+)
+from zeal.errors import CodeError, ParameterError, ReadingError, ZealWarning
+from zeal.estimate import (
+    Estimate,
+    bernstein_half_width,
+    bernstein_tail,
+    check_confidence,
+    check_integer,
+    check_real,
+    normal_quantile,
+)
+from zeal.policy import check_policy, readings_per_day, readings_per_hour
+from zeal.protocol import EPSILON_MAX, EXPONENT, PAYLOAD_BITS
+
+if TYPE_CHECKING:
+    from zeal._privacy_audit import AuditReport
+
+__all__ = ["MAX_EPSILON", "SAMPLERS", "Zeal"]
+
+SAMPLERS: Final = ("grid", "paper")
+_SAMPLER_VERSIONS: Final = {"grid": 1, "paper": 1}
+MAX_EPSILON: Final = EPSILON_MAX
+_MIN_BITS, _MAX_BITS = PAYLOAD_BITS
+_MIN_EXPONENT, _MAX_EXPONENT = EXPONENT
+
+_U64 = npt.NDArray[np.uint64]
+_F64 = npt.NDArray[np.float64]
+
+
+class Zeal:
+    """Parameters of one Zeal stream: feasible range, budget, code width, sampler.
+
+    ``Zeal(lower=..., upper=..., epsilon=...)`` picks the narrowest code whose grid variance
+    stays within 1 % of the mechanism's smallest variance; ``payload_bits`` or ``exponent``
+    choose the width instead. Instances are immutable, hashable and picklable.
+
+    Derived values (paper 001): ``C`` (Eq. (10)), ``p`` (Eq. (9)), ``e_enc`` (Theorem 5,
+    Eq. (21)), ``e_vul`` (Theorem 7, Eq. (31)), ``exponent`` (E_U*), ``abar`` (Eq. (22),
+    rounded to float64 for display; the sampler and decoder use it exactly), ``shared_bits``
+    (gamma_min, Theorem 6, Eq. (28)), ``payload_bits`` (64 - gamma_min), ``grid_step``
+    (ulp(2**exponent)), ``realized_epsilon`` (the loss the grid sampler actually realizes:
+    ``ln(w_hi/w_lo) <= epsilon``; ``None`` for the paper sampler, whose loss only
+    :meth:`audit` can tell) and ``fingerprint`` (8 bytes identifying all of the above).
+
+    ``max_epsilon_per_day`` is the stream's privacy policy (zeal.policy), enforced by agent
+    and collector alike; the mechanism ignores it, but it is in the fingerprint, so a device
+    without a changed policy is refused. ``readings_per_day`` is what it allows; None (no
+    policy) keeps the fingerprints of parameters made before policies existed;
+    ``readings_per_hour`` the hour's cap derived from it.
+    """
+
+    __slots__ = (
+        "C",
+        "_grid",
+        "_paper",
+        "_prefix",
+        "_top",
+        "abar",
+        "code_max",
+        "code_min",
+        "e_enc",
+        "e_vul",
+        "ebar",
+        "epsilon",
+        "exponent",
+        "fingerprint",
+        "grid_step",
+        "half_width",
+        "lower",
+        "max_epsilon_per_day",
+        "p",
+        "payload_bits",
+        "readings_per_day",
+        "readings_per_hour",
+        "realized_epsilon",
+        "sampler",
+        "shared_bits",
+        "upper",
+    )
+
+    C: float
+    p: float
+    e_enc: int
+    e_vul: int
+    ebar: float
+    half_width: float
+    lower: float
+    upper: float
+    epsilon: float
+    exponent: int
+    payload_bits: int
+    shared_bits: int
+    grid_step: float
+    abar: float
+    fingerprint: bytes
+    max_epsilon_per_day: float | None
+    readings_per_day: int | None
+    readings_per_hour: int | None
+    realized_epsilon: float | None
+    sampler: str
+    code_min: int
+    code_max: int
+    _grid: GridSampler | None
+    _paper: PaperSampler | None
+    _prefix: int
+    _top: Fraction
+
+    def __init__(
+        self,
+        *,
+        lower: float,
+        upper: float,
+        epsilon: float,
+        payload_bits: int | None = None,
+        exponent: int | None = None,
+        sampler: str = "grid",
+        max_epsilon_per_day: float | None = None,
+    ) -> None:
+        try:
+            self._setup(
+                lower, upper, epsilon, payload_bits=payload_bits, exponent=exponent, sampler=sampler
+            )
+            cap = check_policy(self.epsilon, max_epsilon_per_day)
+        except (OverflowError, ZeroDivisionError) as exc:
+            raise ParameterError(
+                f"lower={lower!r}, upper={upper!r}, epsilon={epsilon!r} are too extreme for "
+                f"float64 arithmetic ({exc})"
+            ) from exc
+        object.__setattr__(self, "max_epsilon_per_day", cap)
+        daily = None if cap is None else readings_per_day(self.epsilon, cap)
+        object.__setattr__(self, "readings_per_day", daily)
+        hourly = None if daily is None else readings_per_hour(daily)
+        object.__setattr__(self, "readings_per_hour", hourly)
+        object.__setattr__(self, "fingerprint", self._fingerprint())
+
+    def _setup(
+        self,
+        lower: float,
+        upper: float,
+        epsilon: float,
+        *,
+        payload_bits: int | None,
+        exponent: int | None,
+        sampler: str,
+    ) -> None:
+        set_ = functools.partial(object.__setattr__, self)
+        lo, hi, eps = (
+            check_real("lower", lower),
+            check_real("upper", upper),
+            check_real("epsilon", epsilon),
+        )
+        if not lo < hi:
+            raise ParameterError(f"lower must be below upper, got lower={lower!r}, upper={upper!r}")
+        if not 0.0 < eps <= MAX_EPSILON:
+            raise ParameterError(f"epsilon must be in (0, {MAX_EPSILON}], got {epsilon!r}")
+        if sampler not in SAMPLERS:
+            raise ParameterError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        if payload_bits is not None and exponent is not None:
+            raise ParameterError("give payload_bits or exponent, not both")
+        half, c, p = _range_terms(lo, hi, eps, (lower, upper, epsilon))
+        ebar = lo + half
+        e_enc = ceil_log2(2 * c)  # Eq. (21)
+        e_vul = max(ceil_log2(math.exp(eps) / p) - 1, e_enc)  # Eq. (31)
+        for name, value in (
+            ("lower", lo),
+            ("upper", hi),
+            ("epsilon", eps),
+            ("C", c),
+            ("p", p),
+            ("e_enc", e_enc),
+            ("e_vul", e_vul),
+            ("ebar", ebar),
+            ("half_width", half),
+            ("sampler", sampler),
+        ):
+            set_(name, value)
+
+        e_min = smallest_exponent(self.C, self.e_enc)
+        if exponent is not None:
+            chosen = check_integer("exponent", exponent, e_min, _MAX_EXPONENT)
+        elif payload_bits is not None:
+            bits = check_integer("payload_bits", payload_bits, _MIN_BITS, _MAX_BITS)
+            chosen = exponent_for_bits(self.C, bits, e_min)
+        else:
+            chosen = exponent_for_bits(
+                self.C, default_bits(self.C, self.epsilon, self.half_width, e_min), e_min
+            )
+        k = bits_at(self.C, chosen)
+        step = math.ldexp(1.0, chosen - 52)
+        top = Fraction(ebar) + Fraction(c)
+        set_("exponent", chosen)
+        set_("payload_bits", k)
+        set_("shared_bits", 64 - k)
+        set_("grid_step", step)
+        set_("abar", float(Fraction(2) ** (chosen + 1) - 2 * Fraction(step) - top))  # Eq. (22)
+        set_("_top", top)
+        set_("_prefix", ((1023 + chosen) << 52) | ((1 << 52) - (1 << k)))
+
+        if sampler == "grid":
+            grid = exact_grid(
+                c=self.C,
+                e_enc=self.e_enc,
+                bits=k,
+                exponent=chosen,
+                lower=lo,
+                upper=hi,
+                top=top,
+                epsilon=eps,
+            )
+            q_min, q_max = grid.depth_range
+            set_("_grid", grid)
+            set_("_paper", None)
+            set_("realized_epsilon", math.log(grid.w_hi / grid.w_lo))
+            set_("code_min", (1 << k) - 2 - q_max)
+            set_("code_max", (1 << k) - 2 - q_min)
+        else:
+            warnings.warn(
+                "sampler='paper' is the paper's float64 inverse-CDF sampler, kept for "
+                "comparison: it can leak more than epsilon and is biased at large Abar",
+                ZealWarning,
+                stacklevel=2,
+            )
+            paper = PaperSampler.build(
+                ebar=ebar, half_width=half, c=c, p=p, epsilon=eps, exponent=chosen, payload_bits=k
+            )
+            set_("_grid", None)
+            set_("_paper", paper)
+            # The paper's aggregator subtracts the float Abar its sampler added (Eq. (15)).
+            set_("_top", Fraction(2) ** (chosen + 1) - 2 * Fraction(step) - Fraction(paper.abar))
+            set_("realized_epsilon", None)
+            set_("code_min", 0)
+            set_("code_max", (1 << k) - 1)
+
+    # -- construction helpers --------------------------------------------------------------
+
+    def _fingerprint(self) -> bytes:
+        text = "|".join(
+            (
+                "zeal/1",
+                f"{self.sampler}/{_SAMPLER_VERSIONS[self.sampler]}",
+                self.lower.hex(),
+                self.upper.hex(),
+                self.epsilon.hex(),
+                str(self.exponent),
+                str(self.payload_bits),
+            )
+        )
+        if self.max_epsilon_per_day is not None:
+            text += f"|day/{self.max_epsilon_per_day.hex()}"
+        return hashlib.sha256(text.encode()).digest()[:8]
+
+    # -- value semantics -------------------------------------------------------------------
+
+    def _key(self) -> tuple[float, float, float, int, str, float | None]:
+        cap = self.max_epsilon_per_day
+        return (self.lower, self.upper, self.epsilon, self.exponent, self.sampler, cap)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Zeal parameters are immutable (tried to set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Zeal parameters are immutable (tried to delete {name!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Zeal) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, self._key())
+
+    def __repr__(self) -> str:
+        cap = self.max_epsilon_per_day
+        policy = "" if cap is None else f", max_epsilon_per_day={cap!r}"
+        return (
+            f"Zeal(lower={self.lower!r}, upper={self.upper!r}, epsilon={self.epsilon!r}, "
+            f"exponent={self.exponent}, sampler={self.sampler!r}; "
+            f"payload_bits={self.payload_bits}{policy})"
+        )
+
+    # -- derived quantities ----------------------------------------------------------------
+
+    @property
+    def transmission_ratio(self) -> float:
+        """TR = 1 - gamma_min / 64 (Eq. (27)): the share of a float64 that is sent."""
+        return 1 - self.shared_bits / 64
+
+    def mechanism_variance(self, reading: float) -> float:
+        """Var[x*] of the continuous mechanism at a reading (Theorem 2, Eq. (14))."""
+        s = math.exp(self.epsilon / 2)
+        z = (reading - self.ebar) / self.half_width
+        return self.half_width * self.half_width * (z * z / (s - 1) + (s + 3) / (3 * (s - 1) ** 2))
+
+    def variance(self, reading: float) -> float:
+        """Var[decode] at a reading: Theorem 2 plus the grid's rounding term D**2/6.
+
+        Unbiased rounding of a point at fractional grid position f adds f(1-f) D**2; over the
+        many grid steps a reading's outputs spread across, f is close to uniform, giving
+        D**2/6 (never more than D**2/4).
+        """
+        return self.mechanism_variance(reading) + self.grid_step * self.grid_step / 6
+
+    # -- device side -----------------------------------------------------------------------
+
+    def perturb(self, readings: npt.ArrayLike, *, rng: Randomness = None) -> _U64:
+        """Privatize readings into codes (numpy uint64, same shape as `readings`).
+
+        Readings outside ``[lower, upper]`` are clipped to it first (as the mechanism is only
+        defined there; clipping is part of the device's computation and never reported).
+        NaN or infinite readings raise :class:`ReadingError` and nothing is perturbed.
+        Randomness: the OS CSPRNG unless a numpy Generator is passed (tests only).
+        """
+        array = np.asarray(readings)
+        if array.dtype.kind not in "iuf":
+            raise ReadingError(f"readings must be real numbers, got an array of {array.dtype}")
+        flat = array.astype(np.float64, copy=False).ravel()
+        bad = np.flatnonzero(~np.isfinite(flat))
+        if bad.size:
+            raise ReadingError(
+                f"reading at index {int(bad[0])} is {float(flat[bad[0]])!r}: "
+                "readings must be finite "
+                f"numbers in [{self.lower!r}, {self.upper!r}] (out-of-range ones are clipped)"
+            )
+        clipped = np.clip(flat, self.lower, self.upper)
+        if self._grid is not None:
+            codes = self._grid.sample(clipped, rng)
+        else:
+            assert self._paper is not None
+            codes = self._codes_of_floats(self._paper.sample_values(clipped, rng))
+        return codes.reshape(array.shape)
+
+    # -- exactness and audit ---------------------------------------------------------------
+
+    @property
+    def grid_sampler(self) -> GridSampler | None:
+        """The integer grid sampler that privatizes readings (None for the paper's)."""
+        return self._grid
+
+    @property
+    def paper_sampler(self) -> PaperSampler | None:
+        """The paper's float sampler (None for the grid sampler)."""
+        return self._paper
+
+    def output_distribution(self, reading: float) -> OutputDistribution:
+        """The exact distribution of codes the grid sampler produces for a reading."""
+        if self._grid is None:
+            raise ParameterError("exact output distributions exist for the grid sampler only")
+        x = min(max(check_real("reading", reading), self.lower), self.upper)
+        fixed = int(self._grid.fixed_starts(np.array([x]))[0])
+        return OutputDistribution.of(self._grid, fixed, self._top, self.grid_step)
+
+    def audit(self, **options: Any) -> AuditReport:
+        """The privacy loss this sampler realizes (see :func:`zeal.audit`)."""
+        from zeal._privacy_audit import audit
+
+        return audit(self, **options)
+
+    # -- server side: codes back to values, decoding, AVG* and its bounds ----------------
+
+    def _valid_codes(self, codes: npt.ArrayLike) -> _U64:
+        array = np.asarray(codes)
+        if array.size == 0:
+            return np.zeros(array.shape, dtype=np.uint64)
+        if array.dtype.kind not in "iu":
+            raise CodeError(f"codes must be integers, got an array of {array.dtype}")
+        if array.dtype.kind == "i" and array.size and int(array.min()) < 0:
+            raise CodeError(f"codes must be >= {self.code_min}, got {int(array.min())}")
+        result = array.astype(np.uint64, copy=False)
+        if result.size:
+            low, high = int(result.min()), int(result.max())
+            if low < self.code_min or high > self.code_max:
+                bad = low if low < self.code_min else high
+                raise CodeError(
+                    f"code {bad} is outside [{self.code_min}, {self.code_max}], the codes this "
+                    f"stream's {self.payload_bits}-bit mechanism can produce"
+                )
+        return result
+
+    def _codes_of_floats(self, values: _F64) -> _U64:
+        bits = np.ascontiguousarray(values, dtype=np.float64).view(np.uint64)
+        mask = np.uint64((1 << self.payload_bits) - 1)
+        off_grid = np.flatnonzero((bits & ~mask) != np.uint64(self._prefix))
+        if off_grid.size:
+            i = int(off_grid[0])
+            raise CodeError(
+                f"value {float(values.ravel()[i])!r} at index {i} is not an output of this "
+                f"stream: outputs are float64 in [{self._value_of(self.code_min)!r}, "
+                f"{self._value_of(self.code_max)!r}] sharing their top {self.shared_bits} bits"
+            )
+        return bits & mask
+
+    def _value_of(self, code: int) -> float:
+        return float(np.array([self._prefix | code], dtype=np.uint64).view(np.float64)[0])
+
+    def to_float64(self, codes: npt.ArrayLike) -> _F64:
+        """The privatized values x* = x + Abar, rebuilt bit-exactly from codes."""
+        valid = self._valid_codes(codes)
+        values: _F64 = (valid | np.uint64(self._prefix)).view(np.float64)
+        return values
+
+    def from_float64(self, values: npt.ArrayLike) -> _U64:
+        """Codes of privatized float64 values; values off the grid or out of range raise."""
+        array = np.asarray(values)
+        if array.dtype.kind != "f":
+            raise CodeError(f"privatized values must be float64, got an array of {array.dtype}")
+        return self._valid_codes(self._codes_of_floats(array.astype(np.float64, copy=False)))
+
+    def decode(self, codes: npt.ArrayLike) -> _F64:
+        """Per-reading estimates x* - Abar = Ebar + C - q D, computed without cancellation.
+
+        Unbiased for the grid sampler. For the paper sampler Abar is its float64 Abar, which
+        is what that sampler added and what the paper's aggregator subtracts.
+
+        q D is exact (an integer times a power of two); no float near 2**exponent is formed.
+        """
+        valid = self._valid_codes(codes)
+        depth = ((1 << self.payload_bits) - 2) - valid.astype(np.int64)
+        estimates: _F64 = self.ebar + (self.C - depth.astype(np.float64) * self.grid_step)
+        return estimates
+
+    def _sum_numerator(self) -> tuple[int, int, int, int]:
+        """(top, D, denominator, highest code) with decoded sums = (n * top - D * (n *
+        highest - sum of codes)) / denominator exactly: the common denominator of the top
+        value and the grid step, over which the arithmetic is in integers."""
+        step = Fraction(self.grid_step)
+        denominator = math.lcm(self._top.denominator, step.denominator)
+        top = self._top.numerator * (denominator // self._top.denominator)
+        grid = step.numerator * (denominator // step.denominator)
+        return top, grid, denominator, (1 << self.payload_bits) - 2
+
+    def decoded_sums(self, counts: list[int], sum_codes: list[int]) -> _F64:
+        """Per partition, the sum of its decoded values (n times AVG*, Eq. (15)) from the
+        exact sums of its codes, in exact integer arithmetic and rounded once: the partition
+        statistics of a comparison (``zeal.compare.Partitions``), at integer cost per
+        partition instead of a whole estimate's."""
+        if len(counts) != len(sum_codes):
+            raise ParameterError(f"{len(counts)} counts but {len(sum_codes)} sums of codes")
+        top, grid, denominator, highest = self._sum_numerator()
+        sums = [
+            (n * top - grid * (n * highest - codes)) / denominator  # int / int: rounded once
+            for n, codes in zip(counts, sum_codes, strict=True)
+        ]
+        return np.asarray(sums, dtype=np.float64)
+
+    def mean_of_sums(self, n: int, sum_codes: int) -> float:
+        """AVG* (Eq. (15)) from n and the exact sum of codes, rounded once: the same float
+        as :meth:`estimate_from_sums`'s mean, without the squares its standard error needs."""
+        if n < 1:
+            raise CodeError("cannot estimate a mean from zero codes")
+        top, grid, denominator, highest = self._sum_numerator()
+        return (n * top - grid * (n * highest - sum_codes)) / (n * denominator)
+
+    def variance_bound(self) -> float:
+        """An upper bound on Var[decode] valid for every reading in range.
+
+        Grid: computed exactly from the sampler's tables (see GridSampler.cell_variance_bound).
+        Paper: Theorem 2 at |z| = 1 plus D**2/4, nominal since that sampler is biased.
+        """
+        d2 = self.grid_step * self.grid_step
+        if self._grid is not None:
+            return float(self._grid.cell_variance_bound()) * d2 * (1 + 1e-12)
+        return self.mechanism_variance(self.upper) + d2 / 4
+
+    def error_bound(self) -> float:
+        """M: the largest |decode - reading| any reading in range can produce."""
+        low = float(self._decoded(self.code_min))
+        high = float(self._decoded(self.code_max))
+        return max(high - self.lower, self.upper - low)
+
+    def _decoded(self, code: int) -> Fraction:
+        depth = (1 << self.payload_bits) - 2 - code
+        return self._top - depth * Fraction(self.grid_step)
+
+    def estimate_mean(self, codes: npt.ArrayLike, *, confidence: float = 0.95) -> Estimate:
+        """AVG* (Eq. (15)) of codes with its standard error and two intervals.
+
+        The sums are exact integers over codes; the mean is formed in rational arithmetic
+        and rounded once. ``std_error`` uses the sample variance (for a single code, the
+        worst-case variance bound).
+        """
+        valid = self._valid_codes(codes).ravel()
+        k = self.payload_bits
+        return self.estimate_from_sums(
+            int(valid.size),
+            exact_sum(valid, k),
+            exact_sum_squares(valid, k),
+            confidence=confidence,
+        )
+
+    def estimate_from_sums(
+        self, n: int, sum_codes: int, sum_squares: int, *, confidence: float = 0.95
+    ) -> Estimate:
+        """The same estimate from exact sums of codes and of squared codes (e.g. a store's).
+
+        Raises CodeError when the sums cannot come from n valid codes.
+        """
+        level = check_confidence(confidence)
+        if n < 1:
+            raise CodeError("cannot estimate a mean from zero codes")
+        if not (
+            n * self.code_min <= sum_codes <= n * self.code_max
+            and sum_squares >= 0
+            and sum_codes * sum_codes <= n * sum_squares
+        ):
+            raise CodeError(
+                f"sums (n={n}, sum={sum_codes}, squares={sum_squares}) are not "
+                "those of valid codes of this stream"
+            )
+        top = (1 << self.payload_bits) - 2
+        sum_q = n * top - sum_codes
+        sum_q2 = n * top * top - 2 * top * sum_codes + sum_squares
+        step = Fraction(self.grid_step)
+        mean = float(self._top - step * Fraction(sum_q, n))
+        if n > 1:
+            sample_var = float(step * step * Fraction(n * sum_q2 - sum_q * sum_q, n * (n - 1)))
+        else:
+            sample_var = self.variance_bound()
+        std_error = math.sqrt(sample_var / n)
+        z = normal_quantile(level)
+        half = bernstein_half_width(
+            level, n=n, variance=self.variance_bound(), bound=self.error_bound()
+        )
+        return Estimate(
+            mean=mean,
+            n=n,
+            std_error=std_error,
+            ci=(mean - z * std_error, mean + z * std_error),
+            guaranteed=(mean - half, mean + half),
+            in_range=self.lower <= mean <= self.upper,
+            confidence=level,
+        )
+
+    def absolute_bound(self, lam: float, *, n: int) -> float:
+        """Upper bound on P(|AVG* - AVG| >= lam) for n readings (Theorem 3, two-sided)."""
+        return bernstein_tail(lam, n=n, variance=self.variance_bound(), bound=self.error_bound())
+
+    def relative_bound(self, lam: float, *, n: int, average: float) -> float:
+        """Upper bound on P(|AVG* - AVG| / |AVG| >= lam) (Theorem 4, derived from Theorem 3)."""
+        avg = check_real("average", average)
+        if avg == 0:
+            raise ParameterError("the relative error is undefined for an average of 0")
+        return self.absolute_bound(lam * abs(avg), n=n)
+
+
+def _rebuild(*key: Any) -> Zeal:
+    """A Zeal from the fields of Zeal._key, in order (unpickling)."""
+    names = ("lower", "upper", "epsilon", "exponent", "sampler", "max_epsilon_per_day")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZealWarning)
+        return Zeal(**dict(zip(names, key, strict=False)))
+
+
+def _range_terms(
+    lo: float, hi: float, eps: float, given: tuple[float, float, float]
+) -> tuple[float, float, float]:
+    """The half range, C of Eq. (10) and the density p of Eq. (9), refused when float64
+    cannot hold them (`given`: lower, upper and epsilon as the caller wrote them)."""
+    lower, upper, epsilon = given
+    half = (hi - lo) / 2
+    if not math.isfinite(half):
+        raise ParameterError(f"the range [{lower!r}, {upper!r}] is too wide for float64")
+    if not half > 0:  # (upper - lower) / 2 rounds to 0
+        raise ParameterError(f"the range [{lower!r}, {upper!r}] is too narrow for float64")
+    s = math.exp(eps / 2)
+    c = half * (s + 1) / (s - 1)  # Eq. (10)
+    p = (math.exp(eps) - s) / (2 * half * (s + 1))  # Eq. (9)
+    if not (math.isfinite(2 * c) and math.isfinite(math.exp(eps) / p) and p > 0):
+        raise ParameterError(
+            f"the range [{lower!r}, {upper!r}] at epsilon={epsilon!r} gives an output range "
+            f"(C = {c!r}) that does not fit in float64"
+        )
+    if not (math.isfinite(p) and c > 0 and math.exp(eps) / p > 0):  # a subnormal range
+        raise ParameterError(
+            f"the range [{lower!r}, {upper!r}] at epsilon={epsilon!r} is too narrow for "
+            f"float64 (the density p = {p!r} of Eq. (9) overflows)"
+        )
+    return half, c, p
