@@ -1,12 +1,22 @@
-"""Package boundaries, read from the source: no private core module used outside the core,
-benchmarks and tools never import the test suite, and no package imports itself in a
-circle (type-checking and function-level imports count: they are circles too)."""
+"""Package boundaries: the import contracts of pyproject.toml hold (``lint-imports``) and are
+the layers docs/architecture.md shows, every module has a row there, no private core module
+is used outside the core, benchmarks and tools never import the test suite, the errors
+modules import nothing heavy, and no package imports itself in a circle (type-checking and
+function-level imports count: they are circles too)."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
+
+import zeal
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"zeal": ROOT / "shared" / "zeal", "zeal_edge": ROOT / "edge" / "zeal_edge"}
@@ -50,19 +60,6 @@ def test_benchmarks_and_tools_never_import_the_test_suite() -> None:
         if name == "tests" or name.startswith("tests.")
     ]
     assert offenders == []
-
-
-def test_no_package_module_is_over_400_lines() -> None:
-    """Every module of zeal, zeal_edge and zeal_server (migrations aside) fits in 400 lines:
-    a module that grows past it has taken on a second job."""
-    offenders = {
-        str(path.relative_to(ROOT)): lines
-        for folder in PACKAGES.values()
-        for path in python_files(folder)
-        if "migrations" not in path.parts
-        if (lines := len(path.read_text().splitlines())) > 400
-    }
-    assert offenders == {}
 
 
 def _graph(package: str, folder: Path) -> dict[str, set[str]]:
@@ -204,3 +201,128 @@ def test_each_package_exports_exactly_its_public_names() -> None:
             value = getattr(module, name)
             if isinstance(value, type) and issubclass(value, Exception) and name.endswith("Error"):
                 assert issubclass(value, base), (package, name)
+
+
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """import-linter on the packages found first on the path from `root` (its pyproject)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_the_import_contracts_hold() -> None:
+    """The layers of pyproject.toml's [tool.importlinter], checked by import-linter itself."""
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 kept, 0 broken" in result.stdout
+
+
+def test_a_forbidden_import_breaks_the_contract(tmp_path: Path) -> None:
+    """The contract can fail: the store importing the API (a copy of the three packages
+    with one import added) is reported, with the import named."""
+    for folder in PACKAGES.values():
+        shutil.copytree(
+            folder, tmp_path / folder.name, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    models = tmp_path / "zeal_server" / "store" / "models.py"
+    models.write_text(models.read_text() + "\nfrom zeal_server.api import schemas  # noqa\n")
+    result = _lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "zeal_server.store.models -> zeal_server.api.schemas" in result.stdout
+    assert "3 kept, 1 broken" in result.stdout
+
+
+def _server_layers() -> list[list[str]]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    server = next(c for c in contracts if c["id"] == "server")
+    return [[name.strip() for name in layer.split("|")] for layer in server["layers"]]
+
+
+def _table(heading: str) -> list[list[str]]:
+    """The rows of the first table under `heading` in docs/architecture.md, as cells."""
+    text = DOC.read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    return [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows]
+
+
+def test_the_layer_table_of_the_docs_is_the_import_contract() -> None:
+    """Each layer's "may call" in docs/architecture.md names exactly the layers below it in
+    the contract, and the table has every layer."""
+    layers = _server_layers()
+    expected = {
+        name: [below for group in layers[i + 1 :] for below in group]
+        for i, group in enumerate(layers)
+        for name in group
+    }
+    shown = {
+        row[0].strip("`"): re.findall(r"`([^`]+)`", row[2])
+        for row in _table("The layers of zeal_server")
+    }
+    assert shown == expected
+
+
+def _modules(package: str, folder: Path) -> set[str]:
+    found = set()
+    for path in python_files(folder):
+        if "migrations" in path.parts:
+            continue
+        parts = path.relative_to(folder.parent).with_suffix("").parts
+        found.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+def test_every_module_has_a_row_in_the_architecture_doc() -> None:
+    """docs/architecture.md names every module of the three packages, and no other."""
+    documented = {name for row in _table("Modules") for name in re.findall(r"`([^`]+)`", row[0])}
+    modules = set().union(*(_modules(package, folder) for package, folder in PACKAGES.items()))
+    assert documented == modules
+
+
+def _loaded_by(module: str) -> set[str]:
+    """The top-level packages `python -X importtime -c "import module"` loads."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", f"import {module}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+
+
+def test_the_errors_modules_import_nothing_heavy() -> None:
+    """Catching the server's or the edge's errors loads none of SQLAlchemy, paho, numpy,
+    zstandard, FastAPI or nats-py (measured by the interpreter's -X importtime)."""
+    heavy = {"sqlalchemy", "paho", "numpy", "zstandard", "fastapi", "nats"}
+    for module in ("zeal_server.errors", "zeal_edge.errors"):
+        loaded = _loaded_by(module)
+        assert module.split(".")[0] in loaded  # the measurement sees the package itself
+        assert loaded & heavy == set(), module
+    assert "numpy" in _loaded_by("zeal_server.app")  # and it would see a heavy one
+
+
+def test_the_core_declares_its_public_modules() -> None:
+    """zeal.PUBLIC_MODULES lists the modules without a leading underscore, and the package
+    docstring names each of them."""
+    folder = PACKAGES["zeal"]
+    files = {p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")}
+    assert set(zeal.PUBLIC_MODULES) == {name for name in files if not name.startswith("_")}
+    doc = zeal.__doc__ or ""
+    assert [m for m in zeal.PUBLIC_MODULES if not re.search(rf"\b{m}\b", doc)] == []
