@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEPS   := constraints.txt requirements-dev.txt shared/pyproject.toml edge/pyproject.toml server/pyproject.toml
 
-.PHONY: install lint typecheck pytest test demo bench bench-quick reliability firmware clean
+.PHONY: install lint typecheck pytest test test-fast demo bench bench-quick reliability firmware clean
 
 $(STAMP): $(DEPS)
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ pytest: install
 	$(BIN)/pytest -m serial
 
 test: lint typecheck pytest
+
+# The quick loop while editing: no broker, browser, compiler or outside tool, nothing slow
+# or serial (the rest runs in make test).
+test-fast: install
+	$(BIN)/pytest -n 2 -q -m "not slow and not integration and not serial"
 
 demo: install
 	$(BIN)/python tools/demo.py

@@ -8,7 +8,7 @@
    quiet, and while a device login floods 5,000 messages on topics with 60 KB stream names,
    on the deployment's own broker config (a private Mosquitto). Target: within 2x.
 
-Timings, so a benchmark and not a unit test (tests/server/test_hostile.py checks what is
+Timings, so a benchmark and not a unit test (tests/server/ingest/test_hostile.py checks what is
 not a timing). Exits 1 when a target is missed.
 """
 

@@ -3,7 +3,6 @@ clone of the repository."""
 
 from __future__ import annotations
 
-import csv
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,15 +11,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from tests.helpers import load_temps
 from tools.testbed.broker import Mosquitto
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "data"
-
-
-def load_temps(name: str) -> npt.NDArray[np.float64]:
-    with (DATA / name).open(newline="") as handle:
-        return np.array([float(row["temp"]) for row in csv.DictReader(handle)])
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +41,11 @@ def fresh_clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     clone = tmp_path_factory.mktemp("fresh") / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     return clone
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that asks for a real broker (the `broker` fixture) is an integration test:
+    `make test-fast` leaves it out with the modules marked so."""
+    for item in items:
+        if "broker" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)

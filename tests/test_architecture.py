@@ -326,3 +326,16 @@ def test_the_core_declares_its_public_modules() -> None:
     assert set(zeal.PUBLIC_MODULES) == {name for name in files if not name.startswith("_")}
     doc = zeal.__doc__ or ""
     assert [m for m in zeal.PUBLIC_MODULES if not re.search(rf"\b{m}\b", doc)] == []
+
+
+def test_tests_share_helpers_not_test_modules() -> None:
+    """What tests share lives in conftest fixtures and helpers modules: no test file imports
+    a test module or a conftest."""
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in python_files(ROOT / "tests")
+        for name in imports(path)
+        if name.startswith("tests.")
+        and any(part.startswith("test_") or part == "conftest" for part in name.split("."))
+    ]
+    assert offenders == []

@@ -1,12 +1,12 @@
 """A database as schema revision 0006 stored it, and the figures that code served from it:
-the fixture of tests/server/test_store_upgrade.py (written once, committed).
+the fixture of tests/server/store/test_store_upgrade.py (written once, committed).
 
 Run it with the code of a revision at schema 0006 first on the path, e.g. from a git
 worktree of d89e174 (the last commit with the aggregates table):
 
     git worktree add --detach /tmp/zeal-0006 d89e174
     PYTHONPATH=/tmp/zeal-0006/shared:/tmp/zeal-0006/server .venv/bin/python \\
-        tools/legacy_store.py tests/server/data/store_0006.json
+        tools/legacy_store.py tests/server/store/data/store_0006.json
 
 It fills a SQLite database through that code's own ingest (two streams of different code
 widths and buckets; tagged devices; compacted buckets, raw parts, a late batch into a

@@ -1,5 +1,5 @@
 """Write the server's OpenAPI document to docs/openapi.json (the committed copy that
-tests/server/test_openapi.py compares with): `python tools/openapi.py`."""
+tests/server/api/test_openapi.py compares with): `python tools/openapi.py`."""
 
 from __future__ import annotations
 

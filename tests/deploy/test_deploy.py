@@ -24,6 +24,8 @@ from tools.testbed.nats import nats_server
 from tools.testbed.server import DeployBroker
 from zeal_server.settings import ServerSettings, SettingsError
 
+pytestmark = pytest.mark.integration  # real brokers, servers or outside tools
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

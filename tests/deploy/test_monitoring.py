@@ -20,6 +20,8 @@ from tools.testbed.broker import Mosquitto, free_port, wait_for_port
 from tools.testbed.server import READ, TOKEN, Server, batches, client, stream_body, wait_until
 from zeal.streamconfig import params_from_config
 
+pytestmark = pytest.mark.integration  # real brokers, servers or outside tools
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "zeal.json"

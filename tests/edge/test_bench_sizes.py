@@ -9,7 +9,7 @@ import numpy as np
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.conftest import load_temps
+from tests.helpers import load_temps
 from zeal_edge.bench import TOPIC, json_message, publish_packet_size, size_table
 
 

@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 from scipy.stats import chi2
 
-from tests.shared.test_wire import blocks, stream_of, timestamps_of
+from tests.shared.helpers import blocks, stream_of, timestamps_of
 from zeal import WireError, Zeal, ZealWarning, encode_batch
 from zeal._firmware import PROFILE_BYTES, c_header, profile_bytes
 from zeal.streamconfig import config_document
+
+pytestmark = pytest.mark.integration  # real brokers, servers or outside tools
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRMWARE = ROOT / "edge" / "firmware"

@@ -3,20 +3,14 @@ fresh PostgreSQL database (dropped afterwards)."""
 
 from __future__ import annotations
 
-import os
-import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
+from fastapi.testclient import TestClient
 
-PG = os.environ.get("ZEAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def _admin() -> psycopg.Connection:
-    return psycopg.connect(PG, autocommit=True)
+from tests.server.helpers import operator_client, postgres_database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -24,23 +18,13 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'zeal.sqlite'}"
         return
-    yield from _postgres_database()
+    yield from postgres_database()
 
 
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database only (for tests about PostgreSQL itself)."""
-    yield from _postgres_database()
-
-
-def _postgres_database() -> Iterator[str]:
-    name = f"zeal_test_{uuid.uuid4().hex[:12]}"
-    with _admin() as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base = PG.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
-    yield f"{base}/{name}"
-    with _admin() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    yield from postgres_database()
 
 
 @pytest.fixture(autouse=True)
@@ -48,3 +32,9 @@ def _quiet_testclient() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*httpx.*")
         yield
+
+
+@pytest.fixture
+def client(database_url: str) -> Iterator[TestClient]:
+    """A client of a server on the test database (no broker) with the operator token."""
+    yield from operator_client(database_url)

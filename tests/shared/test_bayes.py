@@ -28,6 +28,7 @@ GRID = 1000
 DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
 
 
+@pytest.mark.slow
 def test_ubapp_tends_to_the_prior_variance_and_to_the_non_private_bayes_risk() -> None:
     """As epsilon -> 0 the best private estimate ignores the data: the prior's variance
     (uniform on GRID points of [0, 1]: (M + 1) / (12 (M - 1))). As epsilon grows it is the

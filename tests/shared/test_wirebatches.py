@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.shared.test_wire import STREAM_A, blocks, mutated
+from tests.shared.helpers import STREAM_A, blocks, mutated
 from zeal import CodecParams, WireError, decode_batch, encode_batch
 from zeal.wire import wire_fingerprint
 from zeal.wirebatches import decode_many

@@ -19,23 +19,23 @@ FLOOD_TOPIC = "zeal/v1/temps/evil/up"
 #: deploy/mosquitto's limit: packets over it are refused by the broker itself.
 MAX_PACKET_SIZE = 131072
 DEVICES, READINGS = 400, 1500
+#: Messages the flooder sends in a flooded run at least: it floods until the fleet is
+#: stored and, on a machine too busy to have sent these by then, until it has.
+FLOOD_MESSAGES = 6000
 
 FLOODER = rf"""
 import os, signal, sys, time
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 port = int(sys.argv[1])
-sent = 0
-def done(*_):
-    print(sent, flush=True)
-    os._exit(0)
-signal.signal(signal.SIGTERM, done)
+sent, least, stop = 0, int(sys.argv[2]), []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
 c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="evil", protocol=MQTTProtocolVersion.MQTTv5)
 c.reconnect_delay_set(min_delay=0.05, max_delay=0.05)
 c.connect("127.0.0.1", port)
 c.loop_start()
 big = os.urandom(256 * 1024)
-while True:
+while not (stop and sent >= least):
     payload = big if sent % 50 == 49 else os.urandom(40)
     # QoS 0, as fast as it can; the broker drops the connection for each oversized packet
     # and the flooder comes straight back.
@@ -43,6 +43,7 @@ while True:
         sent += 1
     else:
         time.sleep(0.01)
+print(sent, flush=True)
 """
 
 
@@ -103,7 +104,16 @@ def ingest_seconds(
         flooder = subprocess.Popen(
             # nice: on this 2-core test machine the flooder would otherwise take a core from
             # the server; a real flooding device spends its own CPU, not the server's.
-            ["nice", "-n", "19", sys.executable, "-c", FLOODER, str(broker.port)],
+            [
+                "nice",
+                "-n",
+                "19",
+                sys.executable,
+                "-c",
+                FLOODER,
+                str(broker.port),
+                str(FLOOD_MESSAGES),
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -130,8 +140,8 @@ def ingest_seconds(
     fleet.communicate(timeout=60)
     flooded = 0
     if flooder is not None:
-        flooder.terminate()
-        out, _ = flooder.communicate(timeout=30)
+        flooder.terminate()  # it stops once it has sent FLOOD_MESSAGES
+        out, _ = flooder.communicate(timeout=300)
         flooded = int(out.split()[-1]) if out.split() else 0
     assert got == target, f"stored {got}, expected {target}"
     return seconds, flooded, time.monotonic() - flood_began if flood else 0.0

@@ -267,7 +267,7 @@ class JetStreamSource:
         """None (no filter) for a new consumer; ``>`` (every subject) for one that has a
         filter, as an earlier release made it. Updating a filter away on an interest
         stream makes NATS 2.15.1 deliver nothing more, and drop what is then published
-        as wanted by no consumer (tests/server/test_cluster.py); widening it to ``>`` loses
+        as wanted by no consumer (tests/server/broker/test_cluster.py); widening it to ``>`` loses
         nothing."""
         try:
             config = (await js.consumer_info(MQTT_STREAM, self.consumer)).config

@@ -14,7 +14,7 @@ A transaction's messages are stored side by side: each stream's payloads decoded
 (``zeal.wirebatches``), checked with array operations, and written with a few statements
 per table (``dedup``, ``ledger``, ``writes``), in one order of tables and keys so that
 collectors sharing a database do not deadlock. The outcome is, message for message, that
-of storing them one at a time in topic order (tests/server/test_ingest_many.py checks it).
+of storing them one at a time in topic order (tests/server/ingest/test_ingest_many.py checks it).
 A device that sends one sequence number twice in a transaction has its later messages
 stored in a later round of the same transaction, after the earlier ones are settled (such
 a round may take rows out of that order: should PostgreSQL then break a deadlock, the

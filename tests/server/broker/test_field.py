@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import paho.mqtt.client as mqtt
@@ -20,7 +19,14 @@ import pytest
 from fastapi.testclient import TestClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.server.test_collector_mqtt import create_stream, server_app, stats, wait_until
+from tests.server.helpers import (
+    agent_command,
+    create_stream,
+    save_config,
+    server_app,
+    stats,
+    wait_until,
+)
 from tools.testbed.broker import Mosquitto, agent_status
 from tools.testbed.server import Server, stream_body
 from zeal import encode_batch
@@ -28,31 +34,6 @@ from zeal.streamconfig import params_from_config
 
 pytestmark = pytest.mark.integration
 CREATE = ["--lower", "0", "--upper", "110", "--epsilon", "1"]
-
-
-def agent_command(
-    data_dir: Path, broker: Mosquitto, params: Path, *args: str, stream: str = "temps"
-) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "zeal_edge",
-        "run",
-        "--stream",
-        stream,
-        "--device",
-        "dev1",
-        "--source",
-        "stdin",
-        "--broker",
-        broker.url,
-        "--data-dir",
-        str(data_dir),
-        "--params",
-        str(params),
-        *("--max-epsilon-per-day", "1e6"),  # the policy of stream_body
-        *args,
-    ]
 
 
 def run_agent(
@@ -67,14 +48,6 @@ def run_agent(
         timeout=60,
         check=False,
     )
-
-
-def save_config(client: Any, path: Path, stream: str = "temps") -> Path:
-    """What the README tells users: curl .../config > params.json."""
-    response = client.get(f"/api/v1/streams/{stream}/config")
-    assert response.status_code == 200, response.text
-    path.write_text(response.text)
-    return path
 
 
 def test_an_agent_whose_data_dir_was_deleted_stores_all_its_new_readings(

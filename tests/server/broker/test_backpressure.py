@@ -5,60 +5,27 @@ and nothing is lost. Real Mosquitto, real server, SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import re
-import sqlite3
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import paho.mqtt.client as mqtt
-import psycopg
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
+from tests.server.helpers import publish_all, stalled
 from tests.server.metrics_check import metric_samples
 from tools.testbed.broker import Mosquitto
 from tools.testbed.server import Server, batches, create, verify, wait_for, wait_until
 from zeal.topics import data_topic
 from zeal_server.settings import ServerSettings, SettingsError
 
+pytestmark = pytest.mark.integration  # real brokers, servers or outside tools
+
 INFLIGHT = 100  # ZEAL_COLLECTOR_INFLIGHT: the broker may send this many unacknowledged
 KEEPALIVE = 5  # the broker drops a silent client after 1.5 x this
 STALL = 14.0  # seconds the database does not answer: longer than 2 x the keepalive
 DEVICES, PER_DEVICE = 10, 100  # 1,000 messages: ten times what the collector may hold
-
-
-@contextmanager
-def stalled(database_url: str, seconds: float) -> Iterator[threading.Event]:
-    """Another client holds the lock the collector's writes need for `seconds` (in a
-    thread; the event is set once the lock is held and cleared when it is released)."""
-    held = threading.Event()
-
-    def hold() -> None:
-        if database_url.startswith("sqlite:///"):
-            lite = sqlite3.connect(database_url.removeprefix("sqlite:///"), isolation_level=None)
-            lite.execute("BEGIN EXCLUSIVE")
-            held.set()
-            time.sleep(seconds)
-            lite.execute("COMMIT")
-            lite.close()
-        else:
-            url = database_url.replace("postgresql+psycopg://", "postgresql://")
-            with psycopg.connect(url) as conn:
-                conn.execute("LOCK TABLE batches IN ACCESS EXCLUSIVE MODE")
-                held.set()
-                time.sleep(seconds)
-        held.clear()
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    assert held.wait(10), "could not take the database lock"
-    try:
-        yield held
-    finally:
-        thread.join()
 
 
 def metrics(server: Server) -> dict[str, float]:
@@ -67,25 +34,6 @@ def metrics(server: Server) -> dict[str, float]:
         for (name, labels), value in metric_samples(server.http.get("/metrics").text).items()
         if not labels
     }
-
-
-def publish_all(
-    port: int,
-    messages: list[tuple[str, bytes]],
-    protocol: MQTTProtocolVersion = MQTTProtocolVersion.MQTTv5,
-    qos: list[int] | None = None,
-) -> None:
-    """A foreign publisher, on one connection, in order (QoS 1 unless `qos` says each
-    message's) that waits for every PUBACK."""
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="stall-pub", protocol=protocol)
-    client.connect("127.0.0.1", port)
-    client.loop_start()
-    levels = qos or [1] * len(messages)
-    infos = [client.publish(t, p, qos=q) for (t, p), q in zip(messages, levels, strict=True)]
-    for info in infos:
-        info.wait_for_publish(30)
-    client.disconnect()
-    client.loop_stop()
 
 
 @pytest.mark.serial  # the stall is timed against the broker's keepalive

@@ -27,10 +27,8 @@ from nats.js.api import ConsumerInfo, StreamState
 from nats.js.errors import ServiceUnavailableError
 from paho.mqtt.enums import MQTTProtocolVersion
 
+from tests.server.helpers import publish_all, settings, stalled, zeal_server
 from tests.server.metrics_check import metric_samples
-from tests.server.test_api import settings
-from tests.server.test_backpressure import publish_all, stalled
-from tests.server.test_cli import zeal_server
 from tools.testbed.broker import Mosquitto, fleet_command, free_port
 from tools.testbed.nats import NatsCluster, move_leaders
 from tools.testbed.server import (

@@ -17,13 +17,15 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tools.testbed.broker import Mosquitto, Subscriber
-from tools.testbed.flood import flood_trial, limit_packet_size
+from tools.testbed.flood import FLOOD_MESSAGES, flood_trial, limit_packet_size
 from tools.testbed.server import Server, create_temps, start_fleet, stream_body, verify, wait_for
 from zeal import Zeal, decode_batch, encode_batch
 from zeal_server import store
 from zeal_server.app import create_app
 from zeal_server.ingest import Ingest
 from zeal_server.settings import ServerSettings, SettingsError
+
+pytestmark = pytest.mark.integration  # real brokers, servers or outside tools
 
 PARAMS = Zeal(lower=0, upper=110, epsilon=1, payload_bits=6, max_epsilon_per_day=1e6)
 DAY_MS = 86_400_000
@@ -322,7 +324,7 @@ def test_a_flooding_device_is_shed_counted_and_stores_nothing(
     finally:
         server.stop()
     print(trial.summary())
-    assert trial.flooded > 10_000
+    assert trial.flooded >= 2 * FLOOD_MESSAGES  # a count each flooded run reaches
     assert trial.readings == trial.sent  # the others' all, exactly once; the flood's none
     assert trial.rejects.get("rate_limited", 0) > 1000
     # Each flooded run may spend a full bucket, then REJECT_RATE a second.

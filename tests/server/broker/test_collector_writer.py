@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
-from tests.server.test_api import settings
+from tests.server.helpers import settings
 from zeal_server.app import create_app
 from zeal_server.broker import collector as collector_module
 from zeal_server.broker.collector import Collector, tally

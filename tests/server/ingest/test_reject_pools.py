@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
@@ -33,6 +34,7 @@ def batch(device: str, sequence: int, readings: int, now: int) -> tuple[str, byt
     return f"zeal/v1/temps/{device}/up", payload, now
 
 
+@pytest.mark.slow
 def test_150000_rejects_under_invented_names_leave_a_real_streams_accounting_right(
     database_url: str,
 ) -> None:

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 
-from tests.server.test_api import PARAMS, T0, create, feed, operator_client
+from tests.server.helpers import PARAMS, T0, create, feed, operator_client
 from zeal.bayes import NormalPrior, binary_posterior, constant_posterior, mean_posterior
 
 URL = "/api/v1/streams/temps/average"

@@ -3,7 +3,7 @@ figure the previous code served from it is served again to the last bit, before 
 compaction turns its rows into chunks, and `verify` passes; a database whose aggregates
 disagree with its segments is refused and left as it was.
 
-The fixture (tests/server/data/store_0006.json) was written by the code of d89e174, the last
+The fixture (tests/server/store/data/store_0006.json) was written by the code of d89e174, the last
 commit at schema 0006, with tools/legacy_store.py: its tables' rows and its answers."""
 
 from __future__ import annotations

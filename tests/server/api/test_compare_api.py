@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.server.test_api import PARAMS, T0, create, feed, operator_client
+from tests.server.helpers import PARAMS, T0, create, feed, operator_client
 from zeal import Zeal, compare, encode_batch
 from zeal.estimate import difference_of
 from zeal.plan import plan_comparison, zero_inflated

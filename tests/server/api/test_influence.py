@@ -11,11 +11,9 @@ from typing import Any
 import numpy as np
 from fastapi.testclient import TestClient
 
-from tests.server.test_api import PARAMS, T0, client, create, feed
+from tests.server.helpers import PARAMS, T0, create, feed
 from zeal import Zeal, encode_batch
 from zeal_server.ingest import Ingest
-
-__all__ = ["client"]  # the fixture, on SQLite and PostgreSQL
 
 HONEST, READINGS = 50, 600  # 50 devices, 10 minutes at one reading a second
 

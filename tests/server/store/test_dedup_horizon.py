@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text
 
-from tests.server.test_api import PARAMS, create, operator_client
+from tests.server.helpers import PARAMS, create, operator_client
 from zeal import encode_batch
 from zeal_server import store
 from zeal_server.ingest import Ingest

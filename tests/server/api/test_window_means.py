@@ -11,14 +11,13 @@ import math
 from collections.abc import Iterator
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 
-from tests.server.test_api import PARAMS, T0, client, create
+from tests.server.helpers import PARAMS, T0, create
 from zeal import encode_batch
 from zeal_edge.sources import Reading, WindowMeans
 from zeal_server.ingest import Ingest
-
-__all__ = ["client"]  # the fixture, on SQLite and PostgreSQL
 
 DEVICES, HOURS, HOUR = 200, 100, 3_600_000
 
@@ -42,6 +41,7 @@ class Minutes:
             yield Reading(base + offset + wobble, T0 + minute * 60_000, minute)
 
 
+@pytest.mark.slow
 def test_hourly_window_means_cost_one_sixtieth_and_stay_unbiased(
     client: TestClient, seattle: np.ndarray
 ) -> None:

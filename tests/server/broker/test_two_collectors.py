@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.server.helpers import settings
 from tests.server.metrics_check import metric_samples
-from tests.server.test_api import settings
 from tools.testbed.broker import Mosquitto, fleet_command
 from tools.testbed.server import Server, create, stats, stream_body, verify, wait_until
 from zeal import encode_batch
@@ -28,6 +28,8 @@ from zeal_server import store
 from zeal_server.app import create_app
 from zeal_server.ingest import Ingest
 from zeal_server.store import rawsql
+
+pytestmark = pytest.mark.integration  # real brokers, servers or outside tools
 
 DEVICES, SECONDS = 200, 60
 

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from tests.server.test_api import OPERATOR, create, feed, settings
+from tests.server.helpers import OPERATOR, create, feed, settings
 from zeal import encode_batch
 from zeal_server import store
 from zeal_server.app import create_app

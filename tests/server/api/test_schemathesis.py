@@ -74,6 +74,7 @@ CHECKS = [
 ]
 
 
+@pytest.mark.slow
 def test_api_never_errors_and_keeps_its_schema(api_schema: Any) -> None:
     """Every generated request, for every operation, gets a documented status and a body
     that fits the schema (no 500).

@@ -46,7 +46,7 @@ from zeal_server.store.db import make_engine, migrate, session_factory
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

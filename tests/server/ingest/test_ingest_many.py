@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from tests.server.conftest import _postgres_database
+from tests.server.helpers import postgres_database
 from zeal import Zeal, encode_batch
 from zeal_server import store
 from zeal_server.ingest import Ingest
@@ -37,7 +37,7 @@ def two_databases(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tu
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'many.sqlite'}", f"sqlite:///{tmp_path / 'one.sqlite'}"
         return
-    first, second = _postgres_database(), _postgres_database()
+    first, second = postgres_database(), postgres_database()
     yield next(first), next(second)
     for database in (first, second):
         next(database, None)

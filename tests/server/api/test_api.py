@@ -8,7 +8,6 @@ import json
 import logging
 import math
 import shutil
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,81 +17,25 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
+from tests.server.helpers import (
+    OPERATOR,
+    PARAMS,
+    READER,
+    T0,
+    create,
+    feed,
+    settings,
+)
 from zeal import Zeal, encode_batch
 from zeal.streamconfig import config_document
 from zeal_server import store
 from zeal_server.app import create_app
 from zeal_server.ingest import Ingest
-from zeal_server.settings import ServerSettings, SettingsError
+from zeal_server.settings import SettingsError
 from zeal_server.store import efficiency, retention
 from zeal_server.store.db import make_engine
 from zeal_server.store.models import BatchSeen, DevicePeriod, Segment
 from zeal_server.store.segments import CHUNK, section_sizes
-
-OPERATOR, READER = "operator-token-0123456789", "reader-token-0123456789"
-T0 = 1767225600000  # 2026-01-01T00:00:00Z
-#: Test streams hold many readings per device and day: their operator raised the privacy
-#: policy (the default, 8 readings a day at epsilon 1, is tested in test_policy).
-RAISED_POLICY = 1e6
-PARAMS = Zeal(lower=0, upper=110, epsilon=1, payload_bits=6, max_epsilon_per_day=RAISED_POLICY)
-
-
-def settings(url: str, **extra: str) -> ServerSettings:
-    return ServerSettings.from_env({"ZEAL_DATABASE_URL": url, "ZEAL_MQTT_URL": "off", **extra})
-
-
-def operator_client(url: str) -> Iterator[TestClient]:
-    """A client of a server on `url` (no broker) that sends the operator token."""
-    with TestClient(create_app(settings(url, ZEAL_OPERATOR_TOKEN=OPERATOR))) as c:
-        c.headers["Authorization"] = f"Bearer {OPERATOR}"
-        yield c
-
-
-@pytest.fixture
-def client(database_url: str) -> Iterator[TestClient]:
-    yield from operator_client(database_url)
-
-
-def create(client: TestClient, **overrides: Any) -> dict[str, Any]:
-    body = {
-        "name": "temps",
-        "lower": 0,
-        "upper": 110,
-        "epsilon": 1,
-        "payload_bits": 6,
-        "bucket_seconds": 60,
-        "max_epsilon_per_day": RAISED_POLICY,
-        **overrides,
-    }
-    response = client.post("/api/v1/streams", json=body)
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
-def feed(
-    client: TestClient,
-    device: str,
-    sequence: int,
-    readings: np.ndarray,
-    start_ms: int,
-    stream: str = "temps",
-    rng: int = 0,
-) -> np.ndarray:
-    """Perturb readings, encode them as a batch and hand the message to the store."""
-    codes = PARAMS.perturb(readings, rng=np.random.default_rng(rng))
-    payload = encode_batch(
-        PARAMS,
-        stream=stream,
-        device=device,
-        sequence=sequence,
-        codes=codes,
-        timestamps=start_ms + 1000 * np.arange(readings.size),
-    )
-    ingest = Ingest()
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
-        outcome = ingest.add(session, f"zeal/v1/{stream}/{device}/up", payload, start_ms)
-    assert outcome.status == "stored", outcome
-    return codes
 
 
 def test_stream_lifecycle(client: TestClient) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import random
-import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +15,15 @@ import pytest
 from fastapi.testclient import TestClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
+from tests.server.helpers import create_stream, publish_all, server_app, simulate, stats, wait_until
 from tests.server.metrics_check import assert_metrics_are_prometheus, metric_samples
-from tools.testbed.broker import Mosquitto, fleet_command
+from tools.testbed.broker import Mosquitto
 from zeal import Zeal, encode_batch
 from zeal_server import store
-from zeal_server.app import create_app
-from zeal_server.settings import ServerSettings
 
 pytestmark = pytest.mark.integration
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
+DATA = Path(__file__).resolve().parents[3] / "data" / "seattle-temps.csv"
 
 
 def next_minute() -> int:
@@ -37,77 +34,11 @@ def next_minute() -> int:
     return (int(time.time() * 1000) // 60_000 + 1) * 60_000
 
 
-def server_app(
-    database_url: str, broker: Mosquitto, collector_id: str = "c1", share_group: str = ""
-) -> Any:
-    return create_app(
-        ServerSettings.from_env(
-            {
-                "ZEAL_DATABASE_URL": database_url,
-                "ZEAL_MQTT_URL": broker.url,
-                "ZEAL_COLLECTOR_ID": collector_id,
-                "ZEAL_SHARE_GROUP": share_group,
-            }
-        )
-    )
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def create_stream(client: TestClient, **extra: Any) -> Zeal:
-    body = {
-        "name": "temps",
-        "lower": 0,
-        "upper": 110,
-        "epsilon": 1,
-        "max_epsilon_per_day": 1e6,
-        **extra,
-    }
-    out = client.post("/api/v1/streams", json=body).json()
-    return Zeal(
-        lower=0,
-        upper=110,
-        epsilon=1,
-        exponent=out["exponent"],
-        max_epsilon_per_day=out["max_epsilon_per_day"],
-    )
-
-
-def stats(client: TestClient, stream: str = "temps") -> dict[str, Any]:
-    result: dict[str, Any] = client.get(f"/api/v1/streams/{stream}/stats").json()
-    return result
-
-
 def publisher(port: int) -> mqtt.Client:
     client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
     client.connect("127.0.0.1", port)
     client.loop_start()
     return client
-
-
-def publish_all(port: int, messages: list[tuple[str, bytes]]) -> None:
-    client = publisher(port)
-    for topic, payload in messages:
-        client.publish(topic, payload, qos=1).wait_for_publish(10)
-    client.disconnect()
-    client.loop_stop()
-
-
-def simulate(broker: Mosquitto, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        fleet_command(broker.url, tmp_path / "sim", *args),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def stored_columns(client: TestClient) -> tuple[np.ndarray, np.ndarray, list[str]]:

@@ -18,8 +18,14 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.server.test_collector_mqtt import publish_all, simulate, stats, wait_until
-from tests.server.test_field import agent_command, save_config
+from tests.server.helpers import (
+    agent_command,
+    publish_all,
+    save_config,
+    simulate,
+    stats,
+    wait_until,
+)
 from tools.testbed.broker import Mosquitto, agent_status
 from zeal import Zeal, encode_batch
 from zeal.policy import DAY_MS, HOUR_MS, day_of

@@ -1,4 +1,4 @@
-"""`zeal-server` with a deliberate bug, for tests/server/test_cluster.py: the JetStream
+"""`zeal-server` with a deliberate bug, for tests/server/broker/test_cluster.py: the JetStream
 source acknowledges each message as soon as it is fetched, before the transaction that
 stores it commits. A collector killed then loses what it had acknowledged."""
 

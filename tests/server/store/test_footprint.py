@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy.orm import Session
 
-from tests.server.test_api import PARAMS, RAISED_POLICY
+from tests.server.helpers import PARAMS, RAISED_POLICY
 from tools.testbed.databases import table_bytes, vacuum
 from zeal import encode_batch
 from zeal_server import store

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.server.test_collector_mqtt import stats, wait_until
+from tests.server.helpers import stats, wait_until
 from tools.testbed.broker import Mosquitto
 from zeal._firmware import profile_bytes
 from zeal.streamconfig import read_config
@@ -23,7 +23,7 @@ from zeal_server.settings import ServerSettings
 
 pytestmark = pytest.mark.integration
 
-FIRMWARE = Path(__file__).resolve().parents[2] / "edge" / "firmware"
+FIRMWARE = Path(__file__).resolve().parents[3] / "edge" / "firmware"
 READINGS = 1000
 
 

@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tools.testbed.broker import Mosquitto, agent_status, run_agent, seattle_rows
 from tools.testbed.server import (
     DeployBroker,
@@ -16,6 +18,8 @@ from tools.testbed.server import (
     stats,
     wait_until,
 )
+
+pytestmark = pytest.mark.integration  # real brokers, servers or outside tools
 
 
 def run(tmp_path: Path, broker_url: str, device: str, *args: str, name: str = "agent") -> Any:
