@@ -189,6 +189,7 @@ def contents(sessions: Any) -> dict[str, Any]:
         }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_transaction_of_many_messages_stores_what_one_at_a_time_stores(
     two_databases: tuple[str, str], seed: int

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 
 from zeal import Zeal, encode_batch
@@ -26,6 +27,7 @@ def iso(ms: int) -> str:
     return np.datetime64(ms, "ms").astype(str) + "Z"
 
 
+@pytest.mark.slow
 def test_a_device_at_its_cap_moves_any_60_minutes_by_at_most_the_documented_bound(
     database_url: str,
 ) -> None:
