@@ -397,6 +397,11 @@ def test_comparison_planner_shows_the_api_plan_and_its_errors(page: Any, server:
     page.goto(server.origin + "/#/stream/temps?window=all")
     page.wait_for_function("() => document.getElementById('plan-between').value !== ''")
     page.click("#plan-box summary")
+    # Tables still filling may shift the page between Playwright's check and its click, which
+    # then lands beside the summary (seen on a loaded machine): the state wanted is "open".
+    if not page.eval_on_selector("#plan-box", "d => d.open"):
+        page.eval_on_selector("#plan-box", "d => { d.open = true; }")
+    page.locator("#plan-devices").wait_for(state="visible")
     for selector, value in (
         ("#plan-devices", "15"),
         ("#plan-readings", "40"),

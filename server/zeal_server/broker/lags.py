@@ -15,7 +15,7 @@ from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 __all__ = ["LAG_BUCKETS", "RECENT_LAGS", "CommitLags"]
 
 #: Receive-to-commit lag buckets (seconds): a healthy collector commits within 0.1 s at a
-#: light load and within about 2 s under a heavy inflow (door.Inbox.take gathers); a
+#: light load and within about 2 s under a heavy inflow (inbox.Inbox.take gathers); a
 #: database stall shows up in the upper buckets.
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 #: Commit lags the health details summarise, at most (the most recent).

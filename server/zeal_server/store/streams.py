@@ -251,6 +251,14 @@ def rejects(session: Session, stream: str | None = None) -> dict[str, int]:
     return {str(r): int(c) for r, c in session.execute(query)}
 
 
+def rejected_devices(session: Session, stream: str, devices: list[str], reason: str) -> set[str]:
+    """Which of `devices` have rejects of `reason` on `stream`."""
+    query = select(Reject.device).where(
+        Reject.stream == stream, Reject.reason == reason, Reject.device.in_(devices)
+    )
+    return set(session.scalars(query))
+
+
 def name_problem(kind: str, name: str) -> str | None:
     """Why NATS cannot carry `name` as a stream or device name (None: it can)."""
     if "." in name:

@@ -7,7 +7,6 @@ import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
-from sqlalchemy import select
 
 from zeal.policy import MICRO, day_of, micro_epsilon
 from zeal_server import store
@@ -25,7 +24,7 @@ from zeal_server.api.deps import (
 from zeal_server.api.schemas import HEAVY, DeletedOut, DeviceOut, DevicesOut, GroupOut, TagsIn
 from zeal_server.store import retention
 from zeal_server.store.influence import ALL_TIME, implausible
-from zeal_server.store.models import Device, Reject, Stream
+from zeal_server.store.models import Device, Stream
 from zeal_server.store.streams import name_problem
 
 __all__ = ["router"]
@@ -118,15 +117,7 @@ def _flags(
     params = store.params_of(stream)
     sums = store.device_sums(db, stream, *ALL_TIME, [d.id for d in rows])
     bad = {i for i, no in zip(sums.order, implausible(params, sums), strict=True) if no}
-    refused = set(
-        db.scalars(
-            select(Reject.device).where(
-                Reject.stream == stream.name,
-                Reject.reason == "over_budget",
-                Reject.device.in_([d.name for d in rows]),
-            )
-        )
-    )
+    refused = store.rejected_devices(db, stream.name, [d.name for d in rows], "over_budget")
     allowed, hourly = params.readings_per_day, params.readings_per_hour
     ids, day = [d.id for d in rows], day_of(store.now_ms())
     full = set() if hourly is None else store.hours_at_cap(db, ids, day, hourly)
