@@ -2,8 +2,8 @@
 transaction).
 
 Ingest validates a message completely before it writes anything; a rejected message leaves
-only its reject count. A batch is stored once: its dedup row, its aggregate increments and
-its raw segment part go in together, so a redelivery changes nothing. A redelivery is the
+only its reject count. A batch is stored once: its dedup row, its device counters and its
+raw segment part go in together, so a redelivery changes nothing. A redelivery is the
 same device, sequence number *and content* (a digest of the payload); the same sequence
 with other content comes from an outbox that started again (a reinstalled device) and is
 stored, counted as a sequence reset, never dropped. A batch that would take its device past
@@ -75,8 +75,8 @@ class Ingest:
     holding a reading timestamped more than that before its stream was created is rejected
     (``before_stream``): its codes cannot have been made with the stream's parameters unless
     the device's clock is wrong. With ``max_buckets`` set, a batch whose readings fall into
-    more time buckets than that is rejected (``too_many_buckets``): each bucket costs an
-    aggregate row and a segment part, so one small batch could otherwise make the writer
+    more time buckets than that is rejected (``too_many_buckets``): each bucket costs a
+    segment part, so one small batch could otherwise make the writer
     write tens of thousands of rows. The collector sets all four from the server settings.
     """
 
