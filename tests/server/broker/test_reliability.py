@@ -326,7 +326,10 @@ def test_a_flooding_device_is_shed_counted_and_stores_nothing(
     print(trial.summary())
     assert trial.flooded >= 2 * FLOOD_MESSAGES  # a count each flooded run reaches
     assert trial.readings == trial.sent  # the others' all, exactly once; the flood's none
-    assert trial.rejects.get("rate_limited", 0) > 1000
+    # The flood reached the collector past the reject budget's bursts (QoS 0: how much of it
+    # reaches the collector depends on the machine), and what was past the budget was shed.
+    assert sum(trial.rejects.values()) > len(trial.loud) * REJECT_BURST
+    assert trial.rejects.get("rate_limited", 0) > 0
     # Each flooded run may spend a full bucket, then REJECT_RATE a second.
     budget = len(trial.loud) * REJECT_BURST + REJECT_RATE * trial.flood_seconds
     assert 0 < trial.decoded_rejects <= budget, (trial.decoded_rejects, budget)
