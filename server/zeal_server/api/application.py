@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import (
     HTMLResponse,
     JSONResponse,
@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from zeal_server.api.auth import refusal
 from zeal_server.api.costs import HeavyReads, ReadBudget
-from zeal_server.api.deps import MAX_EXPORTS
+from zeal_server.api.deps import MAX_EXPORTS, known_query
 from zeal_server.api.metrics import build_registry
 from zeal_server.api.routes import averages, compare, data, devices, health, logins, streams
 from zeal_server.api.running import Logins, LoginsFor, StartCollector
@@ -234,5 +234,5 @@ def create_app(
         return response
 
     for module in (streams, averages, compare, devices, data, health, logins):
-        app.include_router(module.router)
+        app.include_router(module.router, dependencies=[Depends(known_query)])
     return app

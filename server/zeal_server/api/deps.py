@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Query, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -44,6 +46,7 @@ __all__ = [
     "devices_in",
     "estimate_out",
     "invalid",
+    "known_query",
     "query_ms",
     "session",
     "stream_or_404",
@@ -142,6 +145,38 @@ def invalid(where: str, field: str | None, message: str) -> HTTPException:
     """A 422 in FastAPI's validation format, so every 422 has one documented shape."""
     loc = [where] if field is None else [where, field]
     return HTTPException(422, [{"loc": loc, "msg": message, "type": "value_error"}])
+
+
+def known_query(request: Request) -> None:
+    """Refuses a query parameter the route does not define (422 naming it and the ones it
+    takes): a misspelt filter must not answer for everything."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    takes = _query_names(route)
+    unknown = sorted(set(request.query_params) - takes)
+    if unknown:
+        offer = ", ".join(sorted(takes)) or "no query parameters"
+        raise HTTPException(
+            422,
+            [
+                {
+                    "loc": ["query", name],
+                    "msg": f"unknown query parameter {name!r}; this route takes: {offer}",
+                    "type": "extra_forbidden",
+                }
+                for name in unknown
+            ],
+        )
+
+
+def _query_names(route: APIRoute) -> frozenset[str]:
+    def walk(dependant: Dependant) -> Iterator[str]:
+        yield from (str(p.alias) for p in dependant.query_params)
+        for sub in dependant.dependencies:
+            yield from walk(sub)
+
+    return frozenset(walk(route.dependant))
 
 
 def bounds_out(stream: Stream, first: int, stop: int) -> tuple[datetime | None, datetime | None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY, MAX_EPSILON_PER_DAY
 from zeal.protocol import BUCKET_SECONDS, EPSILON_MAX, EXPONENT, PAYLOAD_BITS
@@ -33,7 +33,14 @@ __all__ = [
 ]
 
 
-class StreamIn(BaseModel):
+class Strict(BaseModel):
+    """A request body: a name it does not define is refused (422, naming it), never
+    ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamIn(Strict):
     name: str = Field(description="stream name: 1-64 letters, digits, '_', '.' or '-'")
     lower: float = Field(description="lower end of the feasible range")
     upper: float = Field(description="upper end of the feasible range")
@@ -77,7 +84,7 @@ class StreamIn(BaseModel):
     )
 
 
-class StreamPatch(BaseModel):
+class StreamPatch(Strict):
     """What may change on an existing stream: its retention, and its privacy policy (a new
     policy gives the stream a new fingerprint: devices are refused until they take the new
     configuration). Its mechanism never changes. Fields left out stay as they are."""
@@ -91,6 +98,19 @@ class StreamPatch(BaseModel):
     max_epsilon_per_day: float | None = Field(
         None, gt=0, le=MAX_EPSILON_PER_DAY, description="the new privacy policy (see StreamIn)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_what_may_change(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            fixed = sorted(set(data) - set(cls.model_fields))
+            if fixed:
+                raise ValueError(
+                    f"{', '.join(fixed)} cannot change on an existing stream (its mechanism "
+                    "is fixed: create a new stream); what may change: "
+                    + ", ".join(cls.model_fields)
+                )
+        return data
 
 
 class StreamOut(BaseModel):
@@ -282,7 +302,7 @@ class GroupOut(BaseModel):
     devices: int
 
 
-class TagsIn(BaseModel):
+class TagsIn(Strict):
     tags: dict[str, str] = Field(description='replaces the device\'s tags, e.g. {"site": "aarhus"}')
 
 

@@ -1,0 +1,67 @@
+"""Unknown names in a request are refused by name, never ignored: a misspelt field or filter
+must not answer as if it had not been given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from tests.server.helpers import T0, create, feed
+
+
+def refused_names(response: Any) -> set[str]:
+    assert response.status_code == 422, response.text
+    return {str(error["loc"][-1]) for error in response.json()["detail"]}
+
+
+def test_a_stream_body_with_unknown_fields_is_refused_and_nothing_is_created(
+    client: TestClient,
+) -> None:
+    body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
+    response = client.post(
+        "/api/v1/streams", json={**body, "max_epsilon_per_dya": 3, "units": "degF", "bucket": 5}
+    )
+    assert refused_names(response) == {"max_epsilon_per_dya", "units", "bucket"}
+    assert client.get("/api/v1/streams/temps").status_code == 404
+
+
+def test_patch_names_what_cannot_change_and_what_may(client: TestClient) -> None:
+    before = create(client)
+    response = client.patch("/api/v1/streams/temps", json={"epsilon": 3, "upper": 4})
+    assert response.status_code == 422, response.text
+    message = response.json()["detail"][0]["msg"]
+    assert "epsilon, upper cannot change" in message
+    assert "retention_days, max_epsilon_per_day" in message
+    assert client.get("/api/v1/streams/temps").json() == before
+
+
+def test_tags_body_with_unknown_fields_is_refused(client: TestClient) -> None:
+    create(client)
+    feed(client, "dev0", 0, np.full(3, 50.0), T0)
+    response = client.put(
+        "/api/v1/streams/temps/devices/dev0/tags", json={"tags": {"site": "a"}, "site": "a"}
+    )
+    assert refused_names(response) == {"site"}
+
+
+def test_unknown_query_parameters_are_refused_by_name(client: TestClient) -> None:
+    create(client)
+    feed(client, "dev0", 0, np.full(3, 50.0), T0)
+    response = client.get(
+        "/api/v1/streams/temps/export", params={"device": "c-device", "format": "json"}
+    )
+    assert refused_names(response) == {"device", "format"}
+    assert "this route takes: end, start" in response.json()["detail"][0]["msg"]
+    assert refused_names(client.get("/api/v1/streams", params={"limit": 3})) == {"limit"}
+    # the names a route does take still work, those of its dependencies included
+    assert (
+        client.get("/api/v1/streams/temps/average", params={"confidence": 0.9}).status_code == 200
+    )
+    assert (
+        client.get(
+            "/api/v1/streams/temps/export", params={"start": "2026-01-01T00:00:00Z"}
+        ).status_code
+        == 200
+    )
