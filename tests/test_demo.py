@@ -53,6 +53,7 @@ def test_make_demo_from_a_fresh_clone(fresh_clone: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=sigint_as_in_a_terminal,
     )
     lines: list[str] = []
     reader = threading.Thread(
@@ -99,6 +100,13 @@ def close_demo(demo: subprocess.Popen[str]) -> None:
 _readers: dict[int, threading.Thread] = {}
 
 
+def sigint_as_in_a_terminal() -> None:
+    """A terminal's foreground job takes Ctrl-C (SIGINT) at its default; under a test run
+    started in the background (`cmd &` without job control) SIGINT is ignored, and a child
+    inherits that, so the demo would not see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_demo_until_serving(clone: Path, broker_url: str) -> tuple[subprocess.Popen[str], list[str]]:
     """tools/demo.py of `clone` (with this environment's Python), until it serves averages."""
     demo = subprocess.Popen(
@@ -109,6 +117,7 @@ def run_demo_until_serving(clone: Path, broker_url: str) -> tuple[subprocess.Pop
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=sigint_as_in_a_terminal,
     )
     lines: list[str] = []
     _readers[demo.pid] = threading.Thread(

@@ -35,6 +35,7 @@ c.reconnect_delay_set(min_delay=0.05, max_delay=0.05)
 c.connect("127.0.0.1", port)
 c.loop_start()
 big = os.urandom(256 * 1024)
+print("flooding", flush=True)  # its SIGTERM handler is in place
 while not (stop and sent >= least):
     payload = big if sent % 50 == 49 else os.urandom(40)
     # QoS 0, as fast as it can; the broker drops the connection for each oversized packet
@@ -117,7 +118,9 @@ def ingest_seconds(
             stdout=subprocess.PIPE,
             text=True,
         )
-        time.sleep(1)  # the flood is under way before the fleet starts
+        # the flood is under way before the fleet starts (and a SIGTERM cannot cut it short)
+        assert flooder.stdout is not None
+        assert flooder.stdout.readline() == "flooding\n"
     began = time.monotonic()
     fleet = subprocess.Popen(
         fleet_command(
