@@ -142,6 +142,9 @@ class Agent:
         if self.options.params_file is not None:
             return  # --params given: the local document is the configuration
         verdict = self.configs.offer(message, self.config)
+        if verdict.refused is not None:
+            self._fail(AgentError(f"{verdict.refused}. Nothing was read or sent."))
+            return
         if verdict.halt is not None:
             self._halt(*verdict.halt)
             return

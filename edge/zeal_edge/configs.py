@@ -33,6 +33,9 @@ class Verdict:
 
     config: StreamConfig | None = None
     halt: tuple[str, str] | None = None
+    #: Why a configuration was refused before any was adopted: the agent has nothing to
+    #: send with and exits (non-zero) saying so.
+    refused: str | None = None
 
 
 class ConfigDesk:
@@ -63,9 +66,9 @@ class ConfigDesk:
             return Verdict()
         if isinstance(config, str):  # refused: never used, nothing privatized with it
             self.refused = config
-            still = "Still using the adopted one." if adopted else "Not reading or sending."
-            log.error("%s. %s", config, still)
-            return Verdict()
+            if adopted is not None:
+                log.error("%s. Still using the adopted one.", config)
+            return Verdict(refused=None if adopted else config)
         origin = self.outbox.origin(self.namespace)
         if origin is None:
             self.outbox.set_origin(self.namespace, config.origin)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from zeal import ParameterError
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
+from zeal.protocol import EPSILON_CEILING
 from zeal.streamconfig import StreamConfig, read_config
 from zeal_edge.budget import BudgetPolicy
 from zeal_edge.mqtt import Message
@@ -55,7 +56,7 @@ class AgentOptions:
     wait_for_params: float = float("inf")
     #: Refuse a configuration whose privacy loss per reading (the realized epsilon where the
     #: sampler's is known, else the nominal one) exceeds this.
-    max_epsilon: float = 5.0
+    max_epsilon: float = EPSILON_CEILING
     #: Refuse a configuration whose privacy policy (epsilon per device per UTC day) exceeds
     #: this.
     max_epsilon_per_day: float = DEFAULT_MAX_EPSILON_PER_DAY

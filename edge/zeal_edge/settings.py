@@ -17,7 +17,7 @@ from typing import Any
 
 from zeal.brokerurl import parse_protocol
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
-from zeal.protocol import check_name
+from zeal.protocol import EPSILON_CEILING, check_name
 from zeal.topics import PREFIX
 from zeal_edge.errors import SettingsError
 
@@ -166,7 +166,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_epsilon",
         _positive,
-        5.0,
+        EPSILON_CEILING,
         "ZEAL_MAX_EPSILON",
         "refuse a stream configuration whose epsilon per reading exceeds this",
     ),

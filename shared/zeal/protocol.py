@@ -24,6 +24,7 @@ from zeal.wire import REASONS as WIRE_REASONS
 __all__ = [
     "BUCKET_SECONDS",
     "COLLECTOR_REASONS",
+    "EPSILON_CEILING",
     "EPSILON_MAX",
     "EXPONENT",
     "NAME_MAX_LENGTH",
@@ -39,6 +40,10 @@ NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 #: Largest privacy budget per reading a stream may declare (epsilon is in (0, EPSILON_MAX]).
 EPSILON_MAX: Final = 20.0
+#: The deployments' ceiling on the privacy loss per reading: a server creates no stream
+#: above it, and an agent refuses a configuration above it unless raised (--max-epsilon).
+#: One number on both sides, so that what a server creates a default agent accepts.
+EPSILON_CEILING: Final = 5.0
 #: Inclusive bounds of a stream's payload width in bits (the library's; a server may allow
 #: fewer, see ``zeal_server.store.streams.MAX_SERVER_BITS``).
 PAYLOAD_BITS: Final = (2, 52)

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY, MAX_EPSILON_PER_DAY
-from zeal.protocol import BUCKET_SECONDS, EPSILON_MAX, EXPONENT, PAYLOAD_BITS
+from zeal.protocol import BUCKET_SECONDS, EPSILON_CEILING, EXPONENT, PAYLOAD_BITS
 from zeal_server import store
 
 __all__ = [
@@ -44,7 +44,12 @@ class StreamIn(Strict):
     name: str = Field(description="stream name: 1-64 letters, digits, '_', '.' or '-'")
     lower: float = Field(description="lower end of the feasible range")
     upper: float = Field(description="upper end of the feasible range")
-    epsilon: float = Field(description="privacy budget per reading", gt=0, le=EPSILON_MAX)
+    epsilon: float = Field(
+        description="privacy budget per reading, at most zeal.protocol.EPSILON_CEILING (the "
+        "agents' default ceiling)",
+        gt=0,
+        le=EPSILON_CEILING,
+    )
     payload_bits: int | None = Field(
         None,
         ge=PAYLOAD_BITS[0],

@@ -23,7 +23,7 @@ from zeal import (
     ZealWarning,
 )
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
-from zeal.protocol import BUCKET_SECONDS, check_name
+from zeal.protocol import BUCKET_SECONDS, EPSILON_CEILING, check_name
 from zeal.streamconfig import config_document
 from zeal_server.errors import StoreError
 from zeal_server.store.models import (
@@ -120,6 +120,12 @@ def create_stream(
         exponent=exponent,
         max_epsilon_per_day=max_epsilon_per_day,
     )
+    loss = max(params.epsilon, params.realized_epsilon or 0.0)
+    if loss > EPSILON_CEILING:
+        raise StoreError(
+            f"epsilon {loss:g} per reading exceeds the ceiling {EPSILON_CEILING:g} "
+            "(zeal.protocol.EPSILON_CEILING) that agents refuse to exceed by default"
+        )
     least, most = BUCKET_SECONDS
     if isinstance(bucket_seconds, bool) or not least <= bucket_seconds <= most:
         raise StoreError(f"bucket_seconds must be in [{least}, {most}], got {bucket_seconds!r}")

@@ -3,12 +3,16 @@ must not answer as if it had not been given."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from fastapi.testclient import TestClient
 
 from tests.server.helpers import T0, create, feed
+from zeal.protocol import EPSILON_CEILING
+from zeal.streamconfig import read_config
+from zeal_edge.options import AgentOptions, refusal
 
 
 def refused_names(response: Any) -> set[str]:
@@ -65,3 +69,20 @@ def test_unknown_query_parameters_are_refused_by_name(client: TestClient) -> Non
         ).status_code
         == 200
     )
+
+
+def test_the_server_creates_no_stream_a_default_agent_refuses(
+    client: TestClient, tmp_path: Path
+) -> None:
+    """One epsilon ceiling (zeal.protocol.EPSILON_CEILING) for the server's streams and the
+    agent's default: above it, the create is refused naming epsilon; at it, a default agent
+    adopts what the server publishes. Before: epsilon 8 was created, and refused by agents."""
+    response = client.post(
+        "/api/v1/streams", json={"name": "hot", "lower": 0, "upper": 110, "epsilon": 8}
+    )
+    assert refused_names(response) == {"epsilon"}
+    body = {"name": "edge", "lower": 0, "upper": 110, "epsilon": EPSILON_CEILING}
+    assert client.post("/api/v1/streams", json=body).status_code == 201
+    config = read_config(client.get("/api/v1/streams/edge/config").json(), stream="edge")
+    assert refusal(config, AgentOptions("edge", "dev1", tmp_path)) is None
+    assert AgentOptions("edge", "dev1", tmp_path).max_epsilon == EPSILON_CEILING
