@@ -86,3 +86,24 @@ def test_the_server_creates_no_stream_a_default_agent_refuses(
     config = read_config(client.get("/api/v1/streams/edge/config").json(), stream="edge")
     assert refusal(config, AgentOptions("edge", "dev1", tmp_path)) is None
     assert AgentOptions("edge", "dev1", tmp_path).max_epsilon == EPSILON_CEILING
+
+
+def test_series_points_lie_on_the_clock(client: TestClient) -> None:
+    """An hour's points begin at whole hours UTC (or at start when given), not at the first
+    reading. Before: /series?interval=3600 gave a point from 00:26 to 01:26."""
+    create(client)
+    feed(client, "dev0", 0, np.full(10, 50.0), T0 + 26 * 60_000)  # 00:26 UTC
+    feed(client, "dev0", 1, np.full(10, 50.0), T0 + 86 * 60_000)  # 01:26 UTC
+    hourly = client.get("/api/v1/streams/temps/series", params={"interval": 3600}).json()
+    assert [(p["start"], p["end"], p["n"]) for p in hourly["points"]] == [
+        ("2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z", 10),
+        ("2026-01-01T01:00:00Z", "2026-01-01T02:00:00Z", 10),
+    ]
+    from_start = client.get(
+        "/api/v1/streams/temps/series",
+        params={"interval": 3600, "start": "2025-12-31T23:30:00Z"},
+    ).json()
+    assert [(p["start"], p["n"]) for p in from_start["points"]] == [
+        ("2025-12-31T23:30:00Z", 10),
+        ("2026-01-01T00:30:00Z", 10),
+    ]

@@ -283,7 +283,9 @@ def series(
     prior: PriorText = None,
     exclude: Exclude = "none",
 ) -> SeriesOut:
-    """The average per interval (for charts); intervals without readings are omitted. With
+    """The average per interval (for charts); intervals without readings are omitted. Points
+    are aligned to the clock: they begin at `start` when it is given, else at UTC multiples
+    of the interval (an hour's points at whole hours, a day's at midnight UTC). With
     estimator=bayes, each point's Bayes estimate beside its AVG* (docs/bayes.md)."""
     stream = stream_or_404(db, name)
     step = interval or stream.bucket_seconds
@@ -314,7 +316,11 @@ def series(
     )
     if span is None:
         return empty
+    # Points lie on the clock: from start's bucket when start is given, else at multiples of
+    # the interval since the epoch (UTC), not from the first bucket that holds data.
+    origin = first if start is not None else 0
     first, stop = span
+    first = origin + (first - origin) // per * per
     if (stop - first) / per > MAX_POINTS:
         raise invalid(
             "query",
