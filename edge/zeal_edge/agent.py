@@ -98,6 +98,7 @@ class Agent:
         self.configs = ConfigDesk(self.outbox, self.namespace, options)
         self._failure: AgentError | None = None
         self._invalid_booked = 0
+        self._clipped_told: set[str] = set()
 
     @property
     def params(self) -> Zeal | None:
@@ -263,6 +264,7 @@ class Agent:
         if draft is None:
             return
         (sealed,) = self.batcher.commit(self.params, [draft], now_ms=now)
+        self._book_clipped(*self.holding.clipped)
         waiting = self.pipeline.unacknowledged
         log.info(
             "batch #%d: %d readings, %d bytes, queued (%d batch%s awaiting the broker%s)",
@@ -273,6 +275,25 @@ class Agent:
             "" if waiting == 1 else "es",
             "" if self.connection.connected else f"; not connected to {self.broker.url}",
         )
+
+    def _book_clipped(self, low: int, high: int) -> None:
+        """Count readings outside the stream's range, and say so the first time on each side:
+        Zeal.perturb sends them as the range's nearer end (docs/edge-agent.md)."""
+        if not (low or high) or self.params is None:
+            return
+        self.outbox.record_clipped(self.namespace, low, high)
+        for side, count, end in (("below", low, "lower"), ("above", high, "upper")):
+            if count and side not in self._clipped_told:
+                self._clipped_told.add(side)
+                log.warning(
+                    "stream %s: readings %s its range [%g, %g] are sent as its %s end "
+                    "(counted in zeal-edge status; this is said once per side)",
+                    self.options.stream,
+                    side,
+                    self.params.lower,
+                    self.params.upper,
+                    end,
+                )
 
     def _book_invalid(self, source: Source, *, final: bool = False) -> None:
         skipped = getattr(source, "skipped", 0)

@@ -145,6 +145,8 @@ def _status_record(outbox: Outbox, st: NamespaceStatus, now_ms: int) -> dict[str
         "skipped_for_budget": st.skipped_budget,
         "last_skip": _when(st.last_skip_ms),
         "skipped_invalid": st.skipped_invalid,
+        "clipped_below_range": st.clipped_low,
+        "clipped_above_range": st.clipped_high,
         "server_rejects": st.server_rejects or {},
         "halted": None
         if st.halt is None
@@ -238,6 +240,11 @@ def _status(args: argparse.Namespace) -> int:
         if r["server_rejects"]:
             counts = ", ".join(f"{k} {v}" for k, v in r["server_rejects"].items())
             print(f"  server rejected   {counts}")
+        if r["clipped_below_range"] or r["clipped_above_range"]:
+            print(
+                f"  clipped           {r['clipped_below_range']} reading(s) below the stream's "
+                f"range, {r['clipped_above_range']} above it (sent as its ends)"
+            )
         if r["skipped_invalid"]:
             print(f"  skipped           {r['skipped_invalid']} reading(s) not a finite number")
         _print_budgets(r)

@@ -39,6 +39,8 @@ class Holding:
         self._held: dict[tuple[str, int], int] = {}  # readings held per UTC day and hour
         self._booked_in: dict[tuple[str, int], int] = {}  # the outbox's ledgers, as read
         self._skipped, self._skip_ms, self._booked = 0, 0, 0.0  # skips at the stream policy
+        #: Readings of the last batch released below and above the stream's range.
+        self.clipped = (0, 0)
 
     def __len__(self) -> int:
         return len(self._readings)
@@ -133,7 +135,9 @@ class Holding:
         for r in readings:
             last = max(last, r.timestamp_ms if r.timestamp_ms is not None else now_ms)
             stamps.append(last)
-        codes = params.perturb(np.array([r.value for r in readings]))
+        values = np.array([r.value for r in readings])
+        self.clipped = (int((values < params.lower).sum()), int((values > params.upper).sum()))
+        codes = params.perturb(values)
         offsets = [r.offset for r in readings if r.offset is not None]
         return Draft(self.namespace, stamps, codes, offsets[-1] if offsets else None)
 

@@ -137,6 +137,15 @@ class Outbox:
                 (count, namespace),
             )
 
+    def record_clipped(self, namespace: str, low: int, high: int) -> None:
+        """Count readings below and above the stream's range (sent as its ends)."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE namespaces SET clipped_low = clipped_low + ?, "
+                "clipped_high = clipped_high + ? WHERE namespace = ?",
+                (low, high, namespace),
+            )
+
     def record_server_reject(self, namespace: str, reason: str, *, now_ms: int) -> None:
         """Count a reject the server reported on the device's notice topic."""
         with self._lock:
@@ -346,7 +355,7 @@ class Outbox:
                 "SELECT n.namespace, stream, device, next_sequence, last_acked, "
                 "COUNT(b.sequence), COALESCE(SUM(b.readings), 0), sent_batches, sent_readings, "
                 "skipped_budget, last_skip_ms, fingerprint, cost_micro, cap_micro, window_s, "
-                "skipped_invalid, halt, day_cap_micro, skipped_policy "
+                "skipped_invalid, halt, day_cap_micro, skipped_policy, clipped_low, clipped_high "
                 "FROM namespaces n "
                 "LEFT JOIN batches b ON b.namespace = n.namespace GROUP BY n.namespace "
                 "ORDER BY n.namespace"
@@ -364,6 +373,8 @@ class Outbox:
                 server_rejects=rejects.get(row[0], {}),
                 day_cap_micro=row[17],
                 skipped_policy=int(row[18]),
+                clipped_low=int(row[19]),
+                clipped_high=int(row[20]),
             )
             for row in rows
         ]

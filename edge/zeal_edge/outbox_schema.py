@@ -71,6 +71,9 @@ ADDED_COLUMNS = {
     "kept_window_s": "INTEGER",
     # "{server}/{created_ms}" of the first configuration adopted from the broker (the pin)
     "origin": "TEXT",
+    # readings outside the stream's range, sent as its nearer end (Zeal.perturb clips)
+    "clipped_low": "INTEGER NOT NULL DEFAULT 0",
+    "clipped_high": "INTEGER NOT NULL DEFAULT 0",
 }
 
 

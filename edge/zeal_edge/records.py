@@ -78,3 +78,5 @@ class NamespaceStatus:
     server_rejects: dict[str, int] | None = None
     day_cap_micro: int | None = None  # the stream's policy per UTC day (None: no policy)
     skipped_policy: int = 0  # readings skipped at it
+    clipped_low: int = 0  # readings below the stream's range, sent as its lower end
+    clipped_high: int = 0  # readings above it, sent as its upper end

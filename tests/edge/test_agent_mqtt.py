@@ -446,6 +446,38 @@ def test_nan_and_inf_cells_are_skipped_and_counted_and_the_rest_is_sent(
     assert agent_status(data_dir)[0]["skipped_invalid"] == 3
 
 
+def test_readings_outside_the_range_are_counted_and_said_once_per_side(
+    tmp_path: Path, broker: Mosquitto, params_file: Path
+) -> None:
+    """On a 0..110 stream, readings of 200 and -50 are sent as the range's ends (as before),
+    and now counted by side in the status and logged the first time on each side. Before:
+    nothing said it."""
+    csv_path = tmp_path / "wide.csv"
+    cells = ["50", "200", "-50", "300", "51", "-1"]
+    csv_path.write_text("temp\n" + "".join(f"{c}\n" for c in cells))
+    data_dir = tmp_path / "agent"
+    agent = start_agent(
+        data_dir,
+        broker.url,
+        *("--source", f"csv:{csv_path}", "--batch", "3", "--interval", "1"),
+        *("--params", str(params_file)),
+    )
+    _, err = agent.communicate(timeout=60)
+    assert agent.returncode == 0, err
+    for side, end in (("below", "lower"), ("above", "upper")):
+        said = f"readings {side} its range [0, 110] are sent as its {end} end"
+        assert err.count(said) == 1, err
+    (status,) = agent_status(data_dir)
+    assert (status["clipped_below_range"], status["clipped_above_range"]) == (2, 2)
+    text = subprocess.run(
+        [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "2 reading(s) below the stream's range, 2 above it" in text, text
+
+
 def test_an_unreachable_broker_is_said_and_unconfirmed_batches_are_reported_on_exit(
     tmp_path: Path, params_file: Path
 ) -> None:
