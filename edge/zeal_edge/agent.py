@@ -17,6 +17,7 @@ refuses too, until ``zeal-edge resume`` clears it.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -26,11 +27,18 @@ from typing import Any
 
 from zeal import ParameterError, Zeal
 from zeal.streamconfig import StreamConfig
-from zeal.topics import Presence, config_topic, notice_topic, presence_topic
+from zeal.topics import (
+    CONFIG_FILTER,
+    Presence,
+    config_topic,
+    notice_topic,
+    parse_config_topic,
+    presence_topic,
+)
 from zeal_edge.budget import micro_epsilon
 from zeal_edge.configs import ConfigDesk
 from zeal_edge.datadir import DataDirLock
-from zeal_edge.errors import AgentError
+from zeal_edge.errors import AgentError, UnservedStreamError
 from zeal_edge.holding import Holding
 from zeal_edge.mqtt import BrokerSettings, Connection, Message
 from zeal_edge.notices import NoticeDesk
@@ -46,6 +54,8 @@ __all__ = ["Agent"]
 log = logging.getLogger(__name__)
 #: How long a starting agent waits for the broker before it goes on offline (seconds).
 PRESENCE_WAIT = 5.0
+#: Seconds after subscribing before a stream that no server retains is called unserved.
+UNSERVED_WAIT = 5.0
 #: On a stop, how long to wait for the broker to confirm what is in flight (seconds).
 DRAIN_WAIT = 5.0
 
@@ -74,11 +84,14 @@ class Agent:
             "presence": presence_topic(stream, device),
             "notice": notice_topic(stream, device),
         }
+        # Every stream's retained configuration, not only this one's: the streams the
+        # servers serve, so that a stream on none of them is said instead of awaited.
+        subscriptions = [CONFIG_FILTER, self.topics["presence"], self.topics["notice"]]
         offline = Presence(self.instance, False, self.started_ms).to_json()
         self.connection = Connection(
             broker,
             client_id=f"zeal-edge-{stream}-{device}-{self.instance[:8]}",
-            subscriptions=list(self.topics.values()),
+            subscriptions=subscriptions,
             will=(self.topics["presence"], offline),
         )
         self.pipeline = Pipeline(self.outbox, self.connection)
@@ -99,6 +112,10 @@ class Agent:
         self._failure: AgentError | None = None
         self._invalid_booked = 0
         self._clipped_told: set[str] = set()
+        #: The streams whose configuration a server retains (by name, with their server).
+        self.served: dict[str, str] = {}
+        self._subscribed_at: float | None = None
+        self._served_told = False
 
     @property
     def params(self) -> Zeal | None:
@@ -123,6 +140,8 @@ class Agent:
             message = self.connection.messages.get_nowait()
             if message.topic == self.topics["config"]:
                 self._on_config(message)
+            elif (other := parse_config_topic(message.topic)) is not None:
+                self._on_other_config(other, message)
             elif message.topic == self.topics["presence"]:
                 conflict = self.claim.seen(message.payload)
                 if conflict is not None:
@@ -164,6 +183,17 @@ class Agent:
         if self.config is None or config.identity != self.config.identity:
             log.info("stream parameters: %r (server %s)", config.params, config.server)
         self._use(config)
+
+    def _on_other_config(self, stream: str, message: Message) -> None:
+        """Note which streams servers serve (an empty retained message: none)."""
+        if not message.payload:
+            self.served.pop(stream, None)
+            return
+        try:
+            server = json.loads(message.payload).get("server")
+        except (ValueError, AttributeError):
+            return
+        self.served[stream] = str(server)
 
     def _use(self, config: StreamConfig) -> None:
         """Adopt a configuration (ConfigDesk's, or --params'), unless the agent is halted."""
@@ -218,15 +248,41 @@ class Agent:
                         else ""
                     )
                 )
+            self._check_served()
             if self._throttle.ready("params"):
                 log.warning(
                     "waiting for stream parameters on %s at %s (no --params given): not "
-                    "reading or sending until they arrive",
+                    "reading or sending until they arrive%s",
                     config_topic(self.options.stream),
                     self.broker.url,
+                    ""
+                    if self.served
+                    else " (no server retains any stream's configuration there yet)",
                 )
             self._step()
             time.sleep(0.1)
+
+    def _check_served(self) -> None:
+        """A stream that no server serves, while others are, is a wrong name or a deleted
+        stream: said once, naming the streams served, and the agent ends (non-zero) unless
+        it was told to wait (--wait). Decided UNSERVED_WAIT s after the subscription, when
+        the retained configurations have arrived."""
+        if self.options.wait or self._served_told or not self.served:
+            return
+        if self._subscribed_at is None:
+            if self.connection.subscribed:
+                self._subscribed_at = time.monotonic()
+            return
+        if time.monotonic() - self._subscribed_at < UNSERVED_WAIT:
+            return
+        self._served_told = True
+        self._fail(
+            UnservedStreamError(
+                f"no server at {self.broker.url} serves stream {self.options.stream!r}; the "
+                f"streams served there: {', '.join(sorted(self.served))}. Check the name, or "
+                "run with --wait to wait for the stream to be created"
+            )
+        )
 
     def _await_presence(self) -> None:
         """Before reading anything, make sure no other agent runs this device id."""

@@ -3,10 +3,12 @@
 zeal-edge run --stream NAME --device ID --source SPEC [--broker URL] [--batch N] ...
 zeal-edge status [--data-dir DIR] [--json]
 zeal-edge resume [--data-dir DIR]       clear a halt (the server had stopped accepting)
+zeal-edge forget STREAM/DEVICE [--data-dir DIR] [--force]   remove a stream's entry
 zeal-edge simulate --devices N --dataset FILE --stream NAME [--rate R] ...
 
-Exit status: 0 done, 2 a bad setting, 3 the agent must not go on (its device id runs
-elsewhere, or the server no longer accepts its stream); the message says why.
+Exit status: 0 done, 2 a bad setting (a stream no server serves included), 3 the agent
+must not go on (its device id runs elsewhere, or the server no longer accepts its stream);
+the message says why.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
         "TOML --config file, in that order of precedence.",
     )
     add_arguments(run, _RUN)
+    run.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the stream to be created when no server serves it yet (without it, "
+        "the agent ends with exit status 2 naming the streams served)",
+    )
     status = commands.add_parser("status", help="outbox depth, sequences and privacy budget")
     add_arguments(status, {"data_dir"})
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -62,6 +70,17 @@ def _parser() -> argparse.ArgumentParser:
         "origin: the next configuration is adopted and pinned.",
     )
     add_arguments(resume, {"data_dir"})
+    forget = commands.add_parser(
+        "forget",
+        help="remove a stream and device from this agent's state (zeal-edge status)",
+        description="Removes what the agent keeps for STREAM/DEVICE: its status entry, "
+        "sequence numbers, batches, reported rejects and privacy spend. It refuses while "
+        "batches are queued or epsilon was spent (the spend keeps the stream's policy "
+        "per day) unless --force: a run started again would begin at sequence 0.",
+    )
+    forget.add_argument("entry", metavar="STREAM/DEVICE", help="as zeal-edge status names it")
+    forget.add_argument("--force", action="store_true", help="drop queued batches and spend")
+    add_arguments(forget, {"data_dir"})
     from zeal_edge.simulate import add_simulate_arguments
 
     add_simulate_arguments(
@@ -102,6 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         max_epsilon=values["max_epsilon"],
         max_epsilon_per_day=values["max_epsilon_per_day"],
         pin=values["pin"],
+        wait=args.wait,
     )
 
     def source(offset: int) -> Source:
@@ -208,6 +228,43 @@ def _resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _forget(args: argparse.Namespace) -> int:
+    import time
+
+    outbox = _outbox(args)
+    if outbox is None:
+        return 1
+    try:
+        now = int(time.time() * 1000)
+        entries = {st.namespace: st for st in outbox.status()}
+        st = entries.get(args.entry)
+        if st is None:
+            known = ", ".join(entries) or "none"
+            print(
+                f"zeal-edge: error: no entry {args.entry!r} here (entries: {known})",
+                file=sys.stderr,
+            )
+            return 1
+        record = _status_record(outbox, st, now)
+        spent = sum(record.get("policy_spent_by_day", {}).values()) + record.get("budget_spent", 0)
+        held = [
+            f"{st.outbox_batches} queued batch(es)" if st.outbox_batches else "",
+            f"{spent:g} epsilon spent in the last days" if spent else "",
+        ]
+        if any(held) and not args.force:
+            print(
+                f"zeal-edge: error: {args.entry} has {' and '.join(h for h in held if h)}; "
+                "--force forgets them too",
+                file=sys.stderr,
+            )
+            return 1
+        outbox.forget(args.entry)
+    finally:
+        outbox.close()
+    print(f"{args.entry}: forgotten")
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     import time
 
@@ -289,15 +346,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = _parser().parse_args(argv)
     try:
-        if args.command == "run":
-            return _run(args)
-        if args.command == "status":
-            return _status(args)
-        if args.command == "resume":
-            return _resume(args)
-        from zeal_edge.simulate import run_simulation
+        if args.command == "simulate":
+            from zeal_edge.simulate import run_simulation
 
-        return run_simulation(args)
+            return run_simulation(args)
+        command = {"run": _run, "status": _status, "resume": _resume, "forget": _forget}
+        return command[args.command](args)
     except AgentError as exc:
         print(f"zeal-edge: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -12,7 +12,14 @@ EdgeError
 
 from __future__ import annotations
 
-__all__ = ["AgentError", "EdgeError", "OutboxError", "PublishError", "SettingsError"]
+__all__ = [
+    "AgentError",
+    "EdgeError",
+    "OutboxError",
+    "PublishError",
+    "SettingsError",
+    "UnservedStreamError",
+]
 
 
 class EdgeError(Exception):
@@ -30,6 +37,13 @@ class AgentError(EdgeError, RuntimeError):
     """
 
     exit_code = 3
+
+
+class UnservedStreamError(AgentError):
+    """No server on the broker serves the agent's stream, while others are served: a wrong
+    name (or a deleted stream). Exit status 2, as a bad setting."""
+
+    exit_code = 2
 
 
 class OutboxError(EdgeError, RuntimeError):

@@ -54,6 +54,8 @@ class AgentOptions:
     params_file: Path | None = None
     budget: BudgetPolicy = field(default_factory=lambda: BudgetPolicy(None, 86400))
     wait_for_params: float = float("inf")
+    #: Wait for a stream that no server serves yet instead of ending (--wait).
+    wait: bool = False
     #: Refuse a configuration whose privacy loss per reading (the realized epsilon where the
     #: sampler's is known, else the nominal one) exceeds this.
     max_epsilon: float = EPSILON_CEILING

@@ -137,6 +137,13 @@ class Outbox:
                 (count, namespace),
             )
 
+    def forget(self, namespace: str) -> None:
+        """Remove everything kept for a namespace: its status, batches, rejects and ledgers."""
+        with self._lock, self._db:
+            for table in ("batches", "server_rejects", "day_spend", "hour_spend", "spend"):
+                self._db.execute(f"DELETE FROM {table} WHERE namespace = ?", (namespace,))
+            self._db.execute("DELETE FROM namespaces WHERE namespace = ?", (namespace,))
+
     def record_clipped(self, namespace: str, low: int, high: int) -> None:
         """Count readings below and above the stream's range (sent as its ends)."""
         with self._lock:

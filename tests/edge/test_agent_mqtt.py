@@ -22,6 +22,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from tools.testbed.broker import Mosquitto, Subscriber, agent_status, free_port, publish_retained
 from zeal import Zeal, decode_batch
 from zeal.streamconfig import config_document
+from zeal_edge.agent import UNSERVED_WAIT
 
 pytestmark = pytest.mark.integration
 
@@ -555,3 +556,60 @@ def test_an_agent_whose_client_id_is_used_twice_says_so_and_stops_fighting(
         twin.loop_stop()
         agent.kill()
         agent.wait()
+
+
+def test_a_stream_no_server_serves_is_said_and_its_entry_can_be_forgotten(
+    tmp_path: Path, broker: Mosquitto
+) -> None:
+    """A misspelt stream (temp, while a server retains temps) ends the agent with exit
+    status 2 naming the streams served, instead of waiting forever; `zeal-edge forget`
+    removes the entry the run left in `zeal-edge status`. With --wait the agent waits and
+    takes the stream once it is created. Before: waiting for stream parameters, forever."""
+    config = json.dumps(config_document("temps", PARAMS, server="zs-1")).encode()
+    publish_retained(broker.port, "zeal/v1/temps/config", config)
+    data_dir = tmp_path / "agent"
+    typo = [sys.executable, "-m", "zeal_edge", "run", "--stream", "temp", "--device", "dev1"]
+    typo += ["--broker", broker.url, "--data-dir", str(data_dir), "--source", "stdin"]
+    ended = subprocess.run(typo, capture_output=True, text=True, timeout=120, check=False)
+    assert ended.returncode == 2, ended.stderr
+    assert "no server at" in ended.stderr, ended.stderr
+    assert "serves stream 'temp'; the streams served there: temps" in ended.stderr
+    assert [s["stream"] for s in agent_status(data_dir)] == ["temp"]
+    edge = [sys.executable, "-m", "zeal_edge"]
+    forgot = subprocess.run(
+        [*edge, "forget", "temp/dev1", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert forgot.returncode == 0, forgot.stderr
+    assert agent_status(data_dir) == []
+    unknown = subprocess.run(
+        [*edge, "forget", "temp/dev1", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert unknown.returncode == 1
+    assert "no entry 'temp/dev1' here" in unknown.stderr
+
+    waiting = subprocess.Popen(
+        [*typo, "--wait"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    _started.append(waiting)
+    assert waiting.stderr is not None
+    while "waiting for stream parameters" not in waiting.stderr.readline():
+        assert waiting.poll() is None
+    time.sleep(UNSERVED_WAIT + 2)  # past the point where it would have ended without --wait
+    assert waiting.poll() is None
+    publish_retained(
+        broker.port,
+        "zeal/v1/temp/config",
+        json.dumps(config_document("temp", PARAMS, server="zs-1")).encode(),
+    )
+    _, err = waiting.communicate("50\n" * 3, timeout=60)
+    assert waiting.returncode == 0, err
