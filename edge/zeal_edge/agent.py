@@ -463,8 +463,10 @@ class Agent:
                 sum(b.readings for b in left),
                 self.outbox.path,
             )
-        else:
+        elif any(st.namespace == self.namespace and st.sent_batches for st in self.outbox.status()):
             log.info("stopping: every batch was confirmed by the broker")
+        else:
+            log.info("stopping: nothing was sent")
         self.claim.release(self.now_ms())
         self.connection.stop()
         self.outbox.close()

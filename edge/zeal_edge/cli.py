@@ -292,11 +292,13 @@ def _status(args: argparse.Namespace) -> int:
         )
         print(
             f"  confirmed         {r['sent_batches']} batches, {r['sent_readings']} readings "
-            "(by the broker; the server reports rejects below)"
+            "(by the broker)"
         )
         if r["server_rejects"]:
             counts = ", ".join(f"{k} {v}" for k, v in r["server_rejects"].items())
             print(f"  server rejected   {counts}")
+        elif r["sent_batches"]:
+            print("  server rejected   none reported")
         if r["clipped_below_range"] or r["clipped_above_range"]:
             print(
                 f"  clipped           {r['clipped_below_range']} reading(s) below the stream's "

@@ -77,6 +77,14 @@ def _parse_time(text: str) -> float | None:
     return None
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 class CsvSource:
     """Replays one column of a CSV file (with a header row).
 
@@ -104,7 +112,15 @@ class CsvSource:
         with path.open(newline="") as handle:
             header = next(csv.reader(handle), [])
         if column not in header:
-            raise ValueError(f"{path} has no column {column!r} (columns: {', '.join(header)})")
+            headless = header and all(_is_number(cell) for cell in header)
+            raise ValueError(
+                f"{path} has no column {column!r} (its first row: {', '.join(header)})"
+                + (
+                    "; it has no header row: add one (e.g. 'temp') and name it with --column"
+                    if headless
+                    else "; name the column to read with --column"
+                )
+            )
         if time_column is not None and time_column not in header:
             self.time_column = None
 

@@ -574,6 +574,7 @@ def test_a_stream_no_server_serves_is_said_and_its_entry_can_be_forgotten(
     assert ended.returncode == 2, ended.stderr
     assert "no server at" in ended.stderr, ended.stderr
     assert "serves stream 'temp'; the streams served there: temps" in ended.stderr
+    assert "stopping: nothing was sent" in ended.stderr  # not "every batch was confirmed"
     assert [s["stream"] for s in agent_status(data_dir)] == ["temp"]
     edge = [sys.executable, "-m", "zeal_edge"]
     forgot = subprocess.run(
