@@ -3,6 +3,7 @@ must not answer as if it had not been given."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +108,16 @@ def test_series_points_lie_on_the_clock(client: TestClient) -> None:
         ("2025-12-31T23:30:00Z", 10),
         ("2026-01-01T00:30:00Z", 10),
     ]
+
+
+def test_a_device_reads_the_same_in_every_answer(client: TestClient) -> None:
+    """The tags PUT answers with the device as /devices lists it. Before: its epsilon_today
+    was 0.0 there while /devices said 100.0."""
+    create(client)
+    now_ms = int(time.time() * 1000) // 86_400_000 * 86_400_000  # today, UTC
+    feed(client, "dev0", 0, np.full(10, 50.0), now_ms)
+    tagged = client.put("/api/v1/streams/temps/devices/dev0/tags", json={"tags": {"site": "a"}})
+    assert tagged.status_code == 200, tagged.text
+    (listed,) = client.get("/api/v1/streams/temps/devices").json()["devices"]
+    assert tagged.json() == listed
+    assert listed["epsilon_today"] == 10.0

@@ -108,6 +108,13 @@ def devices(
     )
 
 
+def _one_out(db: Db, stream: Stream, row: Device) -> DeviceOut:
+    """One device as the devices list shows it (today's epsilon and flags included)."""
+    today = store.readings_on_day(db, [row.id], day_of(store.now_ms()))
+    flags = _flags(db, stream, [row], today)
+    return device_out(row, stream.epsilon, today.get(row.id, 0), flags[row.id])
+
+
 def _flags(
     db: Db, stream: Stream, rows: list[Device], today: dict[int, int]
 ) -> dict[int, list[str]]:
@@ -161,7 +168,7 @@ def enroll(name: str, device: str, request: Request, response: Response, db: Db)
         raise invalid("path", "device", str(exc)) from exc
     db.commit()
     response.status_code = 201 if created else 200
-    return device_out(row, stream.epsilon)
+    return _one_out(db, stream, row)
 
 
 @router.put(
@@ -185,4 +192,4 @@ def set_tags(name: str, device: str, body: TagsIn, db: Db) -> DeviceOut:
         )
     store.set_tags(db, row, body.tags)
     db.commit()
-    return device_out(row, stream.epsilon)
+    return _one_out(db, stream, row)
