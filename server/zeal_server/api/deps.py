@@ -44,6 +44,7 @@ __all__ = [
     "bounds_out",
     "confirmed",
     "devices_in",
+    "echoed",
     "estimate_out",
     "invalid",
     "known_query",
@@ -145,6 +146,16 @@ def invalid(where: str, field: str | None, message: str) -> HTTPException:
     """A 422 in FastAPI's validation format, so every 422 has one documented shape."""
     loc = [where] if field is None else [where, field]
     return HTTPException(422, [{"loc": loc, "msg": message, "type": "value_error"}])
+
+
+def echoed(asked: datetime | None, bound: datetime | None) -> datetime | None:
+    """A window's end as answered: the bucket it falls on, or, for a date beyond the dates
+    readings can have (cut to [epoch, 2**47 ms]), the date asked, not the cut."""
+    if asked is None or query_ms(asked) not in (0, MAX_QUERY_MS):
+        return bound
+    if asked.tzinfo is None:
+        asked = asked.replace(tzinfo=UTC)
+    return asked
 
 
 def known_query(request: Request) -> None:

@@ -121,3 +121,15 @@ def test_a_device_reads_the_same_in_every_answer(client: TestClient) -> None:
     (listed,) = client.get("/api/v1/streams/temps/devices").json()["devices"]
     assert tagged.json() == listed
     assert listed["epsilon_today"] == 10.0
+
+
+def test_a_window_beyond_the_calendar_of_readings_is_echoed_as_asked(client: TestClient) -> None:
+    """Before: start=9999-12-31 was answered as start 6429-10-17 (where the window is cut)."""
+    create(client)
+    far = client.get("/api/v1/streams/temps/average", params={"start": "9999-12-31"}).json()
+    assert far["start"] == "9999-12-31T00:00:00Z"
+    assert far["n"] == 0
+    near = client.get(
+        "/api/v1/streams/temps/average", params={"start": "2026-01-01T00:00:30Z"}
+    ).json()
+    assert near["start"] == "2026-01-01T00:00:00Z"  # its bucket, as before

@@ -40,6 +40,7 @@ from zeal_server.api.deps import (
     as_datetime,
     bounds_out,
     devices_in,
+    echoed,
     estimate_out,
     invalid,
     stream_or_404,
@@ -236,6 +237,7 @@ def average(
     sums = store.window_sums(db, stream, first, stop, devices)
     found = store.estimate(params, sums, confidence)
     lo, hi = bounds_out(stream, first, stop)
+    lo, hi = echoed(start, lo), echoed(end, hi)
     bayes = None
     if read is not None:
         codes = None
