@@ -160,8 +160,10 @@ class ServerSettings:
             ("ZEAL_OPERATOR_TOKEN", operator),
             ("ZEAL_READ_TOKEN", env.get("ZEAL_READ_TOKEN")),
         ):
-            if token is not None and len(token) < 16:
-                raise SettingsError(f"{name} must be at least 16 characters")
+            if token is not None and len(token) < MIN_SECRET:
+                raise SettingsError(f"{name} must be at least {MIN_SECRET} characters")
+        if mode == "production":
+            _no_placeholder_secrets(env)
         limits = {
             name: _seconds(env, name, default)
             for name, default in (
@@ -206,6 +208,37 @@ class ServerSettings:
 
 def _seconds(env: Mapping[str, str], name: str, default: int) -> int:
     return _whole(env, name, default, (0, 100 * 365 * 86_400), "seconds (at most 100 years)")
+
+
+#: The least length of a token or password a production server accepts.
+MIN_SECRET = 16
+#: What every secret of deploy/env.example starts with until the operator makes it.
+PLACEHOLDER = "change-me"
+#: The secrets a production server refuses as placeholders or too short (when set).
+SECRETS = (
+    "ZEAL_OPERATOR_TOKEN",
+    "ZEAL_READ_TOKEN",
+    "ZEAL_MQTT_PASSWORD",
+    "ZEAL_MQTT_ADMIN_PASSWORD",
+)
+
+
+def _no_placeholder_secrets(env: Mapping[str, str]) -> None:
+    """Production mode: no secret is still deploy/env.example's placeholder, or shorter
+    than MIN_SECRET; the database URL's password included."""
+    given = {name: env.get(name) or "" for name in SECRETS}
+    url = env.get("ZEAL_DATABASE_URL") or ""
+    given["ZEAL_DATABASE_URL's password"] = urlsplit(url).password or "" if "://" in url else ""
+    for name, secret in given.items():
+        if not secret:
+            continue
+        if PLACEHOLDER in secret:
+            raise SettingsError(
+                f"{name} is still the placeholder of deploy/env.example: make every secret "
+                "(deploy/README.md, step 1)"
+            )
+        if len(secret) < MIN_SECRET:
+            raise SettingsError(f"{name} must be at least {MIN_SECRET} characters")
 
 
 def _whole(

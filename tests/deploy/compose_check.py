@@ -97,17 +97,28 @@ def problems(root: Path) -> list[str]:
     return found
 
 
+def first_step(root: Path) -> str:
+    """The lines of deploy/README.md's setup that make deploy/.env (up to `set -a`)."""
+    block = (root / "deploy" / "README.md").read_text().split("```sh\n", 1)[1]
+    return block.split("set -a", 1)[0]
+
+
 def staged(root: Path, directory: Path) -> Path:
     """docker-compose.yml and deploy/ copied to `directory` with the operator's first steps
-    done: deploy/.env copied from deploy/env.example, an empty password file."""
+    done: deploy/.env made by deploy/README.md's own first lines (copied from
+    deploy/env.example, every secret made), an empty password file."""
     directory.mkdir(parents=True, exist_ok=True)
     shutil.copy(root / "docker-compose.yml", directory / "docker-compose.yml")
     shutil.copytree(root / "deploy", directory / "deploy", dirs_exist_ok=True)
-    shutil.copy(directory / "deploy" / "env.example", directory / "deploy" / ".env")
+    subprocess.run(["bash", "-euc", first_step(root)], cwd=directory, check=True)
     (directory / "deploy" / "mosquitto" / "passwd").touch()
-    shutil.copy(
-        directory / "deploy" / "nats" / "users.conf.example",
-        directory / "deploy" / "nats" / "users.conf",
+    nats = directory / "deploy" / "nats"
+    password = re.search(
+        r"^ZEAL_MQTT_PASSWORD=(.*)$", (directory / "deploy" / ".env").read_text(), re.M
+    )
+    assert password is not None
+    (nats / "users.conf").write_text(  # deploy/SCALING.md's users.conf
+        (nats / "users.conf.example").read_text().replace("change-me-collector", password[1])
     )
     return directory
 

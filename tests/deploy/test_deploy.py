@@ -4,6 +4,7 @@ access control checked against a real mosquitto."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import subprocess
 import threading
@@ -107,6 +108,23 @@ def test_compose_gives_every_service_its_settings(tmp_path: Path) -> None:
     assert _compose_problems(staged(ROOT, tmp_path)) == []
 
 
+def test_the_first_step_leaves_no_placeholder_and_publishes_the_open_listener(
+    tmp_path: Path,
+) -> None:
+    """After deploy/README.md's first step, `docker-compose config` shows no `change-me`
+    secret anywhere, Grafana gets its admin password from deploy/.env, and the broker's
+    published ports are the listeners its config opens. Before: four placeholders left,
+    Grafana at admin/admin, 8883 published while only 1883 was open."""
+    resolved, _ = compose_config(staged(ROOT, tmp_path), "demo", "monitoring")
+    assert "change-me" not in json.dumps(resolved)
+    grafana = _environment(resolved["services"]["grafana"])
+    assert len(grafana.get("GF_SECURITY_ADMIN_PASSWORD", "")) >= 16
+    conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
+    opened = {int(port) for port in re.findall(r"^listener (\d+)", conf, re.M)}
+    published = {int(p["target"]) for p in resolved["services"]["mosquitto"]["ports"]}
+    assert published == opened == {1883}
+
+
 def test_compose_check_catches_interpolation_from_the_env_file(tmp_path: Path) -> None:
     """The old mistake (environment: X: ${X} beside env_file:) makes the check fail: Compose
     fills ${X} from the shell, not from env_file, and the empty value wins."""
@@ -164,12 +182,11 @@ def test_the_cluster_profile_gives_its_collectors_what_they_need(tmp_path: Path)
     assert settings.broker is not None
     assert settings.broker.protocol == "3.1.1"
     assert settings.collector_id is None
-    assert (settings.broker.username, settings.broker.password) == (
-        "zeal-collector",
-        "change-me-collector",
-    )
+    assert settings.broker.username == "zeal-collector"
     users = (ROOT / "deploy" / "nats" / "users.conf.example").read_text()
     assert "user: zeal-collector\n      password: change-me-collector" in users
+    made = (tmp_path / "deploy" / "nats" / "users.conf").read_text()
+    assert f"user: zeal-collector\n      password: {settings.broker.password}" in made
 
 
 class _Client:
