@@ -21,9 +21,11 @@ Errors (a bad setting, an unreachable database) are one line on stderr and exit 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -229,11 +231,24 @@ def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
     from zeal_server.api.guard import guarded
     from zeal_server.app import create_app
 
+    # The port first: a busy one is one line and exit 2, before a collector id is claimed
+    # on the broker (its persistent session would outlive this process).
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((args.host, args.port))
+    except OSError as exc:
+        listening.close()
+        return _fail(
+            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc} (another server "
+            "on that port? choose one with --port)"
+        )
     app = create_app(settings, collector=not args.no_collector)
     # Idle keep-alive connections close after 5 s. No limit_concurrency: it answers 503 to
     # every route, /livez too, once that many sockets are open; zeal_server.api.guard limits
     # connections per address and in all, and the time to send a request, instead.
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
@@ -241,7 +256,10 @@ def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
         timeout_keep_alive=5,
         http=guarded(settings.http_per_peer),
     )
-    return 0
+    server = uvicorn.Server(config)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn has shut down cleanly
+        server.run(sockets=[listening])
+    return 0 if server.started else 3  # 3: uvicorn's start-up failure, said in its log
 
 
 def _devices(settings: ServerSettings, args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -134,3 +135,31 @@ def test_deleting_a_stream_asks_for_confirmation(tmp_path: Path) -> None:
         2,
         "zeal-server: error: no stream named 't'",
     )
+
+
+def test_a_busy_port_is_one_line_and_claims_nothing(tmp_path: Path) -> None:
+    """A second serve on a port in use: one line naming it, exit 2, and no collector id
+    claimed on the broker (ZEAL_MQTT_URL points at an address where nothing listens: the
+    serve never gets as far as trying). Before: uvicorn's multi-line error and exit 3,
+    after the collector had claimed an id whose persistent session lingered on the broker."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = zeal_server(
+            "serve",
+            "--port",
+            str(port),
+            env={
+                "ZEAL_DATABASE_URL": f"sqlite:///{tmp_path / 'z.sqlite'}",
+                "ZEAL_MQTT_URL": f"mqtt://127.0.0.1:{free_port()}",
+            },
+        )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1] == (
+        f"zeal-server: error: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(another server on that port? choose one with --port)"
+    ), result.stderr
+    assert lines[:-1] == [line for line in lines if "schema upgraded" in line]  # a new database
+    assert "collector" not in result.stderr.lower()
