@@ -73,3 +73,43 @@ def test_the_c_device_publishes_and_the_served_average_is_its_codes_estimate(
         f"served {served['estimate']['mean']!r} == estimate over its logged codes "
         f"{expected.mean!r} (true mean {float(np.mean(seattle[:READINGS])):.3f})"
     )
+
+
+def device_command(profile: bytes, device: str, csv: Path, broker: Mosquitto) -> list[str]:
+    command = [str(FIRMWARE / "build" / "zeal-device"), "--profile", profile.hex()]
+    command += ["--stream", "temps", "--device", device, "--csv", str(csv)]
+    return [*command, "--port", str(broker.port), "--batch", "10"]
+
+
+def test_the_c_device_says_a_refusal_and_keeps_its_sequence_across_runs(
+    client: TestClient, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """A profile made for c-device, run as c-device-2: the server refuses its batches
+    (fingerprint_mismatch) and the device exits 3 with that reason. Two runs with a
+    sequence file beside the profile: the second continues the numbering, so the server
+    counts no sequence reset. Before: 'acknowledged' and exit 0 on the refusal, and every
+    run began at sequence 0."""
+    subprocess.run(["make", "-s", "-C", str(FIRMWARE), "device"], check=True)
+    body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "max_epsilon_per_day": 1e6}
+    assert client.post("/api/v1/streams", json=body).status_code == 201
+    config = read_config(json.dumps(client.get("/api/v1/streams/temps/config").json()))
+    profile = profile_bytes(config.params, stream="temps", device="c-device", unit=0.1)
+    now = int(time.time()) * 1000
+    csv = tmp_path / "readings.csv"
+    csv.write_text("".join(f"{now - 1000 * (20 - i)},{50 + i / 10}\n" for i in range(20)))
+
+    wrong = [*device_command(profile, "c-device-2", csv, broker), "--linger", "120"]
+    refused = subprocess.run(wrong, capture_output=True, text=True, timeout=180, check=False)
+    assert refused.returncode == 3, refused.stderr[-2000:]
+    assert "the server refused a batch: fingerprint_mismatch" in refused.stderr
+
+    sequence = tmp_path / "profile.seq"
+    right = [*device_command(profile, "c-device", csv, broker), "--sequence-file", str(sequence)]
+    for run in (1, 2):
+        done = subprocess.run(right, capture_output=True, text=True, timeout=180, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert sequence.read_text() == f"{2 * run}\n"
+        wait_until(lambda run=run: stats(client)["readings"] == 20 * run, what="the readings")
+    assert "batch 2: 10 readings" in done.stdout  # the second run went on from 2
+    assert stats(client)["sequence_resets"] == 0
+    assert stats(client)["duplicates"] == 0

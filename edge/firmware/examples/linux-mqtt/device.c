@@ -7,11 +7,15 @@
  *
  *   zeal-device --profile HEX --stream NAME --device NAME --csv FILE
  *               [--host 127.0.0.1] [--port 1883] [--username U --password P]
- *               [--batch 10] [--log FILE]
+ *               [--batch 10] [--log FILE] [--sequence-file FILE] [--linger 5]
  *
  * The log gets one `timestamp_ms code` line per reading sent: only codes, never a value.
- * Randomness: getrandom(2). Exit status: 0 when every batch was acknowledged, 1 on an
- * error, 2 on bad usage.
+ * The sequence file keeps the next batch number across runs (written after each PUBACK);
+ * without it every run starts at sequence 0. The device listens on its notice topic: a
+ * batch the server refuses ends the run with the server's reason, and after the last
+ * batch it waits up to --linger seconds for such a notice.
+ * Randomness: getrandom(2). Exit status: 0 when every batch was acknowledged and none
+ * refused, 1 on an error, 2 on bad usage, 3 when the server refused a batch.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,14 +32,81 @@
 #define MAX_BATCH 1000
 
 struct options {
-    const char *profile, *stream, *device, *csv, *host, *username, *password, *log;
-    int port, batch;
+    const char *profile, *stream, *device, *csv, *host, *username, *password, *log, *sequence_file;
+    int port, batch, linger;
 };
 
 struct link {
     struct mosquitto *client;
     int acked, connected, mid;
+    const char *notice_topic;
+    char refused[512]; /* the server's reason and message, once a batch was refused */
 };
+
+/* The string value of "key" in a flat JSON object (no escapes needed for reasons). */
+static void json_string(const char *json, const char *key, char *out, size_t size) {
+    char pattern[64];
+    const char *at, *end;
+    out[0] = '\0';
+    snprintf(pattern, sizeof pattern, "\"%s\": \"", key);
+    at = strstr(json, pattern);
+    if (at == NULL) {
+        return;
+    }
+    at += strlen(pattern);
+    end = strchr(at, '"');
+    if (end != NULL && (size_t)(end - at) < size) {
+        memcpy(out, at, (size_t)(end - at));
+        out[end - at] = '\0';
+    }
+}
+
+static void on_message(struct mosquitto *client, void *context,
+                       const struct mosquitto_message *message) {
+    struct link *link = context;
+    char json[2048], reason[64], text[400];
+    (void)client;
+    if (strcmp(message->topic, link->notice_topic) != 0 || message->payloadlen <= 0 ||
+        (size_t)message->payloadlen >= sizeof json) {
+        return;
+    }
+    memcpy(json, message->payload, (size_t)message->payloadlen);
+    json[message->payloadlen] = '\0';
+    json_string(json, "reason", reason, sizeof reason);
+    json_string(json, "message", text, sizeof text);
+    if (strcmp(reason, "sequence_reset") == 0) { /* stored: the server says so, no refusal */
+        fprintf(stderr, "zeal-device: server notice: %s\n", text);
+    } else if (reason[0] != '\0' && link->refused[0] == '\0') {
+        snprintf(link->refused, sizeof link->refused, "%s: %s", reason, text);
+    }
+}
+
+static unsigned long long read_sequence(const char *path) {
+    unsigned long long next = 0;
+    FILE *file = path == NULL ? NULL : fopen(path, "r");
+    if (file != NULL) {
+        if (fscanf(file, "%llu", &next) != 1) {
+            next = 0;
+        }
+        fclose(file);
+    }
+    return next;
+}
+
+/* Write the next sequence number: to a temporary file renamed over the old one. */
+static int write_sequence(const char *path, unsigned long long next) {
+    char temporary[1024];
+    FILE *file;
+    if (path == NULL) {
+        return 1;
+    }
+    snprintf(temporary, sizeof temporary, "%s.tmp", path);
+    file = fopen(temporary, "w");
+    if (file == NULL || fprintf(file, "%llu\n", next) < 0 || fclose(file) != 0) {
+        return 0;
+    }
+    return rename(temporary, path) == 0;
+}
 
 static int os_random(void *context, uint64_t *words, size_t n) {
     size_t got = 0;
@@ -55,8 +126,10 @@ static int os_random(void *context, uint64_t *words, size_t n) {
 
 static void on_connect(struct mosquitto *client, void *context, int code) {
     struct link *link = context;
-    (void)client;
     link->connected = code == 0;
+    if (code == 0) {
+        mosquitto_subscribe(client, NULL, link->notice_topic, 1);
+    }
     if (code != 0) {
         fprintf(stderr, "zeal-device: the broker refused the connection: %s\n",
                 mosquitto_connack_string(code));
@@ -84,6 +157,7 @@ static int parse(int argc, char **argv, struct options *o) {
     o->host = "127.0.0.1";
     o->port = 1883;
     o->batch = 10;
+    o->linger = 5;
     for (i = 1; i + 1 < argc; i += 2) {
         const char *key = argv[i], *value = argv[i + 1];
         if (strcmp(key, "--profile") == 0) {
@@ -106,12 +180,16 @@ static int parse(int argc, char **argv, struct options *o) {
             o->batch = atoi(value);
         } else if (strcmp(key, "--log") == 0) {
             o->log = value;
+        } else if (strcmp(key, "--sequence-file") == 0) {
+            o->sequence_file = value;
+        } else if (strcmp(key, "--linger") == 0) {
+            o->linger = atoi(value);
         } else {
             return 0;
         }
     }
     return i == argc && o->profile && o->stream && o->device && o->csv && o->batch >= 1 &&
-           o->batch <= MAX_BATCH && o->port > 0;
+           o->batch <= MAX_BATCH && o->port > 0 && o->linger >= 0;
 }
 
 static int load_profile(const char *hex, zeal_profile *profile, double *unit) {
@@ -173,18 +251,18 @@ int main(int argc, char **argv) {
     static uint32_t codes[MAX_BATCH];
     static uint8_t payload[MAX_BATCH * 12 + 64];
     struct options o;
-    struct link link = {NULL, 0, 0, -1};
+    struct link link = {NULL, 0, 0, -1, NULL, ""};
     zeal_profile profile;
     double unit;
-    char topic[512], line[256];
+    char topic[512], notice[512], line[256];
     FILE *csv, *log = NULL;
-    uint64_t sequence = 0;
+    uint64_t sequence;
     size_t held = 0, length;
     int status, ok = 1, eof = 0;
     if (!parse(argc, argv, &o)) {
         fprintf(stderr, "usage: zeal-device --profile HEX --stream NAME --device NAME --csv FILE "
                         "[--host H] [--port P] [--username U --password P] [--batch N] "
-                        "[--log FILE]\n");
+                        "[--log FILE] [--sequence-file FILE] [--linger SECONDS]\n");
         return 2;
     }
     status = load_profile(o.profile, &profile, &unit);
@@ -193,6 +271,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     snprintf(topic, sizeof topic, "zeal/v1/%s/%s/up", o.stream, o.device);
+    snprintf(notice, sizeof notice, "zeal/v1/%s/%s/notice", o.stream, o.device);
+    link.notice_topic = notice;
+    sequence = read_sequence(o.sequence_file);
     csv = fopen(o.csv, "r");
     if (csv == NULL || (o.log != NULL && (log = fopen(o.log, "w")) == NULL)) {
         fprintf(stderr, "zeal-device: cannot open %s\n", csv == NULL ? o.csv : o.log);
@@ -203,6 +284,7 @@ int main(int argc, char **argv) {
     mosquitto_connect_callback_set(link.client, on_connect);
     mosquitto_disconnect_callback_set(link.client, on_disconnect);
     mosquitto_publish_callback_set(link.client, on_publish);
+    mosquitto_message_callback_set(link.client, on_message);
     if (o.username != NULL) {
         mosquitto_username_pw_set(link.client, o.username, o.password);
     }
@@ -210,7 +292,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "zeal-device: cannot reach the broker at %s:%d\n", o.host, o.port);
         return 1;
     }
-    while (ok && !eof) {
+    while (ok && !eof && link.refused[0] == '\0') {
         unsigned long long stamp;
         double value;
         eof = fgets(line, sizeof line, csv) == NULL;
@@ -250,6 +332,16 @@ int main(int argc, char **argv) {
                    (unsigned long long)sequence, held, length);
             sequence++;
             held = 0;
+            if (!write_sequence(o.sequence_file, sequence)) {
+                fprintf(stderr, "zeal-device: cannot write %s\n", o.sequence_file);
+                ok = 0;
+            }
+        }
+    }
+    if (ok) { /* a refusal of the last batches arrives after their PUBACK */
+        time_t deadline = time(NULL) + o.linger;
+        while (link.refused[0] == '\0' && time(NULL) < deadline &&
+               mosquitto_loop(link.client, 100, 1) == MOSQ_ERR_SUCCESS) {
         }
     }
     mosquitto_disconnect(link.client);
@@ -258,6 +350,10 @@ int main(int argc, char **argv) {
     fclose(csv);
     if (log != NULL) {
         fclose(log);
+    }
+    if (link.refused[0] != '\0') {
+        fprintf(stderr, "zeal-device: the server refused a batch: %s\n", link.refused);
+        return 3;
     }
     return ok ? 0 : 1;
 }
