@@ -15,6 +15,11 @@ zeal-server devices revoke NAME              remove it: the device is disconnect
 zeal-server devices list                     devices with a login made here
 zeal-server devices harden                   deny-by-default rules on logins made before them
 
+Asking the running server over HTTP (--server URL or ZEAL_SERVER_URL, the read token):
+zeal-server streams show NAME | streams devices NAME
+zeal-server average STREAM [--start T] [--end T] [--group K:V] [--device D]
+zeal-server series STREAM [--interval S] ...  |  zeal-server tail STREAM
+
 Errors (a bad setting, an unreachable database) are one line on stderr and exit status 2.
 """
 
@@ -34,7 +39,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from zeal_server import devicecommands, store
+from zeal_server import devicecommands, remotecommands, store
 from zeal_server.errors import ProvisioningError
 from zeal_server.settings import ServerSettings, SettingsError, variables_help
 from zeal_server.store import retention
@@ -166,7 +171,42 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--end", type=datetime.fromisoformat, help="ISO 8601 time, exclusive")
     _command(commands, "migrate", "bring the database schema to the latest revision")
     devicecommands.add_parsers(commands, _command)
+    _remote_parsers(commands, sub)
     return parser
+
+
+def _remote_parsers(
+    commands: argparse._SubParsersAction,  # type: ignore[type-arg]
+    streams: argparse._SubParsersAction,  # type: ignore[type-arg]
+) -> None:
+    """The commands that ask the running server over HTTP (zeal_server.remotecommands)."""
+    over_http = " (asks the running server: --server or ZEAL_SERVER_URL, the read token)"
+    show = _command(streams, "show", "a stream's parameters" + over_http, variables=())
+    show.add_argument("name", help="the stream")
+    listed = _command(streams, "devices", "a stream's devices" + over_http, variables=())
+    listed.add_argument("name", help="the stream")
+    listed.add_argument("--limit", type=int, default=100, help="devices shown [100]")
+    for name, text in (
+        ("average", "the debiased average over a window, with its interval"),
+        ("series", "the average per interval, on the clock"),
+        ("tail", "the readings stored and the average, again every few seconds (Ctrl-C ends)"),
+    ):
+        p = _command(commands, name, text + over_http, variables=())
+        p.add_argument("stream", help="the stream")
+        if name == "tail":
+            p.add_argument("--every", type=float, default=5.0, help="seconds between lines [5]")
+            p.add_argument("--count", type=int, help="stop after this many lines [never]")
+            remotecommands.add_server_argument(p)
+            continue
+        p.add_argument("--start", help="window start, ISO 8601 (UTC if no zone)")
+        p.add_argument("--end", help="window end, exclusive")
+        p.add_argument("--group", help="devices with this tag, key:value")
+        p.add_argument("--device", help="one device")
+        if name == "series":
+            p.add_argument("--interval", type=int, help="seconds per point [the bucket]")
+        remotecommands.add_server_argument(p)
+    for p in (show, listed):
+        remotecommands.add_server_argument(p)
 
 
 def _days(text: str) -> int | None:
@@ -196,13 +236,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if (args.command, getattr(args, "action", None)) in remotecommands.COMMANDS:
+        return remotecommands.run(args)
     try:
         settings = ServerSettings.from_env(os.environ)
         _nats_names(settings, args)
     except SettingsError as exc:
         return _fail(str(exc))
-    if args.command == "devices":
-        return _devices(settings, args)
+    return _devices(settings, args) if args.command == "devices" else _local(settings, args)
+
+
+def _local(settings: ServerSettings, args: argparse.Namespace) -> int:
+    """The commands on the database itself (and serve)."""
     engine = make_engine(settings.database_url)
     try:
         migrate(engine)
@@ -348,6 +393,11 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
         f"{stream.max_epsilon_per_day:g} epsilon per device per day, fingerprint "
         f"{stream.fingerprint} (a running server retains its configuration on the broker "
         "within seconds)"
+    )
+    where = session.get_bind().engine.url.render_as_string(hide_password=True)
+    print(
+        f"in the database {where}: a server lists the stream only if it uses this database "
+        "(ZEAL_DATABASE_URL, or ZEAL_DATA_DIR and the directory it runs in)"
     )
     return 0
 

@@ -1,0 +1,170 @@
+"""``zeal-server`` commands that ask a running server over HTTP, as ``kubectl`` and ``influx``
+do: ``streams show``, ``streams devices``, ``average``, ``series`` and ``tail``.
+
+They read what the server serves, whichever database it uses: ``--server URL`` (or
+``ZEAL_SERVER_URL``, default http://127.0.0.1:8000) with the read token
+(``ZEAL_READ_TOKEN``, else ``ZEAL_OPERATOR_TOKEN``). They open no database and need no other
+setting. Errors are one line, exit status 2 (as the rest of ``zeal-server``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["COMMANDS", "RemoteError", "add_server_argument", "run"]
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+#: (command, action) pairs answered over HTTP; action None for a command without actions.
+COMMANDS = frozenset(
+    {
+        ("streams", "show"),
+        ("streams", "devices"),
+        ("average", None),
+        ("series", None),
+        ("tail", None),
+    }
+)
+
+
+class RemoteError(Exception):
+    """The server could not be asked, or refused; the message says which and why."""
+
+
+def add_server_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server",
+        default=None,
+        help=f"the running server's URL [env ZEAL_SERVER_URL; default {DEFAULT_SERVER}]",
+    )
+
+
+def _get(args: argparse.Namespace, env: Mapping[str, str], path: str, **query: Any) -> Any:
+    base = (args.server or env.get("ZEAL_SERVER_URL") or DEFAULT_SERVER).rstrip("/")
+    given = {k: v for k, v in query.items() if v is not None}
+    url = f"{base}/api/v1{path}" + (f"?{urllib.parse.urlencode(given)}" if given else "")
+    request = urllib.request.Request(url)
+    token = env.get("ZEAL_READ_TOKEN") or env.get("ZEAL_OPERATOR_TOKEN")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.load(exc).get("detail")
+        except (ValueError, AttributeError):
+            detail = exc.reason
+        if isinstance(detail, list):
+            detail = "; ".join(str(d.get("msg", d)) for d in detail)
+        raise RemoteError(f"{base} answered {exc.code}: {detail}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise RemoteError(
+            f"cannot reach the server at {base}: {reason} (is it running? --server or "
+            "ZEAL_SERVER_URL names it)"
+        ) from None
+
+
+def _stream(name: str) -> str:
+    return f"/streams/{urllib.parse.quote(name, safe='')}"
+
+
+def _estimate(out: Mapping[str, Any]) -> str:
+    estimate = out.get("estimate")
+    if not estimate:
+        return "no readings"
+    low, high = estimate["ci"]
+    return (
+        f"{estimate['mean']:.4g} ± {estimate['std_error']:.2g} "
+        f"({out['confidence']:.0%} CI [{low:.4g}, {high:.4g}])"
+    )
+
+
+def _show(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    s = _get(args, env, _stream(args.name))
+    unit = f" {s['unit']}" if s["unit"] else ""
+    print(f"{s['name']}: readings in [{s['lower']:g}, {s['upper']:g}]{unit}")
+    print(
+        f"  privacy        epsilon {s['epsilon']:g} per reading, policy "
+        f"{s['max_epsilon_per_day']:g} per device per UTC day"
+    )
+    print(
+        f"  bits           {s['payload_bits']} per reading on the wire, buckets of "
+        f"{s['bucket_seconds']} s"
+    )
+    keep = "everything" if s["retention_days"] is None else f"{s['retention_days']} days"
+    print(
+        f"  retention      {keep}; enrolled devices only: {'yes' if s['enrolled_only'] else 'no'}"
+    )
+    print(f"  fingerprint    {s['fingerprint']} (created {s['created']})")
+
+
+def _devices(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    out = _get(args, env, f"{_stream(args.name)}/devices", limit=args.limit)
+    for d in out["devices"]:
+        tags = ",".join(f"{k}:{v}" for k, v in sorted(d["tags"].items()))
+        flags = f"  [{', '.join(d['flags'])}]" if d["flags"] else ""
+        print(
+            f"{d['name']:<24} {d['readings']:>10,} readings  epsilon today "
+            f"{d['epsilon_today']:g}  last seen {d['last_seen']}  {tags}{flags}"
+        )
+    print(f"{len(out['devices'])} of {out['total']} devices")
+
+
+def _window(args: argparse.Namespace) -> dict[str, Any]:
+    return {"start": args.start, "end": args.end, "group": args.group, "device": args.device}
+
+
+def _average(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    out = _get(args, env, f"{_stream(args.stream)}/average", **_window(args))
+    print(f"{args.stream}: {_estimate(out)} over {out['n']:,} readings")
+
+
+def _series(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    out = _get(args, env, f"{_stream(args.stream)}/series", interval=args.interval, **_window(args))
+    for point in out["points"]:
+        print(f"{point['start']}  {point['n']:>8,}  {_estimate({**out, **point})}")
+
+
+def _tail(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    shown = 0
+    while args.count is None or shown < args.count:
+        if shown:
+            time.sleep(args.every)
+        stats = _get(args, env, f"{_stream(args.stream)}/stats", efficiency="false")
+        average = _get(args, env, f"{_stream(args.stream)}/average")
+        print(
+            f"{time.strftime('%H:%M:%S')}  readings {stats['readings']:,}  devices "
+            f"{stats['devices']}  average {_estimate(average)}",
+            flush=True,
+        )
+        shown += 1
+
+
+def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    action = getattr(args, "action", None)
+    handler = {
+        ("streams", "show"): _show,
+        ("streams", "devices"): _devices,
+        ("average", None): _average,
+        ("series", None): _series,
+        ("tail", None): _tail,
+    }[(args.command, action if args.command == "streams" else None)]
+    try:
+        handler(args, env)
+    except RemoteError as exc:
+        print(f"zeal-server: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0

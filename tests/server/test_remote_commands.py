@@ -1,0 +1,76 @@
+"""`zeal-server` commands that ask the running server over HTTP: what they print is what the
+server serves, whatever database the directory they run in would have opened."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.server.helpers import publish_all
+from tools.testbed.broker import Mosquitto
+from tools.testbed.server import Server, batches, create, stats, wait_until
+
+pytestmark = pytest.mark.integration  # a real server on a real broker
+
+
+def zeal_server(server: Server, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**server.env, "ZEAL_SERVER_URL": f"http://127.0.0.1:{server.port}"}
+    env.pop("ZEAL_DATABASE_URL", None)  # they open no database
+    return subprocess.run(
+        [sys.executable, "-m", "zeal_server", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_show_average_series_devices_and_tail_ask_the_running_server(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """Run from another directory (which would hold a database of its own): every command
+    reads the server's stream, and no database is made there. Before: `streams create`
+    run elsewhere wrote a new zeal-data/zeal.sqlite the server never listed, and there was
+    no show, average, series, devices or tail."""
+    server = Server(f"sqlite:///{tmp_path / 'zeal.sqlite'}", broker, tmp_path / "s.log").start()
+    try:
+        params = create(server)
+        publish_all(
+            broker.port, [("zeal/v1/temps/dev1/up", b) for b in batches(params, "temps", "dev1", 3)]
+        )
+        wait_until(lambda: stats(server)["readings"] == 30, 60, "the readings")
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        shown = zeal_server(server, elsewhere, "streams", "show", "temps")
+        assert shown.returncode == 0, shown.stderr
+        assert "temps: readings in [0, 110]" in shown.stdout
+        average = zeal_server(server, elsewhere, "average", "temps")
+        assert average.returncode == 0, average.stderr
+        served = server.http.get("/api/v1/streams/temps/average").json()["estimate"]["mean"]
+        assert f"temps: {served:.4g} ± " in average.stdout
+        assert "over 30 readings" in average.stdout
+        series = zeal_server(server, elsewhere, "series", "temps", "--interval", "60")
+        assert series.returncode == 0, series.stderr
+        assert sum(int(line.split()[1]) for line in series.stdout.splitlines()) == 30
+        devices = zeal_server(server, elsewhere, "streams", "devices", "temps")
+        assert devices.stdout.startswith("dev1 "), devices.stdout
+        assert "1 of 1 devices" in devices.stdout
+        tail = zeal_server(server, elsewhere, "tail", "temps", "--count", "2", "--every", "0.1")
+        assert tail.returncode == 0, tail.stderr
+        assert [line.split()[2] for line in tail.stdout.splitlines()] == ["30", "30"]
+        missing = zeal_server(server, elsewhere, "average", "nope")
+        assert missing.returncode == 2
+        assert "answered 404: no stream named 'nope'" in missing.stderr
+        assert list(elsewhere.iterdir()) == []  # no database made here
+    finally:
+        server.stop()
+    gone = zeal_server(server, tmp_path, "average", "temps")
+    assert gone.returncode == 2
+    assert f"cannot reach the server at http://127.0.0.1:{server.port}" in gone.stderr
+    assert np.isfinite(served)
