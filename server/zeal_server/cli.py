@@ -19,6 +19,7 @@ Asking the running server over HTTP (--server URL or ZEAL_SERVER_URL, the read t
 zeal-server streams show NAME | streams devices NAME
 zeal-server average STREAM [--start T] [--end T] [--group K:V] [--device D]
 zeal-server series STREAM [--interval S] ...  |  zeal-server tail STREAM
+zeal-server enroll STREAM DEVICE  |  zeal-server policy set STREAM EPSILON_PER_DAY
 
 Errors (a bad setting, an unreachable database) are one line on stderr and exit status 2.
 """
@@ -205,7 +206,22 @@ def _remote_parsers(
         if name == "series":
             p.add_argument("--interval", type=int, help="seconds per point [the bucket]")
         remotecommands.add_server_argument(p)
-    for p in (show, listed):
+    enroll = _command(
+        commands, "enroll", "let a device send to an enrolled-only stream" + over_http, ()
+    )
+    enroll.add_argument("stream", help="the stream")
+    enroll.add_argument("device", help="the device")
+    policy = _command(commands, "policy", "a stream's privacy policy" + over_http, ())
+    setting = _command(
+        policy.add_subparsers(dest="action", required=True, metavar="ACTION"),
+        "set",
+        "set the epsilon one device may spend per UTC day (a new fingerprint: agents take the "
+        "new configuration by themselves)" + over_http,
+        (),
+    )
+    setting.add_argument("stream", help="the stream")
+    setting.add_argument("epsilon", type=float, help="epsilon per device per UTC day")
+    for p in (show, listed, enroll, setting):
         remotecommands.add_server_argument(p)
 
 

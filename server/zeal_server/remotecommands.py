@@ -1,10 +1,11 @@
 """``zeal-server`` commands that ask a running server over HTTP, as ``kubectl`` and ``influx``
-do: ``streams show``, ``streams devices``, ``average``, ``series`` and ``tail``.
+do: ``streams show``, ``streams devices``, ``average``, ``series`` and ``tail`` read it,
+``enroll`` and ``policy set`` change it.
 
-They read what the server serves, whichever database it uses: ``--server URL`` (or
-``ZEAL_SERVER_URL``, default http://127.0.0.1:8000) with the read token
-(``ZEAL_READ_TOKEN``, else ``ZEAL_OPERATOR_TOKEN``). They open no database and need no other
-setting. Errors are one line, exit status 2 (as the rest of ``zeal-server``).
+They ask whichever database the server uses: ``--server URL`` (or ``ZEAL_SERVER_URL``,
+default http://127.0.0.1:8000) with the read token (``ZEAL_READ_TOKEN``, else
+``ZEAL_OPERATOR_TOKEN``; writes send ``ZEAL_OPERATOR_TOKEN``). They open no database and
+need no other setting. Errors are one line, exit status 2 (as the rest of ``zeal-server``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ COMMANDS = frozenset(
         ("average", None),
         ("series", None),
         ("tail", None),
+        ("enroll", None),
+        ("policy", "set"),
     }
 )
 
@@ -48,11 +51,26 @@ def add_server_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _get(args: argparse.Namespace, env: Mapping[str, str], path: str, **query: Any) -> Any:
+    return _ask(args, env, "GET", path, None, **query)
+
+
+def _ask(
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    **query: Any,
+) -> Any:
     base = (args.server or env.get("ZEAL_SERVER_URL") or DEFAULT_SERVER).rstrip("/")
     given = {k: v for k, v in query.items() if v is not None}
     url = f"{base}/api/v1{path}" + (f"?{urllib.parse.urlencode(given)}" if given else "")
-    request = urllib.request.Request(url)
-    token = env.get("ZEAL_READ_TOKEN") or env.get("ZEAL_OPERATOR_TOKEN")
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    reads = env.get("ZEAL_READ_TOKEN") or env.get("ZEAL_OPERATOR_TOKEN")
+    token = reads if method == "GET" else env.get("ZEAL_OPERATOR_TOKEN")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
@@ -150,6 +168,21 @@ def _tail(args: argparse.Namespace, env: Mapping[str, str]) -> None:
         shown += 1
 
 
+def _enroll(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    path = f"{_stream(args.stream)}/devices/{urllib.parse.quote(args.device, safe='')}"
+    _ask(args, env, "PUT", path, None)
+    print(f"{args.device} is enrolled on stream {args.stream}")
+
+
+def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    out = _ask(args, env, "PATCH", _stream(args.stream), {"max_epsilon_per_day": args.epsilon})
+    print(
+        f"stream {args.stream}: at most {out['max_epsilon_per_day']:g} epsilon per device per "
+        f"UTC day ({out['readings_per_day']} readings), fingerprint {out['fingerprint']}: "
+        "agents take the new configuration by themselves"
+    )
+
+
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     action = getattr(args, "action", None)
@@ -159,7 +192,9 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
         ("average", None): _average,
         ("series", None): _series,
         ("tail", None): _tail,
-    }[(args.command, action if args.command == "streams" else None)]
+        ("enroll", None): _enroll,
+        ("policy", "set"): _policy,
+    }[(args.command, action if args.command in ("streams", "policy") else None)]
     try:
         handler(args, env)
     except RemoteError as exc:

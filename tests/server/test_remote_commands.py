@@ -74,3 +74,31 @@ def test_show_average_series_devices_and_tail_ask_the_running_server(
     assert gone.returncode == 2
     assert f"cannot reach the server at http://127.0.0.1:{server.port}" in gone.stderr
     assert np.isfinite(served)
+
+
+def test_enroll_and_policy_set_change_the_running_server(broker: Mosquitto, tmp_path: Path) -> None:
+    """With the operator token: enroll a device, set a stream's policy; without it, the
+    server's 401 in one line."""
+    server = Server(f"sqlite:///{tmp_path / 'zeal.sqlite'}", broker, tmp_path / "s.log")
+    server.env["ZEAL_OPERATOR_TOKEN"] = "op-" + "x" * 20
+    server.start()
+    try:
+        token = {"Authorization": "Bearer op-" + "x" * 20}
+        body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "enrolled_only": True}
+        assert server.http.post("/api/v1/streams", json=body, headers=token).status_code == 201
+        enrolled = zeal_server(server, tmp_path, "enroll", "temps", "dev7")
+        assert enrolled.returncode == 0, enrolled.stderr
+        names = [
+            d["name"] for d in server.http.get("/api/v1/streams/temps/devices").json()["devices"]
+        ]
+        assert names == ["dev7"]
+        policy = zeal_server(server, tmp_path, "policy", "set", "temps", "24")
+        assert policy.returncode == 0, policy.stderr
+        assert "at most 24 epsilon per device per UTC day" in policy.stdout
+        assert server.http.get("/api/v1/streams/temps").json()["max_epsilon_per_day"] == 24
+        server.env.pop("ZEAL_OPERATOR_TOKEN")
+        refused = zeal_server(server, tmp_path, "policy", "set", "temps", "30")
+        assert refused.returncode == 2
+        assert "answered 401" in refused.stderr
+    finally:
+        server.stop()
