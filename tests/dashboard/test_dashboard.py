@@ -204,7 +204,10 @@ def assert_page_matches_api(page: Any, server: Server, summary: dict[str, str]) 
     assert text(page, "#window-mean") == f"{mean:.3f} {UNIT}"
     assert text(page, "#window-n") == f"{average['n']:,}"
     low, high = average["estimate"]["guaranteed"]
+    stream = server.get("/api/v1/streams/temps")
+    low, high = max(low, stream["lower"]), min(high, stream["upper"])  # cut to the range
     assert text(page, "#window-guaranteed") == f"{low:.3f} – {high:.3f} {UNIT}"
+    assert "cut to the stream's range" in text(page, "#range-note")
     if average["n"] <= 1000:  # few readings: the Bayes estimate beside AVG*, from the API
         bayes = server.get("/api/v1/streams/temps/average", **common, estimator="bayes")["bayes"]
         assert float(summary["bayes"]) == bayes["mean"]

@@ -66,6 +66,13 @@ function withUnit(text, unit) {
   return unit && text !== "–" && text !== "no readings" ? `${text} ${unit}` : text;
 }
 
+// An interval cut to the stream's range: the average of readings in [lower, upper] lies in
+// it, so the part outside says nothing (the API gives the uncut interval).
+function within(interval, stream) {
+  const lo = Math.max(interval[0], stream.lower), hi = Math.min(interval[1], stream.upper);
+  return withUnit(`${fmt(lo)} – ${fmt(hi)}`, stream.unit);
+}
+
 function fmtInt(x) {
   return x === null || x === undefined ? "–" : Number(x).toLocaleString("en-US");
 }
@@ -281,8 +288,8 @@ function overviewRow(stream, avg, stats, start) {
     el("th", { scope: "row" }, el("a", { href: `#/stream/${encodeURIComponent(stream.name)}`, text: stream.name })),
     el("td", { class: "num", "data-testid": "overview-mean", "data-start": start,
       "data-mean": e ? String(e.mean) : "", text: e ? withUnit(fmt(e.mean), stream.unit) : "no readings" }),
-    el("td", { class: "num", text: e ? withUnit(`${fmt(e.ci[0])} – ${fmt(e.ci[1])}`, stream.unit) : "–" }),
-    el("td", { class: "num", text: e ? withUnit(`${fmt(e.guaranteed[0])} – ${fmt(e.guaranteed[1])}`, stream.unit) : "–" }),
+    el("td", { class: "num", text: e ? within(e.ci, stream) : "–" }),
+    el("td", { class: "num", text: e ? within(e.guaranteed, stream) : "–" }),
     el("td", { class: "num", text: fmtInt(avg.n) }),
     el("td", { class: "num", text: fmtInt(stats.active_devices) }),
     el("td", { class: "num", text: String(stream.epsilon) }),
@@ -333,7 +340,9 @@ function streamView(main, name, params) {
     figure("Guaranteed interval", "window-guaranteed"),
     figure("Standard error", "window-se"),
     figure("Readings", "window-n"),
-    figure("Bayes estimate (few readings)", "window-bayes"));
+    figure("Bayes estimate (few readings)", "window-bayes"),
+    el("p", { class: "note", id: "range-note",
+      text: "Intervals are cut to the stream's range: the average cannot lie outside it." }));
   const chartBox = el("div", { id: "chart-box" });
   const pointsBody = el("tbody", { id: "points-body" });
   const compareOut = el("div", { class: "figures", id: "compare-out" },
@@ -663,8 +672,8 @@ function streamView(main, name, params) {
     summary.dataset.mean = e ? String(e.mean) : "";
     const unit = stream.unit;
     set("window-mean", e ? withUnit(fmt(e.mean), unit) : "no readings");
-    set("window-ci", e ? withUnit(`${fmt(e.ci[0])} – ${fmt(e.ci[1])}`, unit) : "–");
-    set("window-guaranteed", e ? withUnit(`${fmt(e.guaranteed[0])} – ${fmt(e.guaranteed[1])}`, unit) : "–");
+    set("window-ci", e ? within(e.ci, stream) : "–");
+    set("window-guaranteed", e ? within(e.guaranteed, stream) : "–");
     set("window-se", e ? withUnit(fmt(e.std_error, 4), unit) : "–");
     set("window-n", fmtInt(avg.n));
     chartBox.replaceChildren(drawChart(series.points, stream, interval, name, state.group));
@@ -672,8 +681,8 @@ function streamView(main, name, params) {
       el("td", { text: fmtTime(p.start) }),
       el("td", { class: "num", text: fmtInt(p.n) }),
       el("td", { class: "num", text: p.estimate ? withUnit(fmt(p.estimate.mean), unit) : "–" }),
-      el("td", { class: "num", text: p.estimate ? withUnit(`${fmt(p.estimate.ci[0])} – ${fmt(p.estimate.ci[1])}`, unit) : "–" }),
-      el("td", { class: "num", text: p.estimate ? withUnit(`${fmt(p.estimate.guaranteed[0])} – ${fmt(p.estimate.guaranteed[1])}`, unit) : "–" }),
+      el("td", { class: "num", text: p.estimate ? within(p.estimate.ci, stream) : "–" }),
+      el("td", { class: "num", text: p.estimate ? within(p.estimate.guaranteed, stream) : "–" }),
       el("td", { class: "num bayes", text: p.bayes && p.n <= FEW_READINGS
         ? withUnit(`${fmt(p.bayes.mean)} (${fmt(p.bayes.interval[0])} – ${fmt(p.bayes.interval[1])})`, unit) : "–" }))));
   }
