@@ -12,6 +12,7 @@ import pytest
 from zeal import REASONS, ParameterError, Zeal, ZealWarning
 from zeal.protocol import (
     COLLECTOR_REASONS,
+    EPSILON_CEILING,
     EPSILON_MAX,
     EXPONENT,
     PAYLOAD_BITS,
@@ -65,7 +66,7 @@ def test_the_api_schema_states_the_same_limits() -> None:
     from zeal_server.api.schemas import StreamIn
 
     fields = StreamIn.model_json_schema()["properties"]
-    assert fields["epsilon"]["maximum"] == EPSILON_MAX
+    assert fields["epsilon"]["maximum"] == EPSILON_CEILING <= EPSILON_MAX
     assert [fields["exponent"]["anyOf"][0][k] for k in ("minimum", "maximum")] == list(EXPONENT)
     assert fields["payload_bits"]["anyOf"][0]["minimum"] == PAYLOAD_BITS[0]
 

@@ -164,6 +164,10 @@ def known_query(request: Request) -> None:
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
+    calls = {d.call for d in route.dependant.dependencies}
+    for check in (operator, reader):
+        if check in calls:  # its 401/403 comes before any word about the route's parameters
+            check(request, None)
     takes = _query_names(route)
     unknown = sorted(set(request.query_params) - takes)
     if unknown:
