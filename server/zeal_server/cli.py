@@ -289,6 +289,19 @@ def _nats_names(settings: ServerSettings, args: argparse.Namespace) -> None:
 def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
     import uvicorn
 
+    class _Uvicorn(uvicorn.Server):
+        """uvicorn's server, saying where it listens once it does: uvicorn leaves that line
+        out when it is handed its socket, as it is here."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and sockets:
+                host, port = sockets[0].getsockname()[:2]
+                where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                logging.getLogger("uvicorn.error").info(
+                    "Uvicorn running on http://%s (Press CTRL+C to quit)", where
+                )
+
     from zeal_server.api.guard import guarded
     from zeal_server.app import create_app
 
@@ -317,7 +330,7 @@ def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
         timeout_keep_alive=5,
         http=guarded(settings.http_per_peer),
     )
-    server = uvicorn.Server(config)
+    server = _Uvicorn(config)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn has shut down cleanly
         server.run(sockets=[listening])
     return 0 if server.started else 3  # 3: uvicorn's start-up failure, said in its log

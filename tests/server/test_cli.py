@@ -85,10 +85,10 @@ def test_migrations_are_quiet_unless_asked(tmp_path: Path) -> None:
 
 def test_an_unreachable_broker_is_one_line_that_names_it(tmp_path: Path) -> None:
     """`serve` with no broker at ZEAL_MQTT_URL keeps serving the API and says, in one line
-    without a traceback, which broker it cannot reach and why."""
-    port = free_port()
+    without a traceback, which broker it cannot reach and why; it says where it listens."""
+    port, http_port = free_port(), free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "zeal_server", "serve", "--port", str(free_port())],
+        [sys.executable, "-m", "zeal_server", "serve", "--port", str(http_port)],
         env={
             **os.environ,
             "ZEAL_DATABASE_URL": f"sqlite:///{tmp_path / 'z.sqlite'}",
@@ -99,11 +99,14 @@ def test_an_unreachable_broker_is_one_line_that_names_it(tmp_path: Path) -> None
         text=True,
     )
     wanted = f"cannot connect to the broker mqtt://127.0.0.1:{port}: [Errno 111] Connection refused"
+    listening = f"Uvicorn running on http://127.0.0.1:{http_port} (Press CTRL+C to quit)"
     lines: list[str] = []
-    try:  # the line is the state this waits for: a busy machine imports slowly
+    try:  # the lines are the state this waits for: a busy machine imports slowly
         assert server.stderr is not None
         deadline = time.monotonic() + 120
-        while not any(wanted in line for line in lines) and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not all(
+            any(text in line for line in lines) for text in (wanted, listening)
+        ):
             line = server.stderr.readline()
             if not line:
                 break
@@ -113,6 +116,7 @@ def test_an_unreachable_broker_is_one_line_that_names_it(tmp_path: Path) -> None
         _, rest = server.communicate(timeout=60)
     err = "".join(lines) + rest
     assert wanted in err, err
+    assert listening in err, err
     assert sum("cannot connect" in line for line in err.splitlines()) == 1  # once a minute
     assert "Traceback" not in err
 
