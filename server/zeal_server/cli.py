@@ -374,6 +374,7 @@ def _run(engine: Engine, args: argparse.Namespace) -> int:
             None if args.start is None else int(args.start.timestamp() * 1000),
             None if args.end is None else int(args.end.timestamp() * 1000),
         )
+        print(f"zeal-server: {store.estimates_note(stream)}", file=sys.stderr)
         for line in store.export_lines(session, stream, first, stop):
             print(line, end="")
         return 0

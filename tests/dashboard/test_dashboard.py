@@ -482,6 +482,52 @@ def test_devices_table_sorts_and_pages(page: Any, server: Server) -> None:
     assert stats["efficiency"]["database_bits"] > stats["efficiency"]["store_bits"]
 
 
+def test_the_operators_figures_come_first_and_the_mechanism_waits_behind_details(
+    page: Any, server: Server
+) -> None:
+    """Bits per reading lead as savings (the wire against JSON and a float64 value, the disk
+    all in); the mechanism's internals (Abar, C, shared bits, the paper's CR and TR) are in
+    closed disclosures, on the stream page and in the new-stream preview."""
+    page.goto(server.origin + "/#/stream/temps?window=all")
+    wait_for_summary(page)
+    page.wait_for_function(
+        "() => document.getElementById('eff-lead-wire').textContent.includes('bits')",
+        timeout=15000,
+    )
+    e = server.get("/api/v1/streams/temps/stats")["efficiency"]
+    wire = text(page, "#eff-lead-wire")
+    assert wire.startswith(f"{e['wire_bits']:.1f} bits: {e['wire_vs_json']:.1f}× less than JSON")
+    assert f"{e['wire_vs_float64']:.1f}× less than a float64 value alone" in wire
+    disk = text(page, "#eff-lead-disk")
+    assert disk.startswith(f"{e['database_bits']:.1f} bits")
+    # The float64 row is with the wire figures, not beside the all-in store row.
+    rows = page.eval_on_selector_all(
+        "#efficiency-body tr", "rs => rs.map(r => r.id || r.textContent)"
+    )
+    assert rows.index("eff-float64") < rows.index("On disk") < rows.index("eff-database")
+    shown = text(page, "#stream-params")
+    for internal in ("Abar", "Shared bits", "Grid step", "Fingerprint"):
+        assert internal not in shown
+    assert "Realized ε" in shown
+    assert "Privacy policy" in shown
+    for box, inside in [("#mechanism-box", "Abar"), ("#efficiency-paper", "CR =")]:
+        assert page.eval_on_selector(box, "d => d.open") is False
+        assert inside in page.eval_on_selector(box, "d => d.textContent")
+    assert "CR =" not in text(page, "#efficiency-note")
+    page.click("#mechanism-box summary")
+    assert "Abar" in text(page, "#mechanism-params")
+
+    page.goto(server.origin + "/#/new")
+    page.fill("#epsilon", "0.5")
+    page.wait_for_function(
+        "() => document.getElementById('preview-details').textContent.includes('Abar')",
+        timeout=10000,
+    )
+    assert "Abar" not in text(page, "#preview")
+    assert "Standard error" in text(page, "#preview")
+    assert page.eval_on_selector("#preview-mechanism", "d => d.open") is False
+
+
 def wait_for_message(page: Any, fragment: str) -> None:
     page.wait_for_function(
         "f => document.getElementById('create-message').textContent.includes(f)", arg=fragment

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from zeal_server.errors import StoreError
 from zeal_server.store.compaction import compact, verify
-from zeal_server.store.export import export_chunks, export_lines, segment_columns
+from zeal_server.store.export import (
+    estimates_note,
+    export_chunks,
+    export_lines,
+    segment_columns,
+)
 from zeal_server.store.fleet import (
     MAX_TAG_KEY,
     MAX_TAG_VALUE,
@@ -92,6 +97,7 @@ __all__ = [
     "devices_of",
     "enroll",
     "estimate",
+    "estimates_note",
     "export_chunks",
     "export_lines",
     "from_limbs",

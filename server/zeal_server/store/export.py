@@ -21,7 +21,7 @@ from zeal_server.store.segments import CHUNK, Columns, decode
 from zeal_server.store.streams import params_of
 from zeal_server.store.sums import OPEN, touching
 
-__all__ = ["export_chunks", "export_lines", "segment_columns"]
+__all__ = ["estimates_note", "export_chunks", "export_lines", "segment_columns"]
 
 _KEY = (Segment.first_bucket, Segment.last_bucket, Segment.tag)
 
@@ -50,6 +50,17 @@ def segment_columns(
     query = query.order_by(*_KEY).execution_options(yield_per=256)
     for segment in session.scalars(query):
         yield segment.first_bucket, _in_order(segment, stream)
+
+
+def estimates_note(stream: Stream) -> str:
+    """What an export's rows are, for the reader surprised by a value outside the range
+    (the HTTP response's Zeal-Estimates header, the CLI's stderr). ASCII: it is a header."""
+    unit = f" {stream.unit}" if stream.unit else ""
+    return (
+        "each estimate is one device's privatized reading, decoded: unbiased but noisy, so "
+        f"values outside the stream's range [{stream.lower!r}, {stream.upper!r}]{unit} are "
+        "expected; only averages over many readings are accurate (docs/mechanism.md)"
+    )
 
 
 def export_lines(

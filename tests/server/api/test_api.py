@@ -188,10 +188,15 @@ def test_devices_stats_export_verify(client: TestClient) -> None:
     assert page["devices"][0]["epsilon_spent"] == 60.0
     stats = client.get("/api/v1/streams/temps/stats").json()
     assert (stats["readings"], stats["messages"], stats["devices"]) == (300, 5, 5)
-    rows = list(csv.DictReader(io.StringIO(client.get("/api/v1/streams/temps/export").text)))
+    exported = client.get("/api/v1/streams/temps/export")
+    rows = list(csv.DictReader(io.StringIO(exported.text)))
     assert sorted(float(r["estimate"]) for r in rows) == sorted(
         PARAMS.decode(np.concatenate(stored)).tolist()
     )
+    # Estimates outside the range are expected at epsilon 1, and the header says why.
+    assert any(not 0 <= float(r["estimate"]) <= 110 for r in rows)
+    note = exported.headers["zeal-estimates"]
+    assert "unbiased but noisy, so values outside the stream's range [0.0, 110.0] are" in note
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
         stream = store.stream_by_name(session, "temps")
         assert stream is not None

@@ -186,6 +186,10 @@ function figure(label, id, value = "–") {
     el("div", { class: "value", id, "aria-labelledby": `${id}-label ${id}`, text: value }));
 }
 
+function pairs(rows) {
+  return rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]);
+}
+
 function set(id, text) {
   const node = document.getElementById(id);
   if (node) node.textContent = text;
@@ -386,6 +390,7 @@ function streamView(main, name, params) {
   const next = el("button", { type: "button", id: "devices-next", text: "Next" });
   const rejectsBody = el("tbody", { id: "rejects-body" });
   const paramsList = el("dl", { class: "params", id: "stream-params" });
+  const mechanismList = el("dl", { class: "params", id: "mechanism-params" });
   const title = el("h1", { text: name });
 
   main.append(
@@ -424,16 +429,25 @@ function streamView(main, name, params) {
       compareOut, compareNote, compareWarnings, planBox),
     el("div", { class: "grid2" },
       el("section", { class: "card", "aria-labelledby": "efficiency-title" },
-        el("h2", { id: "efficiency-title", text: "Efficiency (bits per reading)" }),
+        el("h2", { id: "efficiency-title", text: "Bits per reading" }),
+        el("div", { class: "figures", id: "efficiency-lead" },
+          figure("On the wire (each reading, headers and timestamps included)", "eff-lead-wire"),
+          figure("On disk, all in (every table and index)", "eff-lead-disk")),
         el("table", { id: "efficiency" },
           el("thead", {}, el("tr", {},
             el("th", { scope: "col", text: "Format" }),
             el("th", { scope: "col", class: "num", text: "Bits / reading" }),
             el("th", { scope: "col", class: "num", text: "Zeal saves" }))),
           efficiencyBody),
-        el("p", { class: "muted", id: "efficiency-note" })),
+        el("p", { class: "muted", id: "efficiency-note" }),
+        el("details", { id: "efficiency-paper" },
+          el("summary", { text: "The paper's own ratios" }),
+          el("p", { class: "muted", id: "efficiency-paper-note" }))),
       el("section", { class: "card", "aria-labelledby": "params-title" },
         el("h2", { id: "params-title", text: "Parameters" }), paramsList,
+        el("details", { id: "mechanism-box" },
+          el("summary", { text: "Mechanism details (what the devices were configured with)" }),
+          mechanismList),
         el("h2", { id: "rejects-title", class: "spaced", text: "Rejected and repeated messages" }),
         el("table", { id: "rejects", "aria-labelledby": "rejects-title" },
           el("thead", {}, el("tr", {},
@@ -515,17 +529,20 @@ function streamView(main, name, params) {
           `per device per UTC day (${fmtInt(stream.readings_per_day)} readings, ` +
           `at most ${fmtInt(stream.readings_per_hour)} in one UTC hour)`],
       ["Realized ε", stream.realized_epsilon === null ? "– (paper sampler)" : stream.realized_epsilon.toPrecision(12)],
-      ["Payload bits", String(stream.payload_bits)],
-      ["Shared bits", String(stream.shared_bits)],
+      ["Bucket", describeDuration(stream.bucket_seconds)],
+      ["Created", fmtTime(stream.created)],
+    ];
+    const mechanism = [
+      ["Payload bits", `${stream.payload_bits} sent per reading`],
+      ["Shared bits", `${stream.shared_bits} (the same in every privatized value: never sent)`],
       ["Sampler", stream.sampler],
       ["Abar", stream.abar.toExponential(6)],
       ["C", stream.C.toFixed(4)],
       ["Grid step", stream.grid_step.toPrecision(6)],
-      ["Bucket", describeDuration(stream.bucket_seconds)],
       ["Fingerprint", stream.fingerprint],
-      ["Created", fmtTime(stream.created)],
     ];
-    paramsList.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+    paramsList.replaceChildren(...pairs(rows));
+    mechanismList.replaceChildren(...pairs(mechanism));
     if (stream.description) title.after(el("p", { class: "muted", text: stream.description }));
   }
 
@@ -754,7 +771,7 @@ function streamView(main, name, params) {
         ["Zeal's variance per reading", fmt(plan.noise_variance, 3)],
         ["Power from", plan.power_from],
       ];
-      planOut.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+      planOut.replaceChildren(...pairs(rows));
       Object.assign(planOut.dataset, { query: query(asked), stdError: String(plan.std_error),
         power: String(plan.power), detectable: String(plan.detectable_effect) });
       planNote.textContent = `At level ${plan.alpha}, for the default method (cluster).`;
@@ -773,6 +790,8 @@ function streamView(main, name, params) {
     const e = stats.efficiency;
     if (!e) {
       efficiencyBody.replaceChildren(el("tr", {}, el("td", { colspan: 3, text: "No stored readings yet." })));
+      set("eff-lead-wire", "–");
+      set("eff-lead-disk", "–");
     } else {
       const row = (label, bits, ratio, id) => el("tr", { id },
         el("td", { text: label }), el("td", { class: "num", text: fmt(bits, 2) }),
@@ -781,14 +800,26 @@ function streamView(main, name, params) {
       // raw parts, and comparing them with the paper's compressed format would mislead.
       const raw = e.compacted === 0;
       const store = raw ? " (raw, not yet compacted)" : "";
+      const group = (text) => el("tr", { class: "group" }, el("th", { scope: "rowgroup", colspan: 3, text }));
+      // The float alternatives sit beside what they compare with: the wire's beside the wire
+      // figure, the paper's float64 store beside the codes column. The all-in figure holds
+      // timestamps, devices, ledger and indexes, which no alternative here counts.
       efficiencyBody.replaceChildren(
-        row("Zeal on the wire (measured payloads)", e.wire_bits, null, "eff-wire"),
+        group("On the wire"),
+        row("Zeal (measured payloads)", e.wire_bits, null, "eff-wire"),
         row("JSON message per reading", e.json_bits, e.wire_vs_json, "eff-json"),
-        row("Raw float64 value", e.float64_bits, e.wire_vs_float64, "eff-float64"),
-        row(`Zeal's store: codes column${store}`, e.store_code_bits, null, "eff-store"),
+        row("Raw float64 value alone (no timestamp)", e.float64_bits, e.wire_vs_float64, "eff-float64"),
+        group("On disk"),
+        row(`Zeal's codes column${store}`, e.store_code_bits, null, "eff-store"),
         row("Paper's store: float64 x* + zstd", e.paper_store_bits, raw ? null : e.store_vs_paper, "eff-paper-store"),
         row(`Zeal's segments: codes, timestamps, devices${store}`, e.store_bits, null, "eff-segment"),
         row("Zeal's database, all in: every table and index", e.database_bits, null, "eff-database"));
+      // A ratio below 1 (a small batch's headers outweigh its readings) is said as a cost.
+      const times = (ratio) => ratio >= 1 ? `${fmt(ratio, 1)}× less` : `${fmt(1 / ratio, 1)}× more`;
+      set("eff-lead-wire", `${fmt(e.wire_bits, 1)} bits: ${times(e.wire_vs_json)} than JSON, ` +
+        `${times(e.wire_vs_float64)} than a float64 value alone`);
+      set("eff-lead-disk", `${fmt(e.database_bits, 1)} bits` + (raw ? " (raw, not yet compacted)"
+        : `: the codes ${times(e.store_vs_paper)} than the paper's float64 store`));
       const compaction = raw
         ? "No bucket is compacted yet: readings are stored raw until their bucket closes, " +
           "then compressed (every 30 s for closed buckets); the store rows show the raw parts " +
@@ -798,13 +829,15 @@ function streamView(main, name, params) {
             "the stored readings); the others wait, raw, until their bucket closes."
           : "Every stored reading is compacted.";
       set("efficiency-note",
-        `Measured on ${fmtInt(stats.readings)} readings received and the ${fmtInt(e.sample)} most recent stored; ` +
-        `paper ratios CR = ${fmt(e.compression_ratio_cr, 4)}, TR = ${fmt(e.transmission_ratio_tr, 4)} ` +
-        `(the paper sends ${fmt(e.paper_wire_bits, 0)} bits per value before headers and timestamps). ` +
+        `Measured on ${fmtInt(stats.readings)} readings received and the ${fmtInt(e.sample)} most recent stored. ` +
         "Zeal's wire figure includes its headers and timestamps; the JSON row includes a timestamp; " +
         "the float64 row is the value alone. The segments row is the stored readings alone; the " +
         "database row is this stream's share of everything the database holds for it (devices, " +
         `the privacy ledger, recent batches for deduplication, indexes), per stored reading. ${compaction}`);
+      set("efficiency-paper-note",
+        `Compression ratio CR = ${fmt(e.compression_ratio_cr, 4)} (Eq. 34), transmission ratio ` +
+        `TR = ${fmt(e.transmission_ratio_tr, 4)} (Eq. 27): the paper sends ${fmt(e.paper_wire_bits, 0)} ` +
+        "bits per value before headers and timestamps.");
     }
     const reasons = Object.entries(stats.rejects).sort((x, y) => y[1] - x[1]);
     const row = (reason, count, note, id) => el("tr", { id },
@@ -1013,6 +1046,7 @@ function createView(main) {
       el("button", { type: "submit", class: "primary", id: "create-button", text: "Create stream" }),
       el("span", { class: "muted", text: " Needs the operator token (enter it at the top). Parameters never change once created." })));
   const preview = el("dl", { class: "params", id: "preview" });
+  const previewDetails = el("dl", { class: "params", id: "preview-details" });
   const previewNote = el("p", { class: "muted", id: "preview-note", "aria-live": "polite" });
   const message = el("div", { class: "message", id: "create-message", role: "status", "aria-live": "polite" });
   main.append(
@@ -1021,7 +1055,9 @@ function createView(main) {
       el("section", { class: "card", "aria-labelledby": "form-title" },
         el("h2", { id: "form-title", text: "Parameters" }), form, message),
       el("section", { class: "card", "aria-labelledby": "preview-title" },
-        el("h2", { id: "preview-title", text: "Derived parameters (preview)" }), preview, previewNote)));
+        el("h2", { id: "preview-title", text: "What these parameters give (preview)" }), preview, previewNote,
+        el("details", { id: "preview-mechanism" },
+          el("summary", { text: "Mechanism details" }), previewDetails))));
 
   const value = (id) => document.getElementById(id).value.trim();
   let timer = null;
@@ -1039,14 +1075,16 @@ function createView(main) {
     try {
       const p = await api(`${API}/preview${query(params)}`);
       if (mine !== asked) return;
-      const rows = [
-        ["Payload bits", String(p.payload_bits)],
-        ["Shared bits", String(p.shared_bits)],
+      const internals = [
+        ["Payload bits", `${p.payload_bits} sent per reading`],
+        ["Shared bits", `${p.shared_bits} (the same in every privatized value: never sent)`],
         ["Abar", p.abar.toExponential(6)],
         ["C", p.C.toFixed(4)],
         ["Grid step", p.grid_step.toPrecision(6)],
+        ["Transmission ratio TR (paper Eq. 27)", p.transmission_ratio.toFixed(4)],
+      ];
+      const rows = [
         ["Realized ε", p.realized_epsilon === null ? "–" : p.realized_epsilon.toPrecision(12)],
-        ["Transmission ratio TR", p.transmission_ratio.toFixed(4)],
         [`Standard error, ${fmtInt(p.n)} readings`, p.std_error === null ? "beyond float64" : `≤ ${p.std_error.toPrecision(4)}`],
         [`Guaranteed ±, ${fmtInt(p.n)} readings`, p.guaranteed_half_width === null ? "beyond float64"
           : `${p.guaranteed_half_width.toPrecision(4)} (${Math.round(p.confidence * 100)} %)`],
@@ -1070,13 +1108,15 @@ function createView(main) {
         );
         if (label === "this ε") rows.push(["… a reading every (s) fills every hour", fmt(plan.even_reading_every, 0)]);
       }
-      preview.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+      preview.replaceChildren(...pairs(rows));
+      previewDetails.replaceChildren(...pairs(internals));
       preview.dataset.payloadBits = String(p.payload_bits);
       previewNote.textContent = "The standard error is the worst case over all readings in the range.";
       previewNote.classList.remove("error");
     } catch (error) {
       if (mine !== asked) return;
       preview.replaceChildren();
+      previewDetails.replaceChildren();
       previewNote.textContent = error.message;
     }
   }

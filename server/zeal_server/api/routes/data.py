@@ -84,14 +84,24 @@ def stats(
     dependencies=READ,
     response_class=StreamingResponse,
     responses={
-        200: {"content": {"text/csv": {}}, "description": "CSV rows"},
+        200: {
+            "content": {"text/csv": {}},
+            "description": "CSV rows",
+            "headers": {
+                "Zeal-Estimates": {
+                    "description": "why values outside the stream's range are expected",
+                    "schema": {"type": "string"},
+                }
+            },
+        },
         429: {"model": Problem, "description": f"{MAX_EXPORTS} exports already running"},
     },
 )
 def export(name: str, request: Request, start: Start = None, end: End = None) -> StreamingResponse:
-    """Decoded per-reading estimates (timestamp, device, estimate) read from the segments,
-    streamed in chunks (each read in a short database session of its own). At most
-    MAX_EXPORTS run at once."""
+    """Decoded per-reading estimates (timestamp, device, estimate) read from the segments.
+    Each is one privatized reading: unbiased but noisy, so values outside the stream's
+    range are expected (the Zeal-Estimates header says so too). Streamed in chunks, each
+    read in a short database session of its own; at most MAX_EXPORTS run at once."""
     with request.app.state.sessions() as db:
         stream = stream_or_404(db, name)
         first, stop = window(stream, start, end)
@@ -117,4 +127,5 @@ def export(name: str, request: Request, start: Start = None, end: End = None) ->
 
     body = rows()
     weakref.finalize(body, release)  # also when the client left before the first chunk
-    return StreamingResponse(body, media_type="text/csv")
+    note = {"Zeal-Estimates": store.estimates_note(stream)}
+    return StreamingResponse(body, media_type="text/csv", headers=note)
