@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             fleet = subprocess.Popen(
                 [
                     sys.executable, "-m", "zeal_edge", "simulate",
-                    "--dataset", str(ROOT / "data" / "seattle-temps.csv"),
+                    "--source", f"csv:{ROOT / 'data' / 'seattle-temps.csv'}",
                     "--stream", "load", "--broker", broker_url,
                     "--data-dir", f"{tmp}/fleet", "--devices", str(args.devices),
                     "--rate", str(args.rate), "--readings", str(per_device),

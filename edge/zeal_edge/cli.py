@@ -4,7 +4,7 @@ zeal-edge run --stream NAME --device ID --source SPEC [--broker URL] [--batch N]
 zeal-edge status [--data-dir DIR] [--json]
 zeal-edge resume [--data-dir DIR]       clear a halt (the server had stopped accepting)
 zeal-edge forget STREAM/DEVICE [--data-dir DIR] [--force]   remove a stream's entry
-zeal-edge simulate --devices N --dataset FILE --stream NAME [--rate R] ...
+zeal-edge simulate --devices N --source csv:FILE --stream NAME [--rate R] ...
 
 Exit status: 0 done, 2 a bad setting (a stream no server serves included), 3 the agent
 must not go on (its device id runs elsewhere, or the server no longer accepts its stream);

@@ -27,6 +27,7 @@ from zeal.policy import DAY_MS, HOUR_MS, tally
 from zeal.protocol import check_name
 from zeal.streamconfig import params_from_config
 from zeal.topics import config_topic
+from zeal.vocabulary import renamed
 from zeal_edge.mqtt import Connection, parse_broker_url
 from zeal_edge.outbox import Outbox
 from zeal_edge.pipeline import Batcher, Draft, Pipeline
@@ -37,6 +38,7 @@ __all__ = ["add_simulate_arguments", "run_simulation"]
 log = logging.getLogger(__name__)
 _SETTINGS = {
     "stream",
+    "source",
     "broker",
     "protocol",
     "username",
@@ -55,7 +57,7 @@ _SETTINGS = {
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser, _SETTINGS)
     parser.add_argument("--devices", type=int, required=True, help="number of virtual devices")
-    parser.add_argument("--dataset", required=True, help="CSV file with a header row")
+    renamed(parser, "--dataset", "--source csv:FILE", "dataset")
     parser.add_argument(
         "--rate",
         type=float,
@@ -190,6 +192,14 @@ def _connection(values: dict[str, object], stream: str, prefix: str) -> Connecti
     )
 
 
+def _dataset(values: dict[str, object], args: argparse.Namespace) -> npt.NDArray[np.float64]:
+    """The readings of --source csv:FILE (or the old --dataset FILE)."""
+    source = values["source"] or (f"csv:{args.dataset}" if "dataset" in args else None)
+    if source is None or not str(source).startswith("csv:"):
+        raise ValueError("simulate replays a CSV file with a header row: --source csv:FILE")
+    return _load_column(Path(str(source)[4:]), str(values["column"]))
+
+
 def run_simulation(args: argparse.Namespace) -> int:
     values = resolve(args, os.environ, _SETTINGS, {"stream"})
     logging.getLogger().setLevel(str(values["log_level"]))
@@ -197,7 +207,7 @@ def run_simulation(args: argparse.Namespace) -> int:
         raise ValueError("--devices must be >= 1 and --rate >= 0")
     prefix = check_name("device prefix", args.device_prefix)
     stream, batch = str(values["stream"]), int(values["batch"])
-    data = _load_column(Path(args.dataset), str(values["column"]))
+    data = _dataset(values, args)
     connection = _connection(values, stream, prefix)
     outbox = Outbox(Path(str(values["data_dir"])) / "simulate.sqlite")
     connection.start()

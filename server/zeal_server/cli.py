@@ -3,9 +3,9 @@
 zeal-server serve [--host H] [--port P]      API + collector (settings: ZEAL_* variables)
 zeal-server streams create NAME --lower L --upper U --epsilon E [--unit degF] ...
 zeal-server streams list
-zeal-server streams delete NAME --yes        the stream and all its data
+zeal-server streams delete NAME --confirm NAME   the stream and all its data
 zeal-server streams retention NAME DAYS|none  keep whole buckets of the last DAYS days only
-zeal-server streams delete-device NAME DEVICE --yes   one device's data, from every bucket
+zeal-server streams delete-device NAME DEVICE --confirm DEVICE   one device's data
 zeal-server verify [STREAM]                  every segment row's sums == its readings'
 zeal-server compact [STREAM]                 merge raw parts into compressed chunks
 zeal-server export STREAM [--start T] [--end T]   decoded estimates as CSV
@@ -18,7 +18,7 @@ zeal-server devices harden                   deny-by-default rules on logins mad
 Asking the running server over HTTP (--server URL or ZEAL_SERVER_URL, the read token):
 zeal-server streams show NAME | streams devices NAME
 zeal-server average STREAM [--start T] [--end T] [--group K:V] [--device D]
-zeal-server series STREAM [--interval S] ...  |  zeal-server tail STREAM
+zeal-server series STREAM [--interval-seconds S] ...  |  zeal-server tail STREAM
 zeal-server enroll STREAM DEVICE  |  zeal-server policy set STREAM EPSILON_PER_DAY
 
 Errors (a bad setting, an unreachable database) are one line on stderr and exit status 2.
@@ -40,6 +40,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from zeal.vocabulary import renamed
 from zeal_server import devicecommands, remotecommands, store
 from zeal_server.errors import ProvisioningError
 from zeal_server.settings import ServerSettings, SettingsError, variables_help
@@ -140,7 +141,10 @@ def _parser() -> argparse.ArgumentParser:
         "configuration from the broker, and agents sending to it stop",
     )
     delete.add_argument("name", help="the stream to delete")
-    delete.add_argument("--yes", action="store_true", help="confirm: the data cannot come back")
+    delete.add_argument(
+        "--confirm", metavar="NAME", help="the stream's name again: the data cannot come back"
+    )
+    renamed(delete, "--yes", "--confirm NAME", "confirm", flag=True)
     keep = _command(
         sub,
         "retention",
@@ -157,7 +161,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     forget.add_argument("name", help="the stream")
     forget.add_argument("device", help="the device")
-    forget.add_argument("--yes", action="store_true", help="confirm: the data cannot come back")
+    forget.add_argument(
+        "--confirm", metavar="DEVICE", help="the device's name again: the data cannot come back"
+    )
+    renamed(forget, "--yes", "--confirm DEVICE", "confirm", flag=True)
     for name, text in (
         ("verify", "check that every segment row's sums and buckets are those of its readings"),
         ("compact", "merge every raw part (and rows from before 0007) into compressed chunks"),
@@ -204,7 +211,13 @@ def _remote_parsers(
         p.add_argument("--group", help="devices with this tag, key:value")
         p.add_argument("--device", help="one device")
         if name == "series":
-            p.add_argument("--interval", type=int, help="seconds per point [the bucket]")
+            p.add_argument(
+                "--interval-seconds",
+                dest="interval",
+                type=int,
+                help="seconds per point [the bucket]",
+            )
+            renamed(p, "--interval", "--interval-seconds", "interval")
         remotecommands.add_server_argument(p)
     enroll = _command(
         commands, "enroll", "let a device send to an enrolled-only stream" + over_http, ()
@@ -232,6 +245,15 @@ def _days(text: str) -> int | None:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"whole days or none, got {text!r}") from None
+
+
+def _unconfirmed(confirm: str | bool | None, name: str) -> str | None:
+    """Why a deletion is not confirmed (None: it is). True is the old --yes."""
+    if confirm is True or confirm == name:
+        return None
+    if confirm is None:
+        return f"add --confirm {name} to confirm"
+    return f"--confirm names {confirm!r}, not {name!r}"
 
 
 def _fail(message: str) -> int:
@@ -400,10 +422,9 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
         found = store.stream_by_name(session, args.name)
         if found is None:
             return _fail(f"no stream named {args.name!r}")
-        if not args.yes:
+        if (refused := _unconfirmed(args.confirm, args.name)) is not None:
             return _fail(
-                f"deleting stream {args.name!r} removes every reading stored for it; "
-                "add --yes to confirm"
+                f"deleting stream {args.name!r} removes every reading stored for it; {refused}"
             )
         readings = store.delete_stream(session, found)
         session.commit()
@@ -447,10 +468,10 @@ def _stream_data(session: Session, args: argparse.Namespace) -> int:
     )
     if device is None:
         return _fail(f"no device {args.device!r} in stream {args.name!r}")
-    if not args.yes:
+    if (refused := _unconfirmed(args.confirm, args.device)) is not None:
         return _fail(
             f"deleting device {args.device!r} removes every reading it sent to "
-            f"{args.name!r}; add --yes to confirm"
+            f"{args.name!r}; {refused}"
         )
     readings = retention.delete_device_data(session, stream, device)
     session.commit()

@@ -148,7 +148,9 @@ def _average(args: argparse.Namespace, env: Mapping[str, str]) -> None:
 
 
 def _series(args: argparse.Namespace, env: Mapping[str, str]) -> None:
-    out = _get(args, env, f"{_stream(args.stream)}/series", interval=args.interval, **_window(args))
+    out = _get(
+        args, env, f"{_stream(args.stream)}/series", interval_seconds=args.interval, **_window(args)
+    )
     for point in out["points"]:
         print(f"{point['start']}  {point['n']:>8,}  {_estimate({**out, **point})}")
 

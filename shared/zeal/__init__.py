@@ -21,6 +21,7 @@ tests/test_architecture.py holds it to the files)::
     estimate     an average's estimate and intervals
     compare, plan, windowplan, bayes, censored   comparisons, planners, small-window estimates
     baselines    the other papers' mechanisms, for benchmarks
+    vocabulary   renamed options and variables: the old name still works, with a warning
 
 Every other module has a leading underscore: the mechanism and its samplers, the code width,
 randomness, the exact sums, the privacy audit, the firmware profiles, the benchmarks.
@@ -49,6 +50,7 @@ PUBLIC_MODULES = (
     "protocol",
     "streamconfig",
     "topics",
+    "vocabulary",
     "windowplan",
     "wire",
     "wirebatches",

@@ -122,7 +122,9 @@ def test_an_unreachable_broker_is_one_line_that_names_it(tmp_path: Path) -> None
 
 
 def test_deleting_a_stream_asks_for_confirmation(tmp_path: Path) -> None:
-    """Without --yes nothing is deleted and the message says what --yes would do."""
+    """Without --confirm NAME (as the API's confirm=NAME) nothing is deleted and the message
+    says what to add; another name is refused; the old --yes works for one release, saying
+    so."""
     env = {"ZEAL_DATABASE_URL": f"sqlite:///{tmp_path / 'z.sqlite'}"}
     create = zeal_server(
         "streams", "create", "t", "--lower", "0", "--upper", "1", "--epsilon", "1", env=env
@@ -130,11 +132,22 @@ def test_deleting_a_stream_asks_for_confirmation(tmp_path: Path) -> None:
     assert create.returncode == 0, create.stderr
     refused = zeal_server("streams", "delete", "t", env=env)
     assert refused.returncode == 2
-    assert "add --yes" in refused.stderr
+    assert "add --confirm t to confirm" in refused.stderr
+    wrong = zeal_server("streams", "delete", "t", "--confirm", "u", env=env)
+    assert wrong.returncode == 2
+    assert "--confirm names 'u', not 't'" in wrong.stderr
     assert zeal_server("streams", "list", "--json", env=env).stdout.strip() == '["t"]'
-    assert zeal_server("streams", "delete", "t", "--yes", env=env).returncode == 0
+    assert zeal_server("streams", "delete", "t", "--confirm", "t", env=env).returncode == 0
     assert zeal_server("streams", "list", "--json", env=env).stdout.strip() == "[]"
-    missing = zeal_server("streams", "delete", "t", "--yes", env=env)
+    again = zeal_server(
+        "streams", "create", "t", "--lower", "0", "--upper", "1", "--epsilon", "1", env=env
+    )
+    assert again.returncode == 0, again.stderr
+    old = zeal_server("streams", "delete", "t", "--yes", env=env)
+    assert old.returncode == 0
+    assert "--yes is now --confirm NAME; the old name goes in the next release" in old.stderr
+    assert zeal_server("streams", "list", "--json", env=env).stdout.strip() == "[]"
+    missing = zeal_server("streams", "delete", "t", "--confirm", "t", env=env)
     assert (missing.returncode, missing.stderr.strip()) == (
         2,
         "zeal-server: error: no stream named 't'",

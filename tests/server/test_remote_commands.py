@@ -55,7 +55,7 @@ def test_show_average_series_devices_and_tail_ask_the_running_server(
         served = server.http.get("/api/v1/streams/temps/average").json()["estimate"]["mean"]
         assert f"temps: {served:.4g} ± " in average.stdout
         assert "over 30 readings" in average.stdout
-        series = zeal_server(server, elsewhere, "series", "temps", "--interval", "60")
+        series = zeal_server(server, elsewhere, "series", "temps", "--interval-seconds", "60")
         assert series.returncode == 0, series.stderr
         assert sum(int(line.split()[1]) for line in series.stdout.splitlines()) == 30
         devices = zeal_server(server, elsewhere, "streams", "devices", "temps")

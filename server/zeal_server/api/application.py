@@ -36,6 +36,7 @@ from zeal_server.api.metrics import build_registry
 from zeal_server.api.routes import averages, compare, data, devices, health, logins, streams
 from zeal_server.api.running import Logins, LoginsFor, StartCollector
 from zeal_server.api.schemas import ERRORS
+from zeal_server.api.vocabulary import OldNames
 from zeal_server.errors import ProvisioningError
 from zeal_server.settings import ServerSettings
 from zeal_server.store.db import make_engine, migrate, session_factory
@@ -201,6 +202,7 @@ def create_app(
     _redact_access_log()
     app.add_middleware(HeavyReads, answer=_answer)
     app.add_middleware(WriteGuard)
+    app.add_middleware(OldNames)  # outermost: the renamed query names, before anything reads them
 
     @app.exception_handler(OperationalError)
     async def database_down(_request: Request, _exc: OperationalError) -> JSONResponse:

@@ -51,11 +51,14 @@ REFUSED: Counter[str] = Counter()
 
 def heavy_kind(path: str, query: Mapping[str, str]) -> str | None:
     """What makes a read heavy (module docstring), or None for a light one."""
-    interval, limit = query.get("interval", ""), query.get("limit", "")
+    interval, limit = query.get("interval_seconds", ""), query.get("limit", "")
     rules = (
         ("compare planner", path.endswith("/preview/compare")),
         ("compare", path.endswith("/compare")),
-        ("planner", path.endswith("/preview") and "devices" in query and "interval" in query),
+        (
+            "planner",
+            path.endswith("/preview") and "devices" in query and "interval_seconds" in query,
+        ),
         (
             "exclusion",
             path.endswith(("/average", "/series")) and query.get("exclude") == "implausible",

@@ -78,7 +78,7 @@ class PreviewOut(BaseModel):
     transmission_ratio: float = Field(description="TR, paper Eq. (27)")
     n: int = Field(
         description="readings in the average previewed: all devices' readings in a window "
-        "together (with devices, reading_every and interval, see windows instead)"
+        "together (with devices, reading_every_seconds and interval_seconds, see windows instead)"
     )
     confidence: float
     std_error: float | None = Field(
@@ -93,21 +93,21 @@ class PreviewOut(BaseModel):
     readings_per_day: int = Field(description="readings one device may send per UTC day")
     readings_per_hour: int = Field(description="and per UTC hour (twice the day's even rate)")
     epsilon_per_day: float | None = Field(
-        description="privacy loss per device per day at reading_every (null without it)"
+        description="privacy loss per device per day at reading_every_seconds (null without it)"
     )
     within_policy: bool | None = Field(
-        description="whether a device reading every reading_every seconds stays within the "
-        "policy, day and hour (null without reading_every); beyond it, the agent skips"
+        description="whether a device reading every reading_every_seconds stays within the "
+        "policy, day and hour (null without reading_every_seconds); beyond it, the agent skips"
     )
     binding: str | None = Field(
         default=None,
-        description="which caps skip readings of a device reading every reading_every "
-        "seconds: none, hour, day or both (null without reading_every)",
+        description="which caps skip readings of a device reading every "
+        "reading_every_seconds: none, hour, day or both (null without reading_every_seconds)",
     )
     windows: WindowPlanOut | None = Field(
         default=None,
-        description="with devices, reading_every and interval: what each window of the "
-        "fleet holds at this epsilon, and what its average is worth",
+        description="with devices, reading_every_seconds and interval_seconds: what each "
+        "window of the fleet holds at this epsilon, and what its average is worth",
     )
     best: WindowPlanOut | None = Field(
         default=None,

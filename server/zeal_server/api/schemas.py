@@ -223,16 +223,21 @@ class SeriesOut(BaseModel):
 
 class CompareOut(BaseModel):
     """Group A minus group B. ``mean_a``/``mean_b`` are the groups' reading-weighted
-    averages (AVG*); the inference follows ``unit`` and ``method``."""
+    averages (AVG*); the inference follows ``independent`` and ``method``. ``a``, ``b`` and
+    ``unit`` repeat ``group_a``, ``group_b`` and ``independent`` under their old names, for
+    one release."""
 
     stream: str
-    a: str
-    b: str
+    group_a: str
+    group_b: str
+    a: str = Field(deprecated=True, description="group_a, under its old name")
+    b: str = Field(deprecated=True, description="group_b, under its old name")
     n_a: int
     n_b: int
     mean_a: float | None
     mean_b: float | None
-    unit: str = Field(description="device (the default) or reading")
+    independent: str = Field(description="the independent units: device (the default) or reading")
+    unit: str = Field(deprecated=True, description="independent, under its old name")
     method: str = Field(
         description="cluster, device_means, trimmed, winsorized, censored, or reading"
     )

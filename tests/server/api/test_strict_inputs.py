@@ -133,3 +133,46 @@ def test_a_window_beyond_the_calendar_of_readings_is_echoed_as_asked(client: Tes
         "/api/v1/streams/temps/average", params={"start": "2026-01-01T00:00:30Z"}
     ).json()
     assert near["start"] == "2026-01-01T00:00:00Z"  # its bucket, as before
+
+
+def test_renamed_query_names_answer_under_the_old_name_with_a_warning(client: TestClient) -> None:
+    """docs/api.md's vocabulary: interval is interval_seconds, a/b are group_a/group_b, the
+    comparison's unit is independent. The old names answer as the new ones, saying so in
+    Deprecation and Warning headers; an old name beside its new one is refused by name."""
+    create(client)
+    for device, site in (("dev0", "x"), ("dev1", "x"), ("dev2", "y"), ("dev3", "y")):
+        feed(client, device, 0, np.full(30, 50.0), T0, rng=hash(device) % 100)
+        client.put(f"/api/v1/streams/temps/devices/{device}/tags", json={"tags": {"site": site}})
+    series = "/api/v1/streams/temps/series"
+    new = client.get(series, params={"interval_seconds": 3600})
+    old = client.get(series, params={"interval": 3600})
+    assert (new.status_code, old.status_code) == (200, 200)
+    assert old.json() == new.json()
+    assert "deprecation" not in new.headers
+    assert old.headers["deprecation"] == "true"
+    assert "'interval' is now 'interval_seconds'" in old.headers["warning"]
+    both = client.get(series, params={"interval": 3600, "interval_seconds": 3600})
+    assert refused_names(both) == {"interval"}
+
+    compare = "/api/v1/streams/temps/compare"
+    asked = {"group_a": "site:x", "group_b": "site:y", "independent": "reading"}
+    new = client.get(compare, params=asked)
+    old = client.get(compare, params={"a": "site:x", "b": "site:y", "unit": "reading"})
+    assert new.status_code == 200, new.text
+    assert old.json() == new.json()
+    out = new.json()
+    assert (out["group_a"], out["group_b"], out["independent"]) == ("site:x", "site:y", "reading")
+    assert (out["a"], out["b"], out["unit"]) == ("site:x", "site:y", "reading")  # one release
+    warning = old.headers["warning"]
+    for said in ("'a' is now 'group_a'", "'b' is now 'group_b'", "'unit' is now 'independent'"):
+        assert said in warning
+
+    preview = {"lower": 0, "upper": 110, "epsilon": 1, "devices": 100}
+    new = client.get(
+        "/api/v1/preview",
+        params={**preview, "reading_every_seconds": 600, "interval_seconds": 3600},
+    )
+    old = client.get("/api/v1/preview", params={**preview, "reading_every": 600, "interval": 3600})
+    assert new.status_code == 200, new.text
+    assert old.json() == new.json()
+    assert new.json()["windows"] is not None

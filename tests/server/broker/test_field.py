@@ -148,7 +148,16 @@ def test_an_agent_stops_within_one_batch_once_its_stream_is_deleted(
             agent.stdin.flush()
             wait_until(lambda: stats(client)["readings"] == 5, timeout=20, what="first batch")
             result = subprocess.run(
-                [sys.executable, "-m", "zeal_server", "streams", "delete", "temps", "--yes"],
+                [
+                    sys.executable,
+                    "-m",
+                    "zeal_server",
+                    "streams",
+                    "delete",
+                    "temps",
+                    "--confirm",
+                    "temps",
+                ],
                 env={**os.environ, "ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": "off"},
                 capture_output=True,
                 text=True,

@@ -672,7 +672,7 @@ function streamView(main, name, params) {
     // estimate of the window's mean beside it then (docs/bayes.md).
     const [avg, series] = await Promise.all([
       api(`${streamPath(name)}/average${query({ ...common, estimator: "bayes" })}`),
-      api(`${streamPath(name)}/series${query({ ...common, interval, estimator: "bayes" })}`),
+      api(`${streamPath(name)}/series${query({ ...common, interval_seconds: interval, estimator: "bayes" })}`),
     ]);
     if (mine !== windowAsked) return; // a newer choice is on its way
     const e = avg.estimate;
@@ -718,8 +718,8 @@ function streamView(main, name, params) {
     }
     const bounds = windowBounds();
     const reading = state.method === "reading";
-    const asked = { a: state.a, b: state.b, start: bounds.start, end: bounds.end,
-      unit: reading ? "reading" : "", method: reading ? "" : state.method };
+    const asked = { group_a: state.a, group_b: state.b, start: bounds.start, end: bounds.end,
+      independent: reading ? "reading" : "", method: reading ? "" : state.method };
     const out = await api(`${streamPath(name)}/compare${query(asked)}`);
     if (mine !== compareAsked) return;
     compareOut.dataset.query = query(asked);
@@ -1067,10 +1067,10 @@ function createView(main) {
     const mine = ++asked;
     const params = { lower: value("lower"), upper: value("upper"), epsilon: value("epsilon"),
       payload_bits: value("payload_bits"), n: value("preview_n") || 10000,
-      max_epsilon_per_day: value("max_epsilon_per_day"), reading_every: value("reading_every") };
+      max_epsilon_per_day: value("max_epsilon_per_day"), reading_every_seconds: value("reading_every") };
     // The fleet planner needs all three: devices, a reading's spacing and the window.
     if (value("plan_devices") && value("plan_interval") && value("reading_every")) {
-      Object.assign(params, { devices: value("plan_devices"), interval: value("plan_interval") });
+      Object.assign(params, { devices: value("plan_devices"), interval_seconds: value("plan_interval") });
     }
     try {
       const p = await api(`${API}/preview${query(params)}`);

@@ -79,6 +79,7 @@ def preview(
     reading_every: Annotated[
         float | None,
         Query(
+            alias="reading_every_seconds",
             ge=0.001,
             le=86_400,
             description="seconds between two readings of one device (at most 1,000 a second)",
@@ -86,15 +87,21 @@ def preview(
     ] = None,
     devices: Annotated[
         int | None,
-        Query(ge=1, le=10**7, description="devices in the fleet (with reading_every, interval)"),
+        Query(
+            ge=1,
+            le=10**7,
+            description="devices in the fleet (with reading_every_seconds, interval_seconds)",
+        ),
     ] = None,
     interval: Annotated[
         int | None,
         Query(
+            alias="interval_seconds",
             ge=1,
             le=366 * 86_400,
-            description="seconds per window averaged, on the UTC clock as /series's interval: "
-            "a divisor of a day or whole days (with devices, reading_every)",
+            description="seconds per window averaged, on the UTC clock as /series's "
+            "interval_seconds: a divisor of a day or whole days (with devices, "
+            "reading_every_seconds)",
         ),
     ] = None,
     mean: Annotated[
@@ -108,7 +115,7 @@ def preview(
 ) -> PreviewOut:
     """The derived parameters of a stream, the error of an average of n readings, and the
     privacy loss per device and day: what the policy allows, and what a device reading
-    every `reading_every` seconds would spend. With `devices` and `interval` too, the
+    every `reading_every_seconds` would spend. With `devices` and `interval_seconds` too, the
     fleet's windows (docs/privacy.md, "Planning a fleet"): what each holds under the day's
     and the hour's caps, which cap binds, how many windows stay empty, the standard error
     and guaranteed half width of a window's average, and the same at the epsilon per
@@ -133,8 +140,12 @@ def preview(
     if any(v is not None for v in asked) and (reading_every is None or None in asked):
         raise invalid(
             "query",
-            "devices" if devices is None else "interval" if interval is None else "reading_every",
-            "a fleet's windows need devices, reading_every and interval together",
+            "devices"
+            if devices is None
+            else "interval_seconds"
+            if interval is None
+            else "reading_every_seconds",
+            "a fleet's windows need devices, reading_every_seconds and interval_seconds together",
         )
     windows = best = None
     if devices is not None and interval is not None and reading_every is not None:
@@ -272,6 +283,7 @@ def series(
     interval: Annotated[
         int | None,
         Query(
+            alias="interval_seconds",
             ge=1,
             le=100 * 365 * 86400,
             description="seconds per point, a multiple of the bucket (at most 100 years)",
@@ -294,8 +306,8 @@ def series(
     if step % stream.bucket_seconds:
         raise invalid(
             "query",
-            "interval",
-            f"interval must be a multiple of the stream's bucket "
+            "interval_seconds",
+            f"interval_seconds must be a multiple of the stream's bucket "
             f"({stream.bucket_seconds} s), got {step}",
         )
     per = step // stream.bucket_seconds
@@ -326,7 +338,7 @@ def series(
     if (stop - first) / per > MAX_POINTS:
         raise invalid(
             "query",
-            "interval",
+            "interval_seconds",
             f"more than {MAX_POINTS} points; choose a longer interval or a shorter window",
         )
     size = stream.bucket_seconds * 1000

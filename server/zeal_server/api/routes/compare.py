@@ -57,16 +57,19 @@ def _partitions(params: Zeal, rows: Rows) -> methods.Partitions:
 def compare(
     name: str,
     db: Db,
-    a: Annotated[str, Query(description="first group, key:value", max_length=200)],
-    b: Annotated[str, Query(description="second group, key:value", max_length=200)],
+    a: Annotated[str, Query(alias="group_a", description="first group, key:value", max_length=200)],
+    b: Annotated[
+        str, Query(alias="group_b", description="second group, key:value", max_length=200)
+    ],
     start: Start = None,
     end: End = None,
     confidence: Confidence = 0.95,
     unit: Annotated[
         Literal["device", "reading"],
         Query(
+            alias="independent",
             description="the independent units: devices (default; readings of one device "
-            "are correlated) or readings (valid only if every reading is independent)"
+            "are correlated) or readings (valid only if every reading is independent)",
         ),
     ] = "device",
     method: Annotated[
@@ -135,7 +138,7 @@ def compare(
     if shared and not allow_overlap:
         raise invalid(
             "query",
-            "b",
+            "group_b",
             f"groups {a} and {b} share {len(shared)} device(s) with readings: a comparison "
             "needs disjoint groups (allow_overlap=true compares them anyway)",
         )
@@ -143,6 +146,8 @@ def compare(
     means = [params.mean_of_sums(p.n, p.total_codes) if p.n > 1 else None for p in per_device]
     out = CompareOut(
         stream=name,
+        group_a=a,
+        group_b=b,
         a=a,
         b=b,
         n_a=per_device[0].n,
@@ -150,6 +155,7 @@ def compare(
         mean_a=means[0],
         mean_b=means[1],
         confidence=confidence,
+        independent=unit,
         unit=unit,
         method="reading" if reading else method,
         estimand=methods.estimand(
