@@ -94,6 +94,11 @@ def test_the_vocabulary_table_is_what_the_api_and_the_commands_take() -> None:
             if flags(row[program]):
                 for flag in flags(row["old"]):
                     assert not re.search(rf"{flag}(?![-\w])", text), (program, flag)
+        for program, text in (("server", server_help), ("edge", edge_help)):
+            current = variables(row[program])
+            if current:
+                for variable in variables(row["old"]) - current:
+                    assert not re.search(rf"(?<![A-Z_]){variable}\b", text), (program, variable)
         old = names(row["old"])
         assert not old & query, old & query
         old_query |= old

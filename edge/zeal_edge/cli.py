@@ -115,9 +115,9 @@ def _run(args: argparse.Namespace) -> int:
         device=values["device"],
         data_dir=Path(values["data_dir"]),
         batch=values["batch"],
-        interval=values["interval"],
+        interval=values["batch_seconds"],
         params_file=Path(values["params"]) if values["params"] else None,
-        budget=BudgetPolicy.from_epsilon(values["budget_cap"], values["budget_window"]),
+        budget=BudgetPolicy.from_epsilon(values["budget_cap"], values["budget_window_seconds"]),
         max_epsilon=values["max_epsilon"],
         max_epsilon_per_day=values["max_epsilon_per_day"],
         pin=values["pin"],
@@ -128,10 +128,10 @@ def _run(args: argparse.Namespace) -> int:
         opened = open_source(
             values["source"], column=values["column"], speedup=values["speedup"], start=offset
         )
-        if values["window_mean"] is None or agent.params is None:
+        if values["window_mean_seconds"] is None or agent.params is None:
             return opened
         bounds = (agent.params.lower, agent.params.upper)
-        return WindowMeans(opened, values["window_mean"], bounds)
+        return WindowMeans(opened, values["window_mean_seconds"], bounds)
 
     open_source(values["source"], column=values["column"])  # fail fast on a bad spec
     agent = Agent(options, broker)

@@ -67,7 +67,7 @@ ADDED_COLUMNS = {
     "halt": "TEXT",
     "day_cap_micro": "INTEGER",
     "skipped_policy": "INTEGER NOT NULL DEFAULT 0",
-    # the longest --budget-window used: spend older than it is pruned (kept a week if unset)
+    # the longest --budget-window-seconds used: spend older than it is pruned (kept a week if unset)
     "kept_window_s": "INTEGER",
     # "{server}/{created_ms}" of the first configuration adopted from the broker (the pin)
     "origin": "TEXT",

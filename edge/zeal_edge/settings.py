@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from zeal.brokerurl import parse_protocol
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
 from zeal.protocol import EPSILON_CEILING, check_name
 from zeal.topics import PREFIX
+from zeal.vocabulary import renamed, renamed_env, said
 from zeal_edge.errors import SettingsError
 
 __all__ = ["SETTINGS", "Setting", "SettingsError", "add_arguments", "resolve"]
@@ -32,6 +34,12 @@ class Setting:
     env: str
     help: str
     secret: bool = False
+    #: (name, variable) it had before docs/api.md's vocabulary: still read, with a warning
+    old: tuple[str, str] | None = None
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name.replace('_', '-')}"
 
 
 def _positive_int(text: str) -> int:
@@ -121,11 +129,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("key_file", str, None, "ZEAL_MQTT_KEY", "client key file for TLS"),
     Setting("batch", _positive_int, 60, "ZEAL_BATCH", "readings per batch"),
     Setting(
-        "interval",
+        "batch_seconds",
         _positive,
         60.0,
-        "ZEAL_INTERVAL",
+        "ZEAL_BATCH_SECONDS",
         "seconds a partial batch may wait before it is sent anyway",
+        old=("interval", "ZEAL_INTERVAL"),
     ),
     Setting(
         "params",
@@ -138,8 +147,9 @@ SETTINGS: tuple[Setting, ...] = (
         "data_dir",
         str,
         "zeal-edge-data",
-        "ZEAL_DATA_DIR",
+        "ZEAL_EDGE_DATA_DIR",
         "directory for the outbox database (encoded batches, never raw readings)",
+        old=("data_dir", "ZEAL_DATA_DIR"),
     ),
     Setting(
         "budget_cap",
@@ -149,19 +159,21 @@ SETTINGS: tuple[Setting, ...] = (
         "privacy budget cap in epsilon per window (default: no cap)",
     ),
     Setting(
-        "budget_window",
+        "budget_window_seconds",
         _positive_int,
         86400,
-        "ZEAL_BUDGET_WINDOW",
+        "ZEAL_BUDGET_WINDOW_SECONDS",
         "rolling window of the budget cap, in seconds",
+        old=("budget_window", "ZEAL_BUDGET_WINDOW"),
     ),
     Setting(
-        "window_mean",
+        "window_mean_seconds",
         _positive_int,
         None,
-        "ZEAL_WINDOW_MEAN",
+        "ZEAL_WINDOW_MEAN_SECONDS",
         "report one privatized mean per window of this many seconds (UTC-aligned) instead "
         "of every reading: one reading's privacy loss per window (docs/privacy.md)",
+        old=("window_mean", "ZEAL_WINDOW_MEAN"),
     ),
     Setting(
         "max_epsilon",
@@ -197,11 +209,28 @@ def add_arguments(parser: argparse.ArgumentParser, names: set[str]) -> None:
         if s.name in names:
             default = "none" if s.default is None else s.default
             parser.add_argument(
-                f"--{s.name.replace('_', '-')}",
+                s.flag,
                 dest=s.name,
                 default=None,
                 help=f"{s.help} [env {s.env}; default {default}]",
             )
+            if s.old is not None and s.old[0] != s.name:
+                renamed(parser, f"--{s.old[0].replace('_', '-')}", s.flag, s.name)
+
+
+def _environment(s: Setting, env: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    if s.old is None or s.env in env or s.old[1] not in env:
+        return [(s.env, env.get(s.env))]
+    return [(s.old[1], renamed_env(env, s.old[1], s.env, "zeal-edge"))]
+
+
+def _old_key(
+    s: Setting, file_values: Mapping[str, Any], config_path: str | None
+) -> list[tuple[str, Any]]:
+    if s.old is None or s.old[0] == s.name or s.old[0] not in file_values:
+        return []
+    print(f"zeal-edge: {config_path}: {said(s.old[0], s.name)}", file=sys.stderr)
+    return [(f"{config_path}: {s.old[0]}", file_values[s.old[0]])]
 
 
 def resolve(
@@ -215,7 +244,8 @@ def resolve(
             file_values = tomllib.loads(Path(config_path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise SettingsError(f"config file {config_path}: {exc}") from exc
-        unknown = set(file_values) - {s.name for s in SETTINGS}
+        known = {s.name for s in SETTINGS} | {s.old[0] for s in SETTINGS if s.old is not None}
+        unknown = set(file_values) - known
         if unknown:
             raise SettingsError(f"config file {config_path}: unknown settings {sorted(unknown)}")
     result: dict[str, Any] = {}
@@ -223,9 +253,10 @@ def resolve(
         if s.name not in names:
             continue
         for origin, raw in (
-            (f"--{s.name.replace('_', '-')}", getattr(args, s.name, None)),
-            (s.env, env.get(s.env)),
+            (s.flag, getattr(args, s.name, None)),
+            *_environment(s, env),
             (f"{config_path}: {s.name}", file_values.get(s.name)),
+            *_old_key(s, file_values, config_path),
         ):
             if raw is not None:
                 try:
@@ -236,6 +267,6 @@ def resolve(
                 break
         else:
             if s.name in required:
-                raise SettingsError(f"--{s.name.replace('_', '-')} (or {s.env}) is required")
+                raise SettingsError(f"{s.flag} (or {s.env}) is required")
             result[s.name] = s.default
     return result

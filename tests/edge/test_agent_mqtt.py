@@ -124,7 +124,7 @@ def test_replay_of_1000_readings_arrives_exactly(tmp_path: Path, broker: Mosquit
         f"csv:{csv_path}",
         "--batch",
         "60",
-        "--interval",
+        "--batch-seconds",
         "1",
     )
     time.sleep(1.5)
@@ -167,7 +167,7 @@ def test_broker_outage_loses_nothing_and_resends_the_same_bytes(
         str(3600 * 200),
         "--batch",
         "20",
-        "--interval",
+        "--batch-seconds",
         "0.5",
         "--params",
         str(params_file),
@@ -208,7 +208,7 @@ def test_sigkill_with_unsent_batches_then_restart_sends_each_once(
         f"csv:{csv_path}",
         "--batch",
         "30",
-        "--interval",
+        "--batch-seconds",
         "0.2",
         "--params",
         str(params_file),
@@ -269,13 +269,13 @@ def test_budget_cap_stops_the_eleventh_reading(
         "stdin",
         "--batch",
         "1",
-        "--interval",
+        "--batch-seconds",
         "0.1",
         "--params",
         str(params_file),
         "--budget-cap",
         "10",
-        "--budget-window",
+        "--budget-window-seconds",
         "86400",
         stdin=subprocess.PIPE,
     )
@@ -431,7 +431,7 @@ def test_nan_and_inf_cells_are_skipped_and_counted_and_the_rest_is_sent(
         f"csv:{csv_path}",
         "--batch",
         "60",
-        "--interval",
+        "--batch-seconds",
         "1",
         "--params",
         str(params_file),
@@ -460,7 +460,7 @@ def test_readings_outside_the_range_are_counted_and_said_once_per_side(
     agent = start_agent(
         data_dir,
         broker.url,
-        *("--source", f"csv:{csv_path}", "--batch", "3", "--interval", "1"),
+        *("--source", f"csv:{csv_path}", "--batch", "3", "--batch-seconds", "1"),
         *("--params", str(params_file)),
     )
     _, err = agent.communicate(timeout=60)

@@ -22,7 +22,7 @@ from zeal_edge.settings import SettingsError, add_arguments, resolve
 from zeal_edge.sources import CsvSource, LineSource, open_source
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "seattle-temps.csv"
-NAMES = {"stream", "device", "batch", "interval", "broker", "budget_cap"}
+NAMES = {"stream", "device", "batch", "batch_seconds", "broker", "budget_cap", "data_dir"}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -34,15 +34,41 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def test_settings_precedence_is_cli_then_env_then_file(tmp_path: Path) -> None:
     """Command line beats environment beats config file beats default."""
     config = tmp_path / "agent.toml"
-    config.write_text('stream = "from-file"\ndevice = "d-file"\nbatch = 7\ninterval = 3.5\n')
+    config.write_text('stream = "from-file"\ndevice = "d-file"\nbatch = 7\nbatch_seconds = 3.5\n')
     env = {"ZEAL_CONFIG": str(config), "ZEAL_DEVICE": "d-env", "ZEAL_BATCH": "8"}
     values = resolve(parse(["--batch", "9"]), env, NAMES, {"stream"})
     assert values["stream"] == "from-file"
     assert values["device"] == "d-env"
     assert values["batch"] == 9
-    assert values["interval"] == 3.5
+    assert values["batch_seconds"] == 3.5
     assert values["broker"] == "mqtt://127.0.0.1:1883"
     assert values["budget_cap"] is None
+
+
+def test_renamed_settings_still_work_for_a_release_and_say_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/api.md's vocabulary: --interval is --batch-seconds, ZEAL_DATA_DIR is the agent's
+    ZEAL_EDGE_DATA_DIR (the server's ZEAL_DATA_DIR is another directory). The old names are
+    read, each with a line on stderr; the new ones win over them."""
+    values = resolve(parse(["--stream", "s", "--interval", "2"]), {}, NAMES, {"stream"})
+    assert values["batch_seconds"] == 2.0
+    assert "--interval is now --batch-seconds" in capsys.readouterr().err
+    old_env = {"ZEAL_INTERVAL": "3", "ZEAL_DATA_DIR": "/old"}
+    values = resolve(parse(["--stream", "s"]), old_env, NAMES, {"stream"})
+    assert (values["batch_seconds"], values["data_dir"]) == (3.0, "/old")
+    err = capsys.readouterr().err
+    assert "ZEAL_INTERVAL is now ZEAL_BATCH_SECONDS" in err
+    assert "ZEAL_DATA_DIR is now ZEAL_EDGE_DATA_DIR" in err
+    both = {**old_env, "ZEAL_BATCH_SECONDS": "4", "ZEAL_EDGE_DATA_DIR": "/new"}
+    values = resolve(parse(["--stream", "s"]), both, NAMES, {"stream"})
+    assert (values["batch_seconds"], values["data_dir"]) == (4.0, "/new")
+    assert capsys.readouterr().err == ""
+    config = tmp_path / "agent.toml"
+    config.write_text("interval = 5\n")
+    values = resolve(parse(["--stream", "s", "--config", str(config)]), {}, NAMES, {"stream"})
+    assert values["batch_seconds"] == 5.0
+    assert "interval is now batch_seconds" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -50,6 +76,7 @@ def test_settings_precedence_is_cli_then_env_then_file(tmp_path: Path) -> None:
     [
         ([], {}, "--stream (or ZEAL_STREAM) is required"),
         (["--stream", "s", "--batch", "x"], {}, "--batch='x' is invalid"),
+        (["--stream", "s"], {"ZEAL_BATCH_SECONDS": "-1"}, "ZEAL_BATCH_SECONDS='-1' is invalid"),
         (["--stream", "s"], {"ZEAL_INTERVAL": "-1"}, "ZEAL_INTERVAL='-1' is invalid"),
         (["--stream", "s", "--budget-cap", "nan"], {}, "--budget-cap='nan' is invalid"),
         (["--stream", "a+b"], {}, "stream name 'a+b' is invalid"),

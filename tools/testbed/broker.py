@@ -187,7 +187,7 @@ def run_agent(
             "run",
             *("--stream", "temps", "--device", device, "--broker", broker_url),
             *("--data-dir", str(data_dir), "--source", f"csv:{source}"),
-            *("--batch", "60", "--interval", "1", "--log-level", "INFO"),
+            *("--batch", "60", "--batch-seconds", "1", "--log-level", "INFO"),
             # The streams of tests and benchmarks have a policy raised knowingly (1e6).
             *("--max-epsilon-per-day", "1e6"),
             *args,

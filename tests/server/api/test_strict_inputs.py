@@ -176,3 +176,33 @@ def test_renamed_query_names_answer_under_the_old_name_with_a_warning(client: Te
     assert new.status_code == 200, new.text
     assert old.json() == new.json()
     assert new.json()["windows"] is not None
+
+
+def test_every_error_is_one_json_object_with_detail(client: TestClient) -> None:
+    """docs/api.md: every error body is {"detail": ...}: a sentence, or FastAPI's list of
+    {loc, msg, type} for a request that fails validation. Unknown routes and streams too."""
+    create(client)
+    answers = {
+        "unknown stream": client.get("/api/v1/streams/nope"),
+        "unknown route": client.get("/api/v1/nothing"),
+        "unknown file": client.get("/dashboard/nothing.js"),
+        "wrong token": client.post(
+            "/api/v1/streams", json={}, headers={"Authorization": "Bearer wrong"}
+        ),
+        "unconfirmed": client.delete("/api/v1/streams/temps"),
+        "bad value": client.get("/api/v1/streams/temps/average", params={"confidence": 2}),
+        "unknown name": client.get("/api/v1/streams/temps/average", params={"bogus": 1}),
+        "too large": client.post("/api/v1/streams", content=b"x" * 2_000_000),
+    }
+    for what, response in answers.items():
+        assert response.status_code >= 400, what
+        assert response.headers["content-type"] == "application/json", what
+        body = response.json()
+        assert list(body) == ["detail"], (what, body)
+        detail = body["detail"]
+        if isinstance(detail, list):
+            assert response.status_code == 422, what
+            assert all({"loc", "msg", "type"} <= set(error) for error in detail), what
+        else:
+            assert isinstance(detail, str), (what, detail)
+            assert detail, what

@@ -34,7 +34,7 @@ class Agent:
             [
                 *(sys.executable, "-m", "zeal_edge", "run", "--stream", "temps"),
                 *("--device", "dev1", "--source", "stdin", "--broker", broker.url),
-                *("--data-dir", str(data_dir), "--batch", "1", "--interval", "0.2"),
+                *("--data-dir", str(data_dir), "--batch", "1", "--batch-seconds", "0.2"),
             ],
             stdin=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -41,7 +41,9 @@ def run_agent(
 ) -> subprocess.CompletedProcess[str]:
     """An agent that sends `readings` readings from stdin in batches of 10, then exits."""
     return subprocess.run(
-        agent_command(data_dir, broker, params, "--batch", "10", "--interval", "1", stream=stream),
+        agent_command(
+            data_dir, broker, params, "--batch", "10", "--batch-seconds", "1", stream=stream
+        ),
         input="".join(f"{40 + i % 30}\n" for i in range(readings)),
         capture_output=True,
         text=True,
@@ -136,7 +138,7 @@ def test_an_agent_stops_within_one_batch_once_its_stream_is_deleted(
         wait_until(lambda: client.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
         params = save_config(client, tmp_path / "params.json")
         agent = subprocess.Popen(
-            agent_command(agent_dir, broker, params, "--batch", "5", "--interval", "0.5"),
+            agent_command(agent_dir, broker, params, "--batch", "5", "--batch-seconds", "0.5"),
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

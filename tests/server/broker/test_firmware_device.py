@@ -55,9 +55,17 @@ def test_the_c_device_publishes_and_the_served_average_is_its_codes_estimate(
     log = tmp_path / "codes.log"
     command = [str(FIRMWARE / "build" / "zeal-device"), "--profile", profile.hex()]
     command += ["--stream", "temps", "--device", "c-device", "--csv", str(csv)]
-    command += ["--port", str(broker.port), "--batch", "60", "--log", str(log)]
+    base = [*command, "--batch", "60", "--log", str(log)]
+    # This example has no TLS, and says so; --port is the old spelling of --broker's port.
+    tls = [*base, "--port", "8883", "--broker", "mqtts://127.0.0.1:8883"]
+    refused = subprocess.run(tls, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2
+    assert "--port is now --broker mqtt://HOST:PORT" in refused.stderr
+    assert "only mqtt://host:port (no TLS here)" in refused.stderr
+    command = [*base, "--broker", f"mqtt://127.0.0.1:{broker.port}"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "is now" not in result.stderr
     assert result.stdout.count("acknowledged") == -(-READINGS // 60)
 
     logged = np.array([line.split() for line in log.read_text().splitlines()], dtype=np.int64)
@@ -78,7 +86,7 @@ def test_the_c_device_publishes_and_the_served_average_is_its_codes_estimate(
 def device_command(profile: bytes, device: str, csv: Path, broker: Mosquitto) -> list[str]:
     command = [str(FIRMWARE / "build" / "zeal-device"), "--profile", profile.hex()]
     command += ["--stream", "temps", "--device", device, "--csv", str(csv)]
-    return [*command, "--port", str(broker.port), "--batch", "10"]
+    return [*command, "--broker", f"mqtt://127.0.0.1:{broker.port}", "--batch", "10"]
 
 
 def test_the_c_device_says_a_refusal_and_keeps_its_sequence_across_runs(

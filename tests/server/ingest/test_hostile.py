@@ -424,7 +424,7 @@ def test_an_agent_refuses_a_configuration_above_its_epsilon_ceiling(
     csv.write_text("temp\n" + "\n".join(["50.0"] * 200) + "\n")
     env = {**os.environ, "ZEAL_MQTT_URL": broker.url}
     base = [sys.executable, "-m", "zeal_edge", "run", "--stream", "temps", "--device", "dev1"]
-    base += ["--source", f"csv:{csv}", "--batch", "10", "--interval", "1"]
+    base += ["--source", f"csv:{csv}", "--batch", "10", "--batch-seconds", "1"]
     agent = subprocess.Popen(
         [*base, "--data-dir", str(tmp_path / "a")],
         env=env,

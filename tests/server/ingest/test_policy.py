@@ -65,7 +65,7 @@ def run_agent(
     data_dir: Path, broker: Mosquitto, params: Path, seconds: int = SECONDS
 ) -> dict[str, Any]:
     result = subprocess.run(
-        agent_command(data_dir, broker, params, "--batch", "60", "--interval", "1"),
+        agent_command(data_dir, broker, params, "--batch", "60", "--batch-seconds", "1"),
         input=day_of_readings(seconds),
         capture_output=True,
         text=True,
@@ -220,14 +220,16 @@ def test_the_simulator_keeps_the_policy_too(
 def test_an_agent_in_window_mean_mode_spends_one_reading_per_window(
     client: TestClient, broker: Mosquitto, tmp_path: Path
 ) -> None:
-    """The real agent with --window-mean 3600, one reading a minute over a simulated day:
+    """The real agent with --window-mean-seconds 3600, one reading a minute over a simulated day:
     24 means leave the device (1/60 of the readings, 24 epsilon against 1,440), each
     stamped at its hour, and fit a policy of 24 a day exactly."""
     body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "max_epsilon_per_day": 24}
     client.post("/api/v1/streams", json=body)
     params_file = save_config(client, tmp_path / "params.json")
     lines = "".join(f"{START + 60_000 * m},{40 + m % 30}\n" for m in range(1440))
-    command = agent_command(tmp_path / "agent", broker, params_file, "--window-mean", "3600")
+    command = agent_command(
+        tmp_path / "agent", broker, params_file, "--window-mean-seconds", "3600"
+    )
     result = subprocess.run(
         command, input=lines, capture_output=True, text=True, timeout=120, check=False
     )

@@ -6,7 +6,7 @@
  * same bytes after a reconnect) until its PUBACK.
  *
  *   zeal-device --profile HEX --stream NAME --device NAME --csv FILE
- *               [--host 127.0.0.1] [--port 1883] [--username U --password P]
+ *               [--broker mqtt://127.0.0.1:1883] [--username U --password P]
  *               [--batch 10] [--log FILE] [--sequence-file FILE] [--linger 5]
  *
  * The log gets one `timestamp_ms code` line per reading sent: only codes, never a value.
@@ -14,6 +14,7 @@
  * without it every run starts at sequence 0. The device listens on its notice topic: a
  * batch the server refuses ends the run with the server's reason, and after the last
  * batch it waits up to --linger seconds for such a notice.
+ * --host H and --port P, the old spelling of --broker mqtt://H:P, work for one release.
  * Randomness: getrandom(2). Exit status: 0 when every batch was acknowledged and none
  * refused, 1 on an error, 2 on bad usage, 3 when the server refused a batch.
  */
@@ -34,7 +35,29 @@
 struct options {
     const char *profile, *stream, *device, *csv, *host, *username, *password, *log, *sequence_file;
     int port, batch, linger;
+    char broker_host[256];
 };
+
+/* --broker mqtt://HOST[:PORT] (this example has no TLS: mqtts:// is refused). */
+static int broker_url(const char *url, struct options *o) {
+    const char *rest, *colon;
+    size_t length;
+    if (strncmp(url, "mqtt://", 7) != 0) {
+        fprintf(stderr, "zeal-device: --broker %s: only mqtt://host:port (no TLS here)\n", url);
+        return 0;
+    }
+    rest = url + 7;
+    colon = strrchr(rest, ':');
+    length = colon ? (size_t)(colon - rest) : strlen(rest);
+    if (length == 0 || length >= sizeof o->broker_host) {
+        return 0;
+    }
+    memcpy(o->broker_host, rest, length);
+    o->broker_host[length] = '\0';
+    o->host = o->broker_host;
+    o->port = colon ? atoi(colon + 1) : 1883;
+    return 1;
+}
 
 struct link {
     struct mosquitto *client;
@@ -168,9 +191,17 @@ static int parse(int argc, char **argv, struct options *o) {
             o->device = value;
         } else if (strcmp(key, "--csv") == 0) {
             o->csv = value;
+        } else if (strcmp(key, "--broker") == 0) {
+            if (!broker_url(value, o)) {
+                return 0;
+            }
         } else if (strcmp(key, "--host") == 0) {
+            fprintf(stderr, "zeal-device: --host is now --broker mqtt://HOST:PORT; the old name "
+                            "goes in the next release\n");
             o->host = value;
         } else if (strcmp(key, "--port") == 0) {
+            fprintf(stderr, "zeal-device: --port is now --broker mqtt://HOST:PORT; the old name "
+                            "goes in the next release\n");
             o->port = atoi(value);
         } else if (strcmp(key, "--username") == 0) {
             o->username = value;
@@ -261,7 +292,7 @@ int main(int argc, char **argv) {
     int status, ok = 1, eof = 0;
     if (!parse(argc, argv, &o)) {
         fprintf(stderr, "usage: zeal-device --profile HEX --stream NAME --device NAME --csv FILE "
-                        "[--host H] [--port P] [--username U --password P] [--batch N] "
+                        "[--broker mqtt://HOST:PORT] [--username U --password P] [--batch N] "
                         "[--log FILE] [--sequence-file FILE] [--linger SECONDS]\n");
         return 2;
     }
