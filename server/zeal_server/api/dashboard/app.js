@@ -819,7 +819,7 @@ function streamView(main, name, params) {
       set("eff-lead-wire", `${fmt(e.wire_bits, 1)} bits: ${times(e.wire_vs_json)} than JSON, ` +
         `${times(e.wire_vs_float64)} than a float64 value alone`);
       set("eff-lead-disk", `${fmt(e.database_bits, 1)} bits` + (raw ? " (raw, not yet compacted)"
-        : `: the codes ${times(e.store_vs_paper)} than the paper's float64 store`));
+        : `; the codes alone ${fmt(e.store_code_bits, 2)}, ${times(e.store_vs_paper)} than the paper's float64 store`));
       const compaction = raw
         ? "No bucket is compacted yet: readings are stored raw until their bucket closes, " +
           "then compressed (every 30 s for closed buckets); the store rows show the raw parts " +
