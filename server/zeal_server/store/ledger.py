@@ -70,7 +70,10 @@ def charge(
     for kind, device, period, count in booked:
         if device in refused:
             raw.first(session, f"uncharge_{kind}", {"did": device, "start": period, "n": count})
-    run = lambda name, row: raw.first(session, name, row)  # noqa: E731
+
+    def run(name: str, row: dict[str, int]) -> Any:
+        return raw.first(session, name, row)
+
     for i in np.flatnonzero(np.isin(device_ids, list(refused))).tolist():
         stamps = batches.timestamps[batches.starts[i] : batches.starts[i + 1]]
         charged[i] = charge_days(allowed, int(device_ids[i]), stamps, run)
