@@ -339,3 +339,30 @@ def test_tests_share_helpers_not_test_modules() -> None:
         and any(part.startswith("test_") or part == "conftest" for part in name.split("."))
     ]
     assert offenders == []
+
+
+def test_the_layers_above_the_store_call_it_through_its_namespace() -> None:
+    """The API, the broker and the commands use `zeal_server.store`'s public names, and a
+    module of the store only for its tables (`store.models`) or the engine (`store.db`):
+    the namespace is what they call, not a re-export they go around. (Ingest, which decides
+    what is written, also uses the write path's parts: docs/architecture.md.)"""
+    server = PACKAGES["zeal_server"]
+    allowed = {"zeal_server.store", "zeal_server.store.models", "zeal_server.store.db"}
+    around: list[tuple[str, str]] = []
+    through = 0
+    for path in python_files(server):
+        if path.parent.name in ("store", "ingest") or "migrations" in path.parts:
+            continue
+        for module in imports(path):
+            if not module.startswith("zeal_server.store"):
+                continue
+            through += module == "zeal_server.store"
+            # `from zeal_server.store import x` gives zeal_server.store.x: a module only if
+            # there is one by that name
+            is_module = module == "zeal_server.store" or (
+                module.count(".") == 2 and importlib.util.find_spec(module) is not None
+            )
+            if is_module and module not in allowed:
+                around.append((str(path.relative_to(server)), module))
+    assert around == []
+    assert through > 5

@@ -44,10 +44,8 @@ from zeal.vocabulary import renamed
 from zeal_server import devicecommands, remotecommands, store
 from zeal_server.errors import ProvisioningError
 from zeal_server.settings import ServerSettings, SettingsError, variables_help
-from zeal_server.store import retention
 from zeal_server.store.db import make_engine, migrate, session_factory
 from zeal_server.store.models import Device
-from zeal_server.store.streams import name_problem
 
 __all__ = ["main"]
 
@@ -304,7 +302,7 @@ def _local(settings: ServerSettings, args: argparse.Namespace) -> int:
 def _nats_names(settings: ServerSettings, args: argparse.Namespace) -> None:
     """With ZEAL_NATS_URL, a stream name NATS cannot carry is refused, as the API does."""
     creating = args.command == "streams" and args.action == "create"
-    if settings.nats_servers and creating and (problem := name_problem("stream", args.name)):
+    if settings.nats_servers and creating and (problem := store.name_problem("stream", args.name)):
         raise SettingsError(problem)
 
 
@@ -473,7 +471,7 @@ def _stream_data(session: Session, args: argparse.Namespace) -> int:
             f"deleting device {args.device!r} removes every reading it sent to "
             f"{args.name!r}; {refused}"
         )
-    readings = retention.delete_device_data(session, stream, device)
+    readings = store.delete_device_data(session, stream, device)
     session.commit()
     print(f"deleted device {args.device} of stream {args.name} and its {readings} readings")
     return 0

@@ -33,7 +33,6 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 from prometheus_client.registry import Collector as PrometheusCollector
-from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -41,7 +40,6 @@ from zeal_server import store
 from zeal_server.api.costs import REFUSED
 from zeal_server.api.guard import CLOSED
 from zeal_server.api.running import Running
-from zeal_server.store.models import Device, Stream
 
 __all__ = [
     "OUTCOMES",
@@ -222,19 +220,9 @@ class _DatabaseFigures(PrometheusCollector):
         with self.sessions() as db:
             for reason, total in sorted(store.rejects(db).items()):
                 rejects.add_metric([reason], total)
-            per_stream = db.execute(
-                select(
-                    Stream.name,
-                    func.coalesce(func.sum(Device.readings), 0),
-                    func.count(Device.id),
-                )
-                .outerjoin(Device, Device.stream_id == Stream.id)
-                .group_by(Stream.name)
-                .order_by(Stream.name)
-            ).all()
-            for name, total, known in per_stream:
-                readings.add_metric([name], int(total))
-                devices.add_metric([name], int(known))
+            for name, total, known in store.streams_at_a_glance(db):
+                readings.add_metric([name], total)
+                devices.add_metric([name], known)
             for stream in store.list_streams(db):
                 first, stop = store.bucket_bounds(stream, store.now_ms() - 3_600_000, None)
                 sums = store.window_sums(db, stream, first, stop)

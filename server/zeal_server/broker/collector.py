@@ -47,7 +47,6 @@ from zeal_server.broker.lags import CommitLags
 from zeal_server.broker.notices import Notifier
 from zeal_server.ingest import Ingest, Outcome
 from zeal_server.settings import ServerSettings
-from zeal_server.store import retention
 from zeal_server.store.db import error_text as db_error_text
 
 __all__ = ["Collector", "data_subscription", "subscriptions", "tally"]
@@ -355,9 +354,7 @@ class Collector:
             with self.sessions() as session, session.begin():
                 streams = store.list_streams(session)
                 self.ingest.refresh(streams)
-                retention.housekeep(
-                    session, streams, store.now_ms(), max_age_ms=self.ingest.max_age_ms
-                )
+                store.housekeep(session, streams, store.now_ms(), max_age_ms=self.ingest.max_age_ms)
         except SQLAlchemyError as exc:
             log.error("housekeeping failed (will retry): %s", db_error_text(exc))
         except Exception:

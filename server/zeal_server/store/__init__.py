@@ -1,18 +1,22 @@
 """The store: every table and every statement on it (SQLAlchemy; SQLite or PostgreSQL),
 and nothing of MQTT, NATS or HTTP.
 
-This namespace holds the repository functions the other layers call (``from zeal_server
-import store``): streams (``store.streams``), devices (``store.fleet``), sums over time
-buckets (``store.sums``), compaction and verify (``store.compaction``), export
-(``store.export``). Their modules hold the rest, for callers that need a table
-(``store.models``) or a detail. The caller owns the session and the transaction; no
-function here commits.
+This namespace holds every function the API, the broker and the CLI call (``from
+zeal_server import store``): streams (``store.streams``), devices (``store.fleet``), sums
+over time buckets (``store.sums``), compaction and verify (``store.compaction``), export
+(``store.export``), retention (``store.retention``), the footprint and efficiency figures
+(``store.footprint``, ``store.efficiency``) and the implausible devices
+(``store.influence``). Those layers import a module of the store only for its tables
+(``store.models``) or the engine (``store.db``); ingest, which decides what is written,
+also uses the parts of the write path (``writes``, ``rawsql``, ``dedup``). The caller owns
+the session and the transaction; no function here commits.
 """
 
 from __future__ import annotations
 
 from zeal_server.errors import StoreError
 from zeal_server.store.compaction import compact, verify
+from zeal_server.store.efficiency import stream_efficiency
 from zeal_server.store.export import (
     estimates_note,
     export_chunks,
@@ -36,7 +40,11 @@ from zeal_server.store.fleet import (
     readings_on_day,
     set_tags,
     stream_totals,
+    streams_at_a_glance,
 )
+from zeal_server.store.footprint import segment_totals, stream_bytes
+from zeal_server.store.influence import ALL_TIME, implausible, without_implausible
+from zeal_server.store.retention import delete_device_data, housekeep
 from zeal_server.store.streams import (
     MAX_SERVER_BITS,
     check_retention,
@@ -47,6 +55,7 @@ from zeal_server.store.streams import (
     derive_params,
     installation_id,
     list_streams,
+    name_problem,
     now_ms,
     params_of,
     rejected_devices,
@@ -71,6 +80,7 @@ from zeal_server.store.sums import (
 )
 
 __all__ = [
+    "ALL_TIME",
     "MAX_SERVER_BITS",
     "MAX_TAGS",
     "MAX_TAG_KEY",
@@ -89,6 +99,7 @@ __all__ = [
     "config_of",
     "count_devices",
     "create_stream",
+    "delete_device_data",
     "delete_stream",
     "derive_params",
     "device_by_name",
@@ -104,22 +115,30 @@ __all__ = [
     "group_devices",
     "groups",
     "hours_at_cap",
+    "housekeep",
+    "implausible",
     "installation_id",
     "list_streams",
+    "name_problem",
     "now_ms",
     "params_of",
     "readings_on_day",
     "rejected_devices",
     "rejects",
     "segment_columns",
+    "segment_totals",
     "series_sums",
     "set_policy",
     "set_retention",
     "set_tags",
     "stream_by_name",
+    "stream_bytes",
+    "stream_efficiency",
     "stream_totals",
+    "streams_at_a_glance",
     "to_limbs",
     "verify",
     "window_ms",
     "window_sums",
+    "without_implausible",
 ]

@@ -31,12 +31,12 @@ import zstandard
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from zeal_server import store
 from zeal_server.store.footprint import stream_bytes
 from zeal_server.store.models import Segment, Stream
 from zeal_server.store.segments import CHUNK, PART, Columns, decode, section_sizes
+from zeal_server.store.streams import params_of
 
-__all__ = ["SAMPLE", "efficiency", "json_bits", "recent_columns"]
+__all__ = ["SAMPLE", "json_bits", "recent_columns", "stream_efficiency"]
 
 #: Readings (most recent first) from which the alternative formats are measured.
 SAMPLE = 65_536
@@ -97,7 +97,7 @@ def json_bits(timestamps: np.ndarray, values: np.ndarray) -> float:
     return 8 * float(np.mean(fixed + ts_chars + value_chars))
 
 
-def efficiency(
+def stream_efficiency(
     session: Session,
     stream: Stream,
     *,
@@ -108,7 +108,7 @@ def efficiency(
     sample, code_bytes, code_readings = _recent(session, stream, SAMPLE)
     if sample is None or readings == 0:
         return None
-    params = store.params_of(stream)
+    params = params_of(stream)
     values = params.decode(sample.codes)
     json_size = json_bits(sample.timestamps, values)
     privatized = params.to_float64(sample.codes)

@@ -26,8 +26,9 @@ import numpy as np
 from sqlalchemy import delete, func, insert, select, tuple_
 from sqlalchemy.orm import Session
 
-from zeal_server.store import dedup, ledger
 from zeal_server.store.compaction import chunk_rows, compact, delete_rows
+from zeal_server.store.dedup import prune as prune_dedup
+from zeal_server.store.ledger import prune as prune_ledger
 from zeal_server.store.models import BatchSeen, Device, DevicePeriod, DeviceTag, Segment, Stream
 from zeal_server.store.segments import PART, Columns, decode, encode_part, limb_sums
 from zeal_server.store.sums import VALUE_COLUMNS
@@ -81,7 +82,7 @@ def expire(session: Session, stream: Stream, now_ms: int) -> int:
         keep = columns.timestamps // size >= first_kept
         readings += int(np.count_nonzero(~keep))
         _rewrite(session, stream, row, columns.take(keep))
-    dedup.prune(session, stream.id, cutoff)
+    prune_dedup(session, stream.id, cutoff)
     return readings
 
 
@@ -166,5 +167,5 @@ def housekeep(
     if max_age_ms is None:
         return
     for stream in streams:
-        dedup.prune(session, stream.id, now_ms - max_age_ms)
-    ledger.prune(session, now_ms - max_age_ms)
+        prune_dedup(session, stream.id, now_ms - max_age_ms)
+    prune_ledger(session, now_ms - max_age_ms)

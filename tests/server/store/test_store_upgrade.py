@@ -83,9 +83,10 @@ def withdrawn(query: dict[str, Any]) -> bool:
 
 
 def answers(url: str) -> dict[str, Any]:
-    """The fixture's questions, answered by this code. A comparison's `estimand` (added after
-    the fixture was written) is left out; a withdrawn question must answer 422 and is left
-    out too."""
+    """The fixture's questions, answered by this code. A comparison's `estimand`, and its
+    `group_a`, `group_b` and `independent` (the new names of its `a`, `b` and `unit`), were
+    added after the fixture was written and are left out; a withdrawn question must answer
+    422 and is left out too."""
     settings = ServerSettings.from_env({"ZEAL_DATABASE_URL": url, "ZEAL_MQTT_URL": "off"})
     out: dict[str, Any] = {}
     with TestClient(create_app(settings)) as client:
@@ -97,7 +98,8 @@ def answers(url: str) -> dict[str, Any]:
             assert reply.status_code == 200, reply.text
             body = reply.json()
             if path.endswith("/compare"):
-                body.pop("estimand")
+                for added in ("estimand", "group_a", "group_b", "independent"):
+                    body.pop(added)
             out[json.dumps([path, query], sort_keys=True)] = body
         for name in ("temps", "wide"):
             stats = client.get(f"/api/v1/streams/{name}/stats").json()

@@ -48,7 +48,6 @@ from zeal_server.api.deps import (
 )
 from zeal_server.api.previews import PreviewOut, WindowPlanOut
 from zeal_server.api.schemas import HEAVY, AverageOut, PointOut, SeriesOut
-from zeal_server.store.influence import without_implausible
 from zeal_server.store.models import Stream
 
 __all__ = ["router"]
@@ -244,7 +243,7 @@ def average(
     devices = _devices(db, stream, group, device)
     excluded: list[str] = []
     if exclude == "implausible":
-        devices, excluded = without_implausible(db, stream, params, first, stop, devices)
+        devices, excluded = store.without_implausible(db, stream, params, first, stop, devices)
     sums = store.window_sums(db, stream, first, stop, devices)
     found = store.estimate(params, sums, confidence)
     lo, hi = bounds_out(stream, first, stop)
@@ -317,7 +316,7 @@ def series(
     excluded: list[str] = []
     first, stop = window(stream, start, end)
     if exclude == "implausible":
-        devices, excluded = without_implausible(db, stream, params, first, stop, devices)
+        devices, excluded = store.without_implausible(db, stream, params, first, stop, devices)
     span = store.closed_window(db, stream, first, stop)
     empty = SeriesOut(
         stream=name,

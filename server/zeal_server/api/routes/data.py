@@ -23,8 +23,6 @@ from zeal_server.api.deps import (
     window,
 )
 from zeal_server.api.schemas import EfficiencyOut, Problem, StatsOut
-from zeal_server.store.efficiency import efficiency
-from zeal_server.store.footprint import segment_totals, stream_bytes
 
 __all__ = ["router"]
 
@@ -48,12 +46,12 @@ def stats(
     totals = store.stream_totals(db, stream)
     readings, received = totals.readings, totals.received_bytes
     measured = (
-        efficiency(db, stream, readings=readings, received_bytes=received)
+        store.stream_efficiency(db, stream, readings=readings, received_bytes=received)
         if efficiency_figures
         else None
     )
-    stored, segment_bytes = segment_totals(db, stream)
-    tables = stream_bytes(db, stream)
+    stored, segment_bytes = store.segment_totals(db, stream)
+    tables = store.stream_bytes(db, stream)
     database = sum(tables.values())
     return StatsOut(
         stream=name,

@@ -22,10 +22,7 @@ from zeal_server.api.deps import (
     stream_or_404,
 )
 from zeal_server.api.schemas import HEAVY, DeletedOut, DeviceOut, DevicesOut, GroupOut, TagsIn
-from zeal_server.store import retention
-from zeal_server.store.influence import ALL_TIME, implausible
 from zeal_server.store.models import Device, Stream
-from zeal_server.store.streams import name_problem
 
 __all__ = ["router"]
 
@@ -70,7 +67,7 @@ def delete_device(
     if row is None:
         raise HTTPException(404, f"no device {device[:64]!r} in stream {name!r}")
     confirmed(confirm, device)
-    readings = retention.delete_device_data(db, stream, row)
+    readings = store.delete_device_data(db, stream, row)
     db.commit()
     if request.app.state.collector is not None:
         request.app.state.collector.devices_changed()
@@ -122,8 +119,8 @@ def _flags(
     `over_budget` (batches of it were refused at the policy), `at_cap` (today's readings,
     or those of one of today's UTC hours, reached what the policy allows)."""
     params = store.params_of(stream)
-    sums = store.device_sums(db, stream, *ALL_TIME, [d.id for d in rows])
-    bad = {i for i, no in zip(sums.order, implausible(params, sums), strict=True) if no}
+    sums = store.device_sums(db, stream, *store.ALL_TIME, [d.id for d in rows])
+    bad = {i for i, no in zip(sums.order, store.implausible(params, sums), strict=True) if no}
     refused = store.rejected_devices(db, stream.name, [d.name for d in rows], "over_budget")
     allowed, hourly = params.readings_per_day, params.readings_per_hour
     ids, day = [d.id for d in rows], day_of(store.now_ms())
@@ -159,7 +156,9 @@ def enroll(name: str, device: str, request: Request, response: Response, db: Db)
     """Enroll a device (operator token): on a stream created with enrolled_only, only
     enrolled devices may send. 201 when it is new, 200 when it exists already. On a NATS
     deployment (ZEAL_NATS_URL) a name with a '.' is refused."""
-    if request.app.state.settings.nats_servers and (problem := name_problem("device", device)):
+    if request.app.state.settings.nats_servers and (
+        problem := store.name_problem("device", device)
+    ):
         raise invalid("path", "device", problem)
     stream = stream_or_404(db, name)
     try:

@@ -20,7 +20,6 @@ from zeal_server.api.deps import (
     stream_out,
 )
 from zeal_server.api.schemas import DeletedOut, StreamIn, StreamOut, StreamPatch
-from zeal_server.store.streams import name_problem
 
 __all__ = ["router"]
 
@@ -45,7 +44,9 @@ def create_stream(body: StreamIn, request: Request, db: Db) -> StreamOut:
     """Create a stream (operator token); its parameters are then published for agents.
     On a NATS deployment (ZEAL_NATS_URL) a name with a '.' is refused: NATS cannot carry
     it in a subject."""
-    if request.app.state.settings.nats_servers and (problem := name_problem("stream", body.name)):
+    if request.app.state.settings.nats_servers and (
+        problem := store.name_problem("stream", body.name)
+    ):
         raise invalid("body", "name", problem)
     if store.stream_by_name(db, body.name) is not None:
         raise HTTPException(
