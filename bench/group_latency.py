@@ -35,11 +35,14 @@ DEVICES, DAYS = 10_000, 30
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 QUERIES = {
     "average?group (month)": ("/average", {"group": "site:north"}),
-    "compare (month)": ("/compare", {"a": "site:north", "b": "site:south"}),
+    "compare (month)": ("/compare", {"group_a": "site:north", "group_b": "site:south"}),
     "average?group (inside days)": ("/average", {"group": "site:north", "_window": True}),
-    "compare (inside days)": ("/compare", {"a": "site:north", "b": "site:south", "_window": True}),
+    "compare (inside days)": (
+        "/compare",
+        {"group_a": "site:north", "group_b": "site:south", "_window": True},
+    ),
     "average (month, all devices)": ("/average", {}),
-    "series hourly (month, all devices)": ("/series", {"interval": 3600}),
+    "series hourly (month, all devices)": ("/series", {"interval_seconds": 3600}),
 }
 
 

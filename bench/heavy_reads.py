@@ -133,7 +133,7 @@ def phase(port: int, seconds: float, loaded: bool, start: str, end: str) -> dict
     window = f"start={start}&end={end}"
     heavy = [
         f"/api/v1/streams/temps/average?{window}&exclude=implausible",
-        f"/api/v1/streams/temps/series?{window}&interval=60",
+        f"/api/v1/streams/temps/series?{window}&interval_seconds=60",
         f"/api/v1/streams/temps/average?{window}&estimator=bayes&model=constant",
         "/api/v1/streams/temps/devices?limit=1000",
     ]
