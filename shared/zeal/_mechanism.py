@@ -189,7 +189,7 @@ class Zeal:
             raise ParameterError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         if payload_bits is not None and exponent is not None:
             raise ParameterError("give payload_bits or exponent, not both")
-        half, c, p = _range_terms(lo, hi, eps, (lower, upper, epsilon))
+        half, c, p = _range_terms(lower, upper, epsilon)
         ebar = lo + half
         e_enc = ceil_log2(2 * c)  # Eq. (21)
         e_vul = max(ceil_log2(math.exp(eps) / p) - 1, e_enc)  # Eq. (31)
@@ -583,12 +583,10 @@ def _rebuild(*key: Any) -> Zeal:
         return Zeal(**dict(zip(names, key, strict=False)))
 
 
-def _range_terms(
-    lo: float, hi: float, eps: float, given: tuple[float, float, float]
-) -> tuple[float, float, float]:
+def _range_terms(lower: float, upper: float, epsilon: float) -> tuple[float, float, float]:
     """The half range, C of Eq. (10) and the density p of Eq. (9), refused when float64
-    cannot hold them (`given`: lower, upper and epsilon as the caller wrote them)."""
-    lower, upper, epsilon = given
+    cannot hold them (the messages show lower, upper and epsilon as the caller wrote them)."""
+    lo, hi, eps = float(lower), float(upper), float(epsilon)
     half = (hi - lo) / 2
     if not math.isfinite(half):
         raise ParameterError(f"the range [{lower!r}, {upper!r}] is too wide for float64")
