@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -18,11 +19,23 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+#: Ports a test server may listen on: below Linux's ephemeral range (32768-60999), so no
+#: outgoing connection of the busy machine can take one between its choice and its use (a
+#: NATS node died so: "bind: address already in use").
+LISTEN_PORTS = range(20_000, 32_768)
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now, outside the range outgoing connections draw from."""
+    for _ in range(1000):
+        port = random.choice(LISTEN_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {LISTEN_PORTS}")
 
 
 def wait_for_port(port: int, timeout: float = 10.0) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -96,9 +97,13 @@ class NatsCluster:
         return f"mqtt://127.0.0.1:{self.mqtt_ports[node]}"
 
     def start(self) -> NatsCluster:
-        for i in range(self.size):
-            self.start_node(i)
-        self.wait_ready()
+        try:
+            for i in range(self.size):
+                self.start_node(i)
+            self.wait_ready()
+        except BaseException:
+            self.stop()  # a node that did start must not outlive the test
+            raise
         return self
 
     def start_node(self, node: int) -> None:
@@ -110,7 +115,18 @@ class NatsCluster:
             env={**os.environ, "NATS_NAME": f"nats{node + 1}"},
         )
         log.close()
-        wait_for_port(self.client_ports[node], timeout=20)
+        deadline = time.monotonic() + 60
+        while not self._listening(node):
+            process = self.processes[node]
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"NATS node n{node} exited:\n{self.log(node)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"NATS node n{node} does not listen:\n{self.log(node)}")
+            time.sleep(0.05)
+
+    def _listening(self, node: int) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.client_ports[node])) == 0
 
     def kill_node(self, node: int) -> None:
         process = self.processes[node]
