@@ -19,7 +19,14 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tools.testbed.broker import Mosquitto, Subscriber, agent_status, free_port, publish_retained
+from tools.testbed.broker import (
+    Mosquitto,
+    Subscriber,
+    agent_status,
+    agent_status_text,
+    free_port,
+    publish_retained,
+)
 from zeal import Zeal, decode_batch
 from zeal.streamconfig import config_document
 from zeal_edge.agent import UNSERVED_WAIT
@@ -287,12 +294,7 @@ def test_budget_cap_stops_the_eleventh_reading(
     sub.close()
     assert codes_received(sub.snapshot()) == 10
     assert len(got) == 10
-    status = subprocess.run(
-        [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(data_dir)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    status = agent_status_text(data_dir)
     assert "10.000000 epsilon spent in the last 86400 s (cap 10.000000" in status
     assert "budget remaining  0.000000 epsilon" in status
     assert "BUDGET EXHAUSTED  1 reading(s) not perturbed or sent" in status
@@ -470,12 +472,7 @@ def test_readings_outside_the_range_are_counted_and_said_once_per_side(
         assert err.count(said) == 1, err
     (status,) = agent_status(data_dir)
     assert (status["clipped_below_range"], status["clipped_above_range"]) == (2, 2)
-    text = subprocess.run(
-        [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(data_dir)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    text = agent_status_text(data_dir)
     assert "2 reading(s) below the stream's range, 2 above it" in text, text
 
 

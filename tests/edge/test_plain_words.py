@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tools.testbed.broker import agent_status_text
 from zeal_edge.outbox import Outbox
 from zeal_edge.sources import CsvSource
 
@@ -27,21 +27,12 @@ def test_a_csv_without_a_header_row_says_how_to_name_the_column(tmp_path: Path) 
         CsvSource(named, column="temp")
 
 
-def status_text(data_dir: Path) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(data_dir)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-
-
 def test_status_promises_no_lines_it_does_not_print(tmp_path: Path) -> None:
     """Before: 'the server reports rejects below', with nothing below."""
     outbox = Outbox(tmp_path / "outbox.sqlite")
     outbox.ensure("temps", "dev1")
     outbox.close()
-    text = status_text(tmp_path)
+    text = agent_status_text(tmp_path)
     assert "below" not in text, text
     assert "server rejected" not in text, text  # nothing sent: nothing to reject
 

@@ -213,15 +213,19 @@ def run_agent(
     )
 
 
-def agent_status(data_dir: Path) -> list[dict[str, object]]:
-    """`zeal-edge status --json` of an agent's data directory."""
-    out = subprocess.run(
-        [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(data_dir), "--json"],
+def agent_status_text(data_dir: Path, *extra: str) -> str:
+    """`zeal-edge status` of an agent's data directory, as printed."""
+    return subprocess.run(
+        [sys.executable, "-m", "zeal_edge", "status", "--data-dir", str(data_dir), *extra],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    records: list[dict[str, object]] = json.loads(out)
+
+
+def agent_status(data_dir: Path) -> list[dict[str, object]]:
+    """`zeal-edge status --json` of an agent's data directory."""
+    records: list[dict[str, object]] = json.loads(agent_status_text(data_dir, "--json"))
     return records
 
 

@@ -186,12 +186,18 @@ def known_query(request: Request) -> None:
 
 
 def _query_names(route: APIRoute) -> frozenset[str]:
+    """The query names a route takes, its dependencies' too (found once, kept on the route)."""
+
     def walk(dependant: Dependant) -> Iterator[str]:
         yield from (str(p.alias) for p in dependant.query_params)
         for sub in dependant.dependencies:
             yield from walk(sub)
 
-    return frozenset(walk(route.dependant))
+    names: frozenset[str] | None = getattr(route, "zeal_query_names", None)
+    if names is None:
+        names = frozenset(walk(route.dependant))
+        route.zeal_query_names = names  # type: ignore[attr-defined]
+    return names
 
 
 def bounds_out(stream: Stream, first: int, stop: int) -> tuple[datetime | None, datetime | None]:

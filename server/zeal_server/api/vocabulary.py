@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from zeal.vocabulary import said
 from zeal_server.api.deps import API
 
 __all__ = ["RENAMED", "OldNames"]
@@ -54,12 +55,12 @@ class OldNames:
             return
         renamed = [(names[k] if k in used else k, v) for k, v in pairs]
         scope = {**scope, "query_string": urlencode(renamed).encode("latin-1")}
-        said = "; ".join(f"query parameter {old!r} is now {names[old]!r}" for old in used)
+        told = "; ".join(said(f"query parameter {old!r}", repr(names[old])) for old in used)
         for old in used:
             if old not in self.logged:
                 self.logged.add(old)
-                log.warning("%s (the old name goes in the next release)", said)
-        warning = f'299 zeal "{said}; the old name goes in the next release"'
+                log.warning("%s", told)
+        warning = f'299 zeal "{told}"'
 
         async def warned(message: Message) -> None:
             if message["type"] == "http.response.start":
