@@ -217,7 +217,10 @@ def assert_page_matches_api(page: Any, server: Server, summary: dict[str, str]) 
     else:
         assert summary["bayes"] == ""
     series = server.get(
-        "/api/v1/streams/temps/series", interval=summary["interval"], estimator="bayes", **common
+        "/api/v1/streams/temps/series",
+        interval_seconds=summary["interval"],
+        estimator="bayes",
+        **common,
     )["points"]
     drawn = page.eval_on_selector_all(
         "#chart circle.point", "cs => cs.map(c => [c.dataset.start, Number(c.dataset.mean)])"
@@ -266,7 +269,9 @@ def test_stream_page_draws_both_bands_from_the_series(page: Any, server: Server)
     assert "normal-approximation interval" in legend
     assert_page_matches_api(page, server, summary)
     # The guaranteed band is the wider one: it encloses the normal band at every point.
-    series = server.get("/api/v1/streams/temps/series", interval=summary["interval"])["points"]
+    series = server.get("/api/v1/streams/temps/series", interval_seconds=summary["interval"])[
+        "points"
+    ]
     for p in series:
         g, c = p["estimate"]["guaranteed"], p["estimate"]["ci"]
         assert g[0] < c[0] < c[1] < g[1]
@@ -288,7 +293,7 @@ def test_window_interval_and_group_change_the_chart_to_the_api_values(
     assert_page_matches_api(page, server, two)
 
     # A custom window over part of the data: the figures follow it.
-    stamps = server.get("/api/v1/streams/temps/series", interval=1)["points"]
+    stamps = server.get("/api/v1/streams/temps/series", interval_seconds=1)["points"]
     first = datetime.fromisoformat(stamps[0]["start"])
     start = (first + timedelta(seconds=2)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
     end = (first + timedelta(seconds=5)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
@@ -548,13 +553,17 @@ def test_creating_a_stream_needs_the_operator_token(page: Any, server: Server) -
         "epsilon": 0.5,
         "n": 10000,
         "max_epsilon_per_day": 12,
-        "reading_every": 600,
+        "reading_every_seconds": 600,
     }
     preview = server.get("/api/v1/preview", **asked)
+    # Each fill starts a preview 250 ms later; on a slow machine one for the fields filled
+    # so far can land first (its payload bits and standard error are already the final
+    # ones, its policy rows not), so wait for a row that only the last fields give.
     page.wait_for_function(
         f"() => document.getElementById('preview').dataset.payloadBits === "
-        f"'{preview['payload_bits']}' && document.getElementById('preview').textContent"
-        f".includes('{preview['std_error']:.4g}')",
+        f"'{preview['payload_bits']}' && document.getElementById('preview').innerText"
+        f".includes('{preview['std_error']:.4g}') && document.getElementById('preview')"
+        f".innerText.includes('{preview['epsilon_per_day']:.2f} (')",
         timeout=10000,
     )
     # The policy's figures: 24 readings a day at 0.5 (2 an hour); 144 a day every 10
@@ -570,7 +579,7 @@ def test_creating_a_stream_needs_the_operator_token(page: Any, server: Server) -
     # The fleet planner: 500 devices, hourly windows (docs/privacy.md, "Planning a fleet").
     page.fill("#plan_devices", "500")
     page.fill("#plan_interval", "3600")
-    planned = server.get("/api/v1/preview", **asked, devices=500, interval=3600)
+    planned = server.get("/api/v1/preview", **asked, devices=500, interval_seconds=3600)
     windows, best = planned["windows"], planned["best"]
     page.wait_for_function(
         "() => document.getElementById('preview').textContent.includes('Planner at the best')",
@@ -773,7 +782,7 @@ def test_resets_duplicates_raw_store_and_clipped_bands_read_right(
     assert text(page, "#window-mean").endswith(" kWh")
 
     interval = int(page.eval_on_selector("#summary", "s => s.dataset.interval"))
-    points = server.get("/api/v1/streams/few/series", interval=interval)["points"]
+    points = server.get("/api/v1/streams/few/series", interval_seconds=interval)["points"]
     means = [p["estimate"]["mean"] for p in points]
     low = min(min(p["estimate"]["ci"][0], p["estimate"]["guaranteed"][0]) for p in points)
     high = max(max(p["estimate"]["ci"][1], p["estimate"]["guaranteed"][1]) for p in points)
