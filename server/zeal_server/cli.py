@@ -1,25 +1,29 @@
 """``zeal-server``: serve the API and collector, manage streams, check and export the store.
 
 zeal-server serve [--host H] [--port P]      API + collector (settings: ZEAL_* variables)
+
+Asking the running server over HTTP (--server URL or ZEAL_SERVER_URL, default
+http://127.0.0.1:8000; ZEAL_READ_TOKEN for reads, ZEAL_OPERATOR_TOKEN for changes):
 zeal-server streams create NAME --lower L --upper U --epsilon E [--unit degF] ...
-zeal-server streams list
+zeal-server streams list | streams show NAME | streams devices NAME
 zeal-server streams delete NAME --confirm NAME   the stream and all its data
 zeal-server streams retention NAME DAYS|none  keep whole buckets of the last DAYS days only
 zeal-server streams delete-device NAME DEVICE --confirm DEVICE   one device's data
+zeal-server export STREAM [--start T] [--end T]   decoded estimates as CSV
+zeal-server average STREAM [--start T] [--end T] [--group K:V] [--device D]
+zeal-server series STREAM [--interval-seconds S] ...  |  zeal-server tail STREAM
+zeal-server enroll STREAM DEVICE  |  zeal-server policy set STREAM EPSILON_PER_DAY
+
+On the database itself (ZEAL_DATABASE_URL or ZEAL_DATA_DIR; the line on stderr names it):
 zeal-server verify [STREAM]                  every segment row's sums == its readings'
 zeal-server compact [STREAM]                 merge raw parts into compressed chunks
-zeal-server export STREAM [--start T] [--end T]   decoded estimates as CSV
 zeal-server migrate                          bring the database schema up to date
+zeal-server streams ... --local, export --local   as above, while no server runs
+
 zeal-server devices provision NAME           a broker login for a device (password shown once)
 zeal-server devices revoke NAME              remove it: the device is disconnected, for good
 zeal-server devices list                     devices with a login made here
 zeal-server devices harden                   deny-by-default rules on logins made before them
-
-Asking the running server over HTTP (--server URL or ZEAL_SERVER_URL, the read token):
-zeal-server streams show NAME | streams devices NAME
-zeal-server average STREAM [--start T] [--end T] [--group K:V] [--device D]
-zeal-server series STREAM [--interval-seconds S] ...  |  zeal-server tail STREAM
-zeal-server enroll STREAM DEVICE  |  zeal-server policy set STREAM EPSILON_PER_DAY
 
 Errors (a bad setting, an unreachable database) are one line on stderr and exit status 2.
 """
@@ -52,6 +56,8 @@ __all__ = ["main"]
 log = logging.getLogger(__name__)
 _DATABASE = ("ZEAL_DATA_DIR", "ZEAL_DATABASE_URL")
 _FORMATTER = argparse.RawDescriptionHelpFormatter
+#: Said by the commands that ask the running server unless given --local.
+_ASKS = " (asks the running server: --server or ZEAL_SERVER_URL; --local: the database)"
 
 
 def _command(
@@ -102,8 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     create = _command(
         sub,
         "create",
-        "create a stream; its parameters never change afterwards (a running server "
-        "retains its configuration on the broker within seconds)",
+        "create a stream; its parameters never change afterwards, and the server retains its "
+        "configuration on the broker within seconds" + _ASKS,
     )
     create.add_argument("name", help="1-64 letters, digits, '_', '.' or '-'")
     create.add_argument("--lower", type=float, required=True, help="lower end of the range")
@@ -130,13 +136,13 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--max-epsilon-per-day", type=float, default=8.0, help="privacy policy per device [8]"
     )
-    listing = _command(sub, "list", "list the streams")
+    listing = _command(sub, "list", "list the streams" + _ASKS)
     listing.add_argument("--json", action="store_true", help="names as a JSON array (for scripts)")
     delete = _command(
         sub,
         "delete",
-        "delete a stream and every reading stored for it; a running server withdraws its "
-        "configuration from the broker, and agents sending to it stop",
+        "delete a stream and every reading stored for it; the server withdraws its "
+        "configuration from the broker, and agents sending to it stop" + _ASKS,
     )
     delete.add_argument("name", help="the stream to delete")
     delete.add_argument(
@@ -146,8 +152,8 @@ def _parser() -> argparse.ArgumentParser:
     keep = _command(
         sub,
         "retention",
-        "set how long a stream's data is kept: a running collector deletes whole buckets "
-        "older than that within a minute, for good",
+        "set how long a stream's data is kept: the collector deletes whole buckets older "
+        "than that within a minute, for good" + _ASKS,
     )
     keep.add_argument("name", help="the stream")
     keep.add_argument("days", type=_days, help="1 to 36500 days, or none to keep everything")
@@ -155,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
         sub,
         "delete-device",
         "delete everything stored of one device of a stream; the other devices' data is "
-        "untouched (revoke the device's broker login first)",
+        "untouched (revoke the device's broker login first)" + _ASKS,
     )
     forget.add_argument("name", help="the stream")
     forget.add_argument("device", help="the device")
@@ -169,12 +175,20 @@ def _parser() -> argparse.ArgumentParser:
     ):
         p = _command(commands, name, text)
         p.add_argument("stream", nargs="?", help="one stream [all]")
-    export = _command(commands, "export", "decoded per-reading estimates as CSV on stdout")
+    export = _command(commands, "export", "decoded per-reading estimates as CSV on stdout" + _ASKS)
     export.add_argument("stream", help="the stream to export")
     export.add_argument(
         "--start", type=datetime.fromisoformat, help="ISO 8601 time; whole buckets from it"
     )
     export.add_argument("--end", type=datetime.fromisoformat, help="ISO 8601 time, exclusive")
+    for p in (create, listing, delete, keep, forget, export):
+        remotecommands.add_server_argument(p)
+        p.add_argument(
+            "--local",
+            action="store_true",
+            help="open the database (ZEAL_DATABASE_URL, or ZEAL_DATA_DIR) instead of asking "
+            "the running server: for maintenance while no server runs",
+        )
     _command(commands, "migrate", "bring the database schema to the latest revision")
     devicecommands.add_parsers(commands, _command)
     _remote_parsers(commands, sub)
@@ -245,15 +259,6 @@ def _days(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"whole days or none, got {text!r}") from None
 
 
-def _unconfirmed(confirm: str | bool | None, name: str) -> str | None:
-    """Why a deletion is not confirmed (None: it is). True is the old --yes."""
-    if confirm is True or confirm == name:
-        return None
-    if confirm is None:
-        return f"add --confirm {name} to confirm"
-    return f"--confirm names {confirm!r}, not {name!r}"
-
-
 def _fail(message: str) -> int:
     print(f"zeal-server: error: {message}", file=sys.stderr)
     return 2
@@ -272,7 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if (args.command, getattr(args, "action", None)) in remotecommands.COMMANDS:
+    asked = (args.command, getattr(args, "action", None))
+    if asked in remotecommands.COMMANDS or (
+        asked in remotecommands.UNLESS_LOCAL and not args.local
+    ):
         return remotecommands.run(args)
     try:
         settings = ServerSettings.from_env(os.environ)
@@ -287,6 +295,9 @@ def _local(settings: ServerSettings, args: argparse.Namespace) -> int:
     engine = make_engine(settings.database_url)
     try:
         migrate(engine)
+        if args.command != "serve":
+            where = engine.url.render_as_string(hide_password=True)
+            print(f"zeal-server: the database {where}", file=sys.stderr)
         if args.command == "serve":
             engine.dispose()
             return _serve(settings, args)
@@ -420,7 +431,7 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
         found = store.stream_by_name(session, args.name)
         if found is None:
             return _fail(f"no stream named {args.name!r}")
-        if (refused := _unconfirmed(args.confirm, args.name)) is not None:
+        if (refused := remotecommands.unconfirmed(args.confirm, args.name)) is not None:
             return _fail(
                 f"deleting stream {args.name!r} removes every reading stored for it; {refused}"
             )
@@ -440,13 +451,8 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
     print(
         f"created stream {stream.name}: {stream.payload_bits} payload bits, at most "
         f"{stream.max_epsilon_per_day:g} epsilon per device per day, fingerprint "
-        f"{stream.fingerprint} (a running server retains its configuration on the broker "
-        "within seconds)"
-    )
-    where = session.get_bind().engine.url.render_as_string(hide_password=True)
-    print(
-        f"in the database {where}: a server lists the stream only if it uses this database "
-        "(ZEAL_DATABASE_URL, or ZEAL_DATA_DIR and the directory it runs in)"
+        f"{stream.fingerprint} (a running server on this database retains its configuration "
+        "on the broker within seconds)"
     )
     return 0
 
@@ -466,7 +472,7 @@ def _stream_data(session: Session, args: argparse.Namespace) -> int:
     )
     if device is None:
         return _fail(f"no device {args.device!r} in stream {args.name!r}")
-    if (refused := _unconfirmed(args.confirm, args.device)) is not None:
+    if (refused := remotecommands.unconfirmed(args.confirm, args.device)) is not None:
         return _fail(
             f"deleting device {args.device!r} removes every reading it sent to "
             f"{args.name!r}; {refused}"

@@ -1,6 +1,8 @@
 """``zeal-server`` commands that ask a running server over HTTP, as ``kubectl`` and ``influx``
 do: ``streams show``, ``streams devices``, ``average``, ``series`` and ``tail`` read it,
-``enroll`` and ``policy set`` change it.
+``enroll`` and ``policy set`` change it. ``streams create|list|delete|retention|
+delete-device`` and ``export`` do too, unless given ``--local`` (:data:`UNLESS_LOCAL`), which
+opens the database instead, for maintenance while no server runs.
 
 They ask whichever database the server uses: ``--server URL`` (or ``ZEAL_SERVER_URL``,
 default http://127.0.0.1:8000) with the read token (``ZEAL_READ_TOKEN``, else
@@ -18,10 +20,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from http.client import HTTPResponse
 from typing import Any
 
-__all__ = ["COMMANDS", "RemoteError", "add_server_argument", "run"]
+__all__ = ["COMMANDS", "UNLESS_LOCAL", "RemoteError", "add_server_argument", "run", "unconfirmed"]
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 #: (command, action) pairs answered over HTTP; action None for a command without actions.
@@ -34,6 +38,17 @@ COMMANDS = frozenset(
         ("tail", None),
         ("enroll", None),
         ("policy", "set"),
+    }
+)
+#: Commands answered over HTTP unless given --local (then on the database directly).
+UNLESS_LOCAL = frozenset(
+    {
+        ("streams", "create"),
+        ("streams", "list"),
+        ("streams", "delete"),
+        ("streams", "retention"),
+        ("streams", "delete-device"),
+        ("export", None),
     }
 )
 
@@ -62,7 +77,24 @@ def _ask(
     body: dict[str, Any] | None,
     **query: Any,
 ) -> Any:
-    base = (args.server or env.get("ZEAL_SERVER_URL") or DEFAULT_SERVER).rstrip("/")
+    with _open(args, env, method, path, body, **query) as response:
+        return json.load(response)
+
+
+def _base(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    return str(args.server or env.get("ZEAL_SERVER_URL") or DEFAULT_SERVER).rstrip("/")
+
+
+@contextmanager
+def _open(
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    **query: Any,
+) -> Iterator[HTTPResponse]:
+    base = _base(args, env)
     given = {k: v for k, v in query.items() if v is not None}
     url = f"{base}/api/v1{path}" + (f"?{urllib.parse.urlencode(given)}" if given else "")
     data = None if body is None else json.dumps(body).encode()
@@ -74,8 +106,7 @@ def _ask(
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.load(response)
+        response = urllib.request.urlopen(request, timeout=30)
     except urllib.error.HTTPError as exc:
         try:
             detail = json.load(exc).get("detail")
@@ -88,8 +119,20 @@ def _ask(
         reason = getattr(exc, "reason", exc)
         raise RemoteError(
             f"cannot reach the server at {base}: {reason} (is it running? --server or "
-            "ZEAL_SERVER_URL names it)"
+            "ZEAL_SERVER_URL names it; --local opens the database instead where a command "
+            "has it)"
         ) from None
+    with response:
+        yield response
+
+
+def unconfirmed(confirm: str | bool | None, name: str) -> str | None:
+    """Why a deletion is not confirmed (None: it is). True is the old --yes."""
+    if confirm is True or confirm == name:
+        return None
+    if confirm is None:
+        return f"add --confirm {name} to confirm"
+    return f"--confirm names {confirm!r}, not {name!r}"
 
 
 def _stream(name: str) -> str:
@@ -185,6 +228,79 @@ def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     )
 
 
+def _create(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    fields = "name lower upper epsilon payload_bits exponent bucket_seconds description unit"
+    more = "enrolled_only retention_days max_epsilon_per_day"
+    body = {k: getattr(args, k) for k in f"{fields} {more}".split()}
+    s = _ask(args, env, "POST", "/streams", {k: v for k, v in body.items() if v is not None})
+    print(
+        f"created stream {s['name']} on {_base(args, env)}: {s['payload_bits']} payload bits, "
+        f"at most {s['max_epsilon_per_day']:g} epsilon per device per day, fingerprint "
+        f"{s['fingerprint']} (the server retains its configuration on the broker within "
+        "seconds)"
+    )
+
+
+def _list(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    streams = _get(args, env, "/streams")
+    if args.json:
+        print(json.dumps([s["name"] for s in streams]))
+        return
+    for s in streams:
+        unit = f" {s['unit']}" if s["unit"] else ""
+        print(
+            f"{s['name']}  [{s['lower']:g}, {s['upper']:g}]{unit}  epsilon {s['epsilon']:g}  "
+            f"{s['payload_bits']} bits  fingerprint {s['fingerprint']}"
+        )
+    if not streams:
+        print("no streams yet (zeal-server streams create --help)")
+
+
+def _delete(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    _get(args, env, _stream(args.name))  # a missing stream is said before a confirmation
+    if (refused := unconfirmed(args.confirm, args.name)) is not None:
+        raise RemoteError(
+            f"deleting stream {args.name!r} removes every reading stored for it; {refused}"
+        )
+    out = _ask(args, env, "DELETE", _stream(args.name), None, confirm=args.name)
+    print(
+        f"deleted stream {args.name} and its {out['readings']} readings (the server "
+        "withdraws its configuration from the broker within seconds)"
+    )
+
+
+def _retention(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    _ask(args, env, "PATCH", _stream(args.name), {"retention_days": args.days})
+    kept = "everything" if args.days is None else f"the last {args.days} days"
+    print(f"stream {args.name} keeps {kept} (the collector applies it within a minute)")
+
+
+def _delete_device(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    path = f"{_stream(args.name)}/devices/{urllib.parse.quote(args.device, safe='')}"
+    _get(args, env, _stream(args.name))
+    if (refused := unconfirmed(args.confirm, args.device)) is not None:
+        raise RemoteError(
+            f"deleting device {args.device!r} removes every reading it sent to "
+            f"{args.name!r}; {refused}"
+        )
+    out = _ask(args, env, "DELETE", path, None, confirm=args.device)
+    print(f"deleted device {args.device} of stream {args.name} and its {out['readings']} readings")
+
+
+def _export(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    window = {
+        "start": None if args.start is None else args.start.isoformat(),
+        "end": None if args.end is None else args.end.isoformat(),
+    }
+    with _open(args, env, "GET", f"{_stream(args.stream)}/export", None, **window) as response:
+        if note := response.headers.get("Zeal-Estimates"):
+            print(f"zeal-server: {note}", file=sys.stderr)
+        sys.stdout.flush()
+        while chunk := response.read(1 << 16):
+            sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+
+
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     action = getattr(args, "action", None)
@@ -196,6 +312,12 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
         ("tail", None): _tail,
         ("enroll", None): _enroll,
         ("policy", "set"): _policy,
+        ("streams", "create"): _create,
+        ("streams", "list"): _list,
+        ("streams", "delete"): _delete,
+        ("streams", "retention"): _retention,
+        ("streams", "delete-device"): _delete_device,
+        ("export", None): _export,
     }[(args.command, action if args.command in ("streams", "policy") else None)]
     try:
         handler(args, env)

@@ -53,7 +53,9 @@ def test_every_command_documents_its_options_and_the_environment() -> None:
     assert "--unit UNIT" in text
 
 
-@pytest.mark.parametrize("command", [["streams", "list"], ["serve", "--port", "0"], ["migrate"]])
+@pytest.mark.parametrize(
+    "command", [["streams", "list", "--local"], ["serve", "--port", "0"], ["migrate"]]
+)
 def test_an_unreachable_database_is_one_line_without_the_password(command: list[str]) -> None:
     """No traceback: one line that names the database (password masked) and the cause."""
     url = UNREACHABLE.format(port=free_port())
@@ -67,19 +69,20 @@ def test_an_unreachable_database_is_one_line_without_the_password(command: list[
 
 
 def test_migrations_are_quiet_unless_asked(tmp_path: Path) -> None:
-    """A new database: one line says the schema was created; the next run says nothing;
-    --log-level DEBUG shows Alembic's own steps."""
-    env = {"ZEAL_DATABASE_URL": f"sqlite:///{tmp_path / 'z.sqlite'}"}
-    first = zeal_server("streams", "list", env=env)
+    """A new database: one line says the schema was created, one names the database; the
+    next run only names the database; --log-level DEBUG shows Alembic's own steps."""
+    url = f"sqlite:///{tmp_path / 'z.sqlite'}"
+    env = {"ZEAL_DATABASE_URL": url}
+    first = zeal_server("streams", "list", "--local", env=env)
     assert first.returncode == 0, first.stderr
-    assert first.stderr.strip().splitlines() == [
-        line for line in first.stderr.strip().splitlines() if "schema upgraded" in line
-    ]
-    assert len(first.stderr.strip().splitlines()) == 1
+    lines = first.stderr.strip().splitlines()
+    assert len(lines) == 2, first.stderr
+    assert "schema upgraded" in lines[0], first.stderr
+    assert lines[1] == f"zeal-server: the database {url}", first.stderr
     assert "no streams yet" in first.stdout
-    again = zeal_server("streams", "list", env=env)
-    assert again.stderr == ""
-    verbose = zeal_server("--log-level", "DEBUG", "streams", "list", env=env)
+    again = zeal_server("streams", "list", "--local", env=env)
+    assert again.stderr == f"zeal-server: the database {url}\n"
+    verbose = zeal_server("--log-level", "DEBUG", "streams", "list", "--local", env=env)
     assert "alembic" in verbose.stderr
 
 
@@ -126,29 +129,30 @@ def test_deleting_a_stream_asks_for_confirmation(tmp_path: Path) -> None:
     says what to add; another name is refused; the old --yes works for one release, saying
     so."""
     env = {"ZEAL_DATABASE_URL": f"sqlite:///{tmp_path / 'z.sqlite'}"}
+    local = ("--local",)  # the same over HTTP: tests/server/test_remote_commands.py
     create = zeal_server(
-        "streams", "create", "t", "--lower", "0", "--upper", "1", "--epsilon", "1", env=env
+        "streams", "create", "t", "--lower", "0", "--upper", "1", "--epsilon", "1", *local, env=env
     )
     assert create.returncode == 0, create.stderr
-    refused = zeal_server("streams", "delete", "t", env=env)
+    refused = zeal_server("streams", "delete", "t", *local, env=env)
     assert refused.returncode == 2
     assert "add --confirm t to confirm" in refused.stderr
-    wrong = zeal_server("streams", "delete", "t", "--confirm", "u", env=env)
+    wrong = zeal_server("streams", "delete", "t", "--confirm", "u", *local, env=env)
     assert wrong.returncode == 2
     assert "--confirm names 'u', not 't'" in wrong.stderr
-    assert zeal_server("streams", "list", "--json", env=env).stdout.strip() == '["t"]'
-    assert zeal_server("streams", "delete", "t", "--confirm", "t", env=env).returncode == 0
-    assert zeal_server("streams", "list", "--json", env=env).stdout.strip() == "[]"
+    assert zeal_server("streams", "list", "--json", *local, env=env).stdout.strip() == '["t"]'
+    assert zeal_server("streams", "delete", "t", "--confirm", "t", *local, env=env).returncode == 0
+    assert zeal_server("streams", "list", "--json", *local, env=env).stdout.strip() == "[]"
     again = zeal_server(
-        "streams", "create", "t", "--lower", "0", "--upper", "1", "--epsilon", "1", env=env
+        "streams", "create", "t", "--lower", "0", "--upper", "1", "--epsilon", "1", *local, env=env
     )
     assert again.returncode == 0, again.stderr
-    old = zeal_server("streams", "delete", "t", "--yes", env=env)
+    old = zeal_server("streams", "delete", "t", "--yes", *local, env=env)
     assert old.returncode == 0
     assert "--yes is now --confirm NAME; the old name goes in the next release" in old.stderr
-    assert zeal_server("streams", "list", "--json", env=env).stdout.strip() == "[]"
-    missing = zeal_server("streams", "delete", "t", "--confirm", "t", env=env)
-    assert (missing.returncode, missing.stderr.strip()) == (
+    assert zeal_server("streams", "list", "--json", *local, env=env).stdout.strip() == "[]"
+    missing = zeal_server("streams", "delete", "t", "--confirm", "t", *local, env=env)
+    assert (missing.returncode, missing.stderr.strip().splitlines()[-1]) == (
         2,
         "zeal-server: error: no stream named 't'",
     )

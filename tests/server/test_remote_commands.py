@@ -13,6 +13,7 @@ import pytest
 from tests.server.helpers import publish_all
 from tools.testbed.broker import Mosquitto
 from tools.testbed.server import Server, batches, create, stats, wait_until
+from zeal.streamconfig import params_from_config
 
 pytestmark = pytest.mark.integration  # a real server on a real broker
 
@@ -100,5 +101,67 @@ def test_enroll_and_policy_set_change_the_running_server(broker: Mosquitto, tmp_
         refused = zeal_server(server, tmp_path, "policy", "set", "temps", "30")
         assert refused.returncode == 2
         assert "answered 401" in refused.stderr
+    finally:
+        server.stop()
+
+
+def test_stream_management_and_export_ask_the_running_server(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """`streams create|list|retention|delete-device|delete` and `export`, run from another
+    directory with the operator token: each changes or reads the running server's streams,
+    and no database is made where they run. Before: they opened the database of the
+    directory they ran in (a new zeal-data/zeal.sqlite the server never listed)."""
+    server = Server(f"sqlite:///{tmp_path / 'zeal.sqlite'}", broker, tmp_path / "s.log")
+    server.env["ZEAL_OPERATOR_TOKEN"] = "op-" + "x" * 20
+    server.start()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    try:
+        made = zeal_server(
+            server, elsewhere, "streams", "create", "temps", "--lower", "0", "--upper", "110",
+            "--epsilon", "1", "--bucket-seconds", "1", "--max-epsilon-per-day", "1e6",
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        assert f"created stream temps on http://127.0.0.1:{server.port}: " in made.stdout
+        listed = zeal_server(server, elsewhere, "streams", "list", "--json")
+        assert (listed.returncode, listed.stdout.strip()) == (0, '["temps"]'), listed.stderr
+        params = params_from_config(server.http.get("/api/v1/streams/temps/config").json())
+        publish_all(
+            broker.port, [("zeal/v1/temps/dev1/up", b) for b in batches(params, "temps", "dev1", 3)]
+        )
+        wait_until(lambda: stats(server)["readings"] == 30, 60, "the readings")
+
+        kept = zeal_server(server, elsewhere, "streams", "retention", "temps", "30")
+        assert kept.returncode == 0, kept.stderr
+        assert server.http.get("/api/v1/streams/temps").json()["retention_days"] == 30
+
+        exported = zeal_server(server, elsewhere, "export", "temps")
+        assert exported.returncode == 0, exported.stderr
+        served = server.http.get("/api/v1/streams/temps/export")
+        assert exported.stdout == served.text
+        assert len(exported.stdout.splitlines()) == 31  # a header and 30 readings
+        assert served.headers["Zeal-Estimates"] in exported.stderr
+
+        unconfirmed = zeal_server(server, elsewhere, "streams", "delete-device", "temps", "dev1")
+        assert unconfirmed.returncode == 2
+        assert "add --confirm dev1 to confirm" in unconfirmed.stderr
+        assert stats(server)["readings"] == 30
+        forgot = zeal_server(
+            server, elsewhere, "streams", "delete-device", "temps", "dev1", "--confirm", "dev1"
+        )
+        assert forgot.returncode == 0, forgot.stderr
+        assert "deleted device dev1 of stream temps and its 30 readings" in forgot.stdout
+        assert stats(server)["readings"] == 0
+
+        server.env.pop("ZEAL_OPERATOR_TOKEN")  # the client's environment, not the server's
+        refused = zeal_server(server, elsewhere, "streams", "delete", "temps", "--confirm", "temps")
+        assert refused.returncode == 2
+        assert "answered 401" in refused.stderr
+        server.env["ZEAL_OPERATOR_TOKEN"] = "op-" + "x" * 20
+        gone = zeal_server(server, elsewhere, "streams", "delete", "temps", "--confirm", "temps")
+        assert gone.returncode == 0, gone.stderr
+        assert server.http.get("/api/v1/streams").json() == []
+        assert list(elsewhere.iterdir()) == []  # no database made here
     finally:
         server.stop()

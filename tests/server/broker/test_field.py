@@ -80,7 +80,8 @@ def test_an_agent_whose_data_dir_was_deleted_stores_all_its_new_readings(
 def test_a_stream_created_by_the_cli_gets_its_retained_config_within_5_s(
     database_url: str, broker: Mosquitto
 ) -> None:
-    """`zeal-server streams create` in another process while the server runs: the running
+    """A stream written to the database by another process while the server runs (another
+    server on the same database, or `zeal-server streams create --local`): the running
     collector retains the new stream's configuration on the broker within 5 s."""
     got: dict[str, tuple[float, bytes]] = {}
     listener = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
@@ -92,7 +93,16 @@ def test_a_stream_created_by_the_cli_gets_its_retained_config_within_5_s(
         with TestClient(server_app(database_url, broker)) as client:
             wait_until(lambda: client.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
             result = subprocess.run(
-                [sys.executable, "-m", "zeal_server", "streams", "create", "cli-temps", *CREATE],
+                [
+                    sys.executable,
+                    "-m",
+                    "zeal_server",
+                    "streams",
+                    "create",
+                    "cli-temps",
+                    *CREATE,
+                    "--local",
+                ],
                 env={**os.environ, "ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": "off"},
                 capture_output=True,
                 text=True,
