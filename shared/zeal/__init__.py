@@ -16,6 +16,7 @@ tests/test_architecture.py holds it to the files)::
     protocol     names, parameter limits, the reject reasons
     policy       a stream's privacy policy in integer micro-epsilon
     wire         the batch format; wirebatches: many payloads of a stream decoded at once
+    lorawan      the LoRaWAN profile of the batch format: what the network carries is not sent
     topics       the MQTT topic layout
     streamconfig, brokerurl, mqttclient    configuration documents, broker URLs, paho clients
     estimate     an average's estimate and intervals
@@ -44,6 +45,7 @@ PUBLIC_MODULES = (
     "compare",
     "errors",
     "estimate",
+    "lorawan",
     "mqttclient",
     "plan",
     "policy",

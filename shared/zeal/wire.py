@@ -256,17 +256,9 @@ def encode_batch(
     return bytes(head) + _pack(values.astype(np.uint64), params.payload_bits)
 
 
-def decode_batch(  # noqa: C901, PLR0912 (the byte layout checked field by field, in order)
-    payload: bytes, params: WireParams, *, stream: str, device: str
-) -> Batch:
+def decode_batch(payload: bytes, params: WireParams, *, stream: str, device: str) -> Batch:
     """Decode and validate a payload from `device` on `stream` against its parameters."""
-    if not isinstance(payload, bytes | bytearray | memoryview):
-        raise WireError("empty", f"payload must be bytes, got {type(payload).__name__}")
-    data = bytes(payload)
-    if not data:
-        raise WireError("empty", "payload is empty")
-    if len(data) > MAX_PAYLOAD_BYTES:
-        raise WireError("too_large", f"payload of {len(data)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    data = _payload_bytes(payload, MAX_PAYLOAD_BYTES)
     version, flags = data[0] >> 4, data[0] & 0x0F
     if version != VERSION:
         older = (
@@ -293,8 +285,6 @@ def decode_batch(  # noqa: C901, PLR0912 (the byte layout checked field by field
     count = reader.varint("count")
     if not 1 <= count <= MAX_COUNT:
         raise WireError("bad_count", f"count {count} is outside [1, {MAX_COUNT}]")
-    bits = params.payload_bits
-    code_bytes = (count * bits + 7) // 8
     base = reader.varint("base time")
     if flags & _IRREGULAR:
         steps = [reader.varint("timestamp delta") for _ in range(count - 1)]
@@ -311,15 +301,33 @@ def decode_batch(  # noqa: C901, PLR0912 (the byte layout checked field by field
         if stamps is not None
         else base + period * np.arange(count, dtype=np.int64)
     )
-    rest = len(data) - reader.position
-    if rest < code_bytes:
+    return Batch(fingerprint, sequence, timestamps, _codes(data[reader.position :], count, params))
+
+
+def _payload_bytes(payload: object, limit: int) -> bytes:
+    """A payload's bytes, refused when there are none or more than `limit`."""
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise WireError("empty", f"payload must be bytes, got {type(payload).__name__}")
+    data = bytes(payload)
+    if not data:
+        raise WireError("empty", "payload is empty")
+    if len(data) > limit:
+        raise WireError("too_large", f"payload of {len(data)} bytes exceeds {limit}")
+    return data
+
+
+def _codes(data: bytes, count: int, params: WireParams) -> npt.NDArray[np.uint64]:
+    """The codes section that ends a payload: exactly its bytes, zero padding, in range."""
+    bits = params.payload_bits
+    code_bytes = (count * bits + 7) // 8
+    if len(data) < code_bytes:
         raise WireError(
-            "truncated", f"{count} codes of {bits} bits need {code_bytes} bytes, got {rest}"
+            "truncated", f"{count} codes of {bits} bits need {code_bytes} bytes, got {len(data)}"
         )
-    if rest > code_bytes:
-        raise WireError("trailing_bytes", f"{rest - code_bytes} bytes after the last code")
-    codes = _unpack(data[reader.position :], count, bits)
+    if len(data) > code_bytes:
+        raise WireError("trailing_bytes", f"{len(data) - code_bytes} bytes after the last code")
+    codes = _unpack(data, count, bits)
     if int(codes.min()) < params.code_min or int(codes.max()) > params.code_max:
         bad = int(codes.min()) if int(codes.min()) < params.code_min else int(codes.max())
         raise WireError("bad_code", f"code {bad} is outside [{params.code_min}, {params.code_max}]")
-    return Batch(fingerprint, sequence, timestamps, codes)
+    return codes

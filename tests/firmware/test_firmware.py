@@ -20,6 +20,7 @@ from scipy.stats import chi2
 from tests.shared.helpers import blocks, stream_of, timestamps_of
 from zeal import WireError, Zeal, ZealWarning, encode_batch
 from zeal._firmware import PROFILE_BYTES, c_header, profile_bytes
+from zeal.lorawan import encode_lorawan
 from zeal.streamconfig import config_document
 
 pytestmark = pytest.mark.integration  # real brokers, servers or outside tools
@@ -273,6 +274,52 @@ def test_random_batches_encode_as_python_does(host: dict[str, Path], build: str)
     mismatches = [i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
     assert mismatches == []
     assert sum(e.startswith("error") for e in expected) >= 300  # the refusals were exercised
+
+
+def test_documented_lorawan_vectors_encode_byte_for_byte(host: dict[str, Path]) -> None:
+    """Each LoRaWAN vector in docs/wire-format.md, through zeal_encode_lorawan (both
+    builds)."""
+    vectors = blocks("lorawan")
+    assert len(vectors) >= 4
+    for tool in host.values():
+        for v in vectors:
+            params = stream_of(v["params"])
+            profile = profile_bytes(params, stream="temps", device=v["device"], unit=1)
+            codes = v["codes"].split()
+            line = f"{v['spacing']} {len(codes)} {' '.join(codes)}\n"
+            assert run(tool, "lorawan", profile.hex(), stdin=line).strip() == v["hex"], v["name"]
+
+
+@pytest.mark.parametrize("build", ["plain", "sanitized"])
+def test_random_lorawan_uplinks_encode_as_python_does(host: dict[str, Path], build: str) -> None:
+    """10**4 random uplinks per build, 1 to 400 readings at any spacing of a uint32: the
+    same FRMPayload as zeal.lorawan, and the same refusals (a code out of range, more than
+    242 bytes)."""
+    rng = np.random.default_rng(38)
+    params = CONFIGS["6 bits"]
+    lines, expected = [], []
+    for i in range(10_000):
+        count = int(rng.integers(1, 16)) if i % 3 else int(rng.integers(1, 400))
+        spacing = int(rng.integers(0, 1 << int(rng.integers(1, 33))))
+        codes = rng.integers(params.code_min, params.code_max + 1, count)
+        if i % 50 == 1:  # a code outside the range
+            codes[int(rng.integers(0, count))] = params.code_min - 1
+        lines.append(f"{spacing} {count} {' '.join(map(str, codes))}\n")
+        try:
+            payload = encode_lorawan(
+                params, stream="temps", device="dev1", codes=codes, spacing_seconds=spacing
+            )
+            expected.append(payload.hex())
+        except WireError as exc:
+            expected.append({"bad_code": "error -9", "too_large": "error -12"}[exc.reason])
+    got = run(host[build], "lorawan", profile_of("6 bits").hex(), stdin="".join(lines))
+    assert len(got.splitlines()) == len(expected)
+    mismatches = [
+        i for i, (a, b) in enumerate(zip(got.splitlines(), expected, strict=True)) if a != b
+    ]
+    assert mismatches == []
+    assert sum(e == "error -12" for e in expected) >= 300
+    assert sum(e == "error -9" for e in expected) >= 100
 
 
 def test_profiles_are_checked_and_bad_ones_refused(host: dict[str, Path]) -> None:

@@ -19,6 +19,7 @@ extern "C" {
 
 #define ZEAL_PROFILE_BYTES 104u
 #define ZEAL_MAX_BATCH 65535u
+#define ZEAL_LORAWAN_MAX_BYTES 242u /* the largest FRMPayload of any LoRaWAN data rate */
 
 /* Error codes: 0 is success; every failure is negative and leaves outputs unwritten. */
 enum zeal_status {
@@ -33,7 +34,8 @@ enum zeal_status {
     ZEAL_E_TIMESTAMP = -8,        /* timestamps must be below 2^48 and never decrease */
     ZEAL_E_CODE = -9,             /* a code outside the stream's range */
     ZEAL_E_BUFFER = -10,          /* the output buffer is too small */
-    ZEAL_E_RANDOM = -11           /* the randomness source failed */
+    ZEAL_E_RANDOM = -11,          /* the randomness source failed */
+    ZEAL_E_TOO_LARGE = -12        /* more than a LoRaWAN FRMPayload can hold (242 bytes) */
 };
 
 /* A loaded, checked profile (120 bytes of RAM). The five binary64 values are kept as
@@ -81,6 +83,24 @@ size_t zeal_batch_bound(const zeal_profile *profile, size_t count);
 int zeal_encode_batch(const zeal_profile *profile, uint64_t sequence,
                       const uint64_t *timestamps, const uint32_t *codes, size_t count,
                       uint8_t *out, size_t capacity, size_t *length);
+
+/*
+ * Bytes of FRMPayload that `count` readings `spacing_seconds` apart take in the LoRaWAN
+ * profile (docs/wire-format.md, "LoRaWAN profile"): 3 for one reading of up to 8 bits.
+ */
+size_t zeal_lorawan_size(const zeal_profile *profile, size_t count, uint32_t spacing_seconds);
+
+/*
+ * One uplink's FRMPayload in the LoRaWAN profile, byte for byte as zeal.lorawan's
+ * encode_lorawan: `count` codes of readings `spacing_seconds` apart, the last one read just
+ * before the uplink (the network's reception time stamps it). The DevEUI, FPort, frame
+ * counter and time are the network's: none is in the payload. ZEAL_E_TOO_LARGE when it
+ * would exceed ZEAL_LORAWAN_MAX_BYTES; send fewer readings (zeal_lorawan_size says how many
+ * fit the data rate's limit).
+ */
+int zeal_encode_lorawan(const zeal_profile *profile, uint32_t spacing_seconds,
+                        const uint32_t *codes, size_t count, uint8_t *out, size_t capacity,
+                        size_t *length);
 
 #ifdef __cplusplus
 }

@@ -193,6 +193,21 @@ static size_t put_varint(uint8_t *out, uint64_t value) {
     return n;
 }
 
+/* `count` codes of `k` bits, most significant bit first, back to back, zero padding. */
+static size_t put_codes(uint8_t *out, const uint32_t *codes, size_t count, unsigned k) {
+    size_t i, bit = 0, code_bytes = (count * k + 7u) / 8u;
+    memset(out, 0, code_bytes);
+    for (i = 0; i < count; i++) {
+        unsigned j;
+        for (j = 0; j < k; j++, bit++) {
+            if ((codes[i] >> (k - 1u - j)) & 1u) {
+                out[bit / 8u] |= (uint8_t)(0x80u >> (bit % 8u));
+            }
+        }
+    }
+    return code_bytes;
+}
+
 size_t zeal_batch_bound(const zeal_profile *profile, size_t count) {
     /* header, fingerprint, sequence, count, base time, then a varint per delta, codes */
     size_t bits = profile == NULL ? 32u : profile->payload_bits;
@@ -202,10 +217,9 @@ size_t zeal_batch_bound(const zeal_profile *profile, size_t count) {
 int zeal_encode_batch(const zeal_profile *p, uint64_t sequence, const uint64_t *timestamps,
                       const uint32_t *codes, size_t count, uint8_t *out, size_t capacity,
                       size_t *length) {
-    size_t i, n = 0, bit = 0, code_bytes;
+    size_t i, n = 0;
     uint64_t period = 0;
     int periodic = 1;
-    unsigned k;
     if (p == NULL || timestamps == NULL || codes == NULL || out == NULL || length == NULL) {
         return ZEAL_E_ARGUMENT;
     }
@@ -242,17 +256,61 @@ int zeal_encode_batch(const zeal_profile *p, uint64_t sequence, const uint64_t *
     } else if (count > 1) {
         n += put_varint(out + n, period);
     }
-    k = p->payload_bits;
-    code_bytes = (count * k + 7u) / 8u;
-    memset(out + n, 0, code_bytes);
-    for (i = 0; i < count; i++) { /* most significant bit first, back to back */
-        unsigned j;
-        for (j = 0; j < k; j++, bit++) {
-            if ((codes[i] >> (k - 1u - j)) & 1u) {
-                out[n + bit / 8u] |= (uint8_t)(0x80u >> (bit % 8u));
-            }
+    *length = n + put_codes(out + n, codes, count, p->payload_bits);
+    return ZEAL_OK;
+}
+
+static size_t varint_size(uint64_t value) {
+    size_t n = 1;
+    while (value >= 0x80u) {
+        value >>= 7;
+        n++;
+    }
+    return n;
+}
+
+size_t zeal_lorawan_size(const zeal_profile *profile, size_t count, uint32_t spacing_seconds) {
+    size_t bits = profile == NULL ? 32u : profile->payload_bits;
+    size_t n = 2u; /* tag and n */
+    if (count > 15u) {
+        n += varint_size((uint64_t)count);
+    }
+    if (count > 1u) {
+        n += varint_size(spacing_seconds);
+    }
+    return n + (count * bits + 7u) / 8u;
+}
+
+int zeal_encode_lorawan(const zeal_profile *p, uint32_t spacing_seconds, const uint32_t *codes,
+                        size_t count, uint8_t *out, size_t capacity, size_t *length) {
+    size_t i, n = 0, size;
+    if (p == NULL || codes == NULL || out == NULL || length == NULL) {
+        return ZEAL_E_ARGUMENT;
+    }
+    if (count < 1 || count > ZEAL_MAX_BATCH) {
+        return ZEAL_E_COUNT;
+    }
+    for (i = 0; i < count; i++) {
+        if (codes[i] < p->code_min || codes[i] > p->code_max) {
+            return ZEAL_E_CODE;
         }
     }
-    *length = n + code_bytes;
+    size = zeal_lorawan_size(p, count, spacing_seconds);
+    if (size > ZEAL_LORAWAN_MAX_BYTES) {
+        return ZEAL_E_TOO_LARGE;
+    }
+    if (capacity < size) {
+        return ZEAL_E_BUFFER;
+    }
+    /* the wire fingerprint's first 12 bits, then n: count - 1, or 15 and a varint count */
+    out[n++] = p->fingerprint[0];
+    out[n++] = (uint8_t)((p->fingerprint[1] & 0xF0u) | (count > 15u ? 15u : count - 1u));
+    if (count > 15u) {
+        n += put_varint(out + n, (uint64_t)count);
+    }
+    if (count > 1u) {
+        n += put_varint(out + n, spacing_seconds);
+    }
+    *length = n + put_codes(out + n, codes, count, p->payload_bits);
     return ZEAL_OK;
 }

@@ -10,6 +10,8 @@
  *   zeal-host encode PROFILE_HEX SEQUENCE   "timestamp_ms code" lines in, the payload as hex
  *   zeal-host batches PROFILE_HEX           "sequence count t1..tn c1..cn" lines in, one
  *                                           payload (hex) or "error N" per line out
+ *   zeal-host lorawan PROFILE_HEX           "spacing count c1..cn" lines in, one LoRaWAN
+ *                                           FRMPayload (hex) or "error N" per line out
  *   zeal-host profiles                      profile hex per line in, "N" per line out: the
  *                                           load status, and on success a few readings
  *                                           perturbed (seeded words) and encoded: the
@@ -32,7 +34,7 @@
 #define USAGE                                                                              \
     "usage: zeal-host perturb PROFILE_HEX [SEED] | starts PROFILE_HEX | "                  \
     "encode PROFILE_HEX SEQUENCE | "                                                       \
-    "batches PROFILE_HEX | profiles | f64\n"
+    "batches PROFILE_HEX | lorawan PROFILE_HEX | profiles | f64\n"
 
 struct pool {
     uint64_t words[WORDS];
@@ -172,6 +174,33 @@ static int encode(const zeal_profile *profile, uint64_t sequence) {
     return 0;
 }
 
+static int lorawan(const zeal_profile *profile) {
+    unsigned long long spacing, count, i, v;
+    size_t length;
+    while (scanf("%llu %llu", &spacing, &count) == 2) {
+        int status;
+        if (count > ZEAL_MAX_BATCH || spacing > 0xFFFFFFFFull) {
+            fprintf(stderr, "zeal-host: bad line\n");
+            return 2;
+        }
+        for (i = 0; i < count; i++) {
+            if (scanf("%llu", &v) != 1) {
+                fprintf(stderr, "zeal-host: short line\n");
+                return 2;
+            }
+            codes[i] = (uint32_t)v;
+        }
+        status = zeal_encode_lorawan(profile, (uint32_t)spacing, codes, (size_t)count, payload,
+                                     sizeof payload, &length);
+        if (status != ZEAL_OK) {
+            printf("error %d\n", status);
+        } else {
+            print_hex(payload, length);
+        }
+    }
+    return 0;
+}
+
 static int batches(const zeal_profile *profile) {
     unsigned long long sequence, count, i, v;
     size_t length;
@@ -263,6 +292,9 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "starts") == 0 && argc == 3) {
         return starts(&profile);
+    }
+    if (strcmp(argv[1], "lorawan") == 0 && argc == 3) {
+        return lorawan(&profile);
     }
     if (strcmp(argv[1], "batches") == 0 && argc == 3) {
         return batches(&profile);
