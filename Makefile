@@ -54,6 +54,7 @@ bench: install
 	$(BIN)/python bench/bayes.py        # Bayes estimates for small windows: bench/BAYES.md
 	$(BIN)/python bench/store_footprint.py --out bench/footprint.json --markdown bench/STORE_FOOTPRINT.md  # bytes on disk, all in
 	$(BIN)/python bench/group_latency.py --baseline d89e174 --out bench/group_latency.json --markdown bench/GROUP_LATENCY.md  # against the store with per-device aggregates
+	$(BIN)/python bench/lorawan.py      # bytes on the air and airtime against CayenneLPP: bench/LORAWAN.md
 	$(BIN)/python bench/report.py   # baselines side by side: writes bench/REPORT.md (+ server speed)
 	$(BIN)/python bench/message_cost.py --out bench/message_cost.json  # collector vs a bare subscriber
 

@@ -776,6 +776,7 @@ def write_report(res: Results, path: Path) -> None:
     lines += ["", *embedded_section(HERE / "BAYES.md", BAYES_TITLE)]
     lines += ["", *embedded_section(HERE / "STORE_FOOTPRINT.md", FOOTPRINT_TITLE)]
     lines += ["", *embedded_section(HERE / "GROUP_LATENCY.md", LATENCY_TITLE)]
+    lines += ["", *embedded_section(HERE / "LORAWAN.md", LORAWAN_TITLE)]
     lines += [
         "",
         "## All utility rows",
@@ -792,6 +793,7 @@ VALIDITY_TITLE = "## Validity of every comparison method on simulated fleets"
 BAYES_TITLE = "## Bayes estimates for small windows (paper 004)"
 FOOTPRINT_TITLE = "## The store all in: bytes per reading on disk"
 LATENCY_TITLE = "## Group queries over a month of a large fleet"
+LORAWAN_TITLE = "## LoRaWAN: bytes on the air and airtime per reading"
 
 
 def embedded_section(path: Path, title: str) -> list[str]:
