@@ -169,6 +169,7 @@ def test_an_agent_stops_within_one_batch_once_its_stream_is_deleted(
                     "temps",
                     "--confirm",
                     "temps",
+                    "--local",  # the server runs in this process: its database, directly
                 ],
                 env={**os.environ, "ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": "off"},
                 capture_output=True,
