@@ -4,7 +4,6 @@ uplink up to 6 bits, and bench/REPORT.md shows the tables the script writes."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +11,13 @@ from types import ModuleType
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def bench_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_lorawan", ROOT / "bench" / "lorawan.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_lorawan"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "lorawan.py", "bench_lorawan")
 
 
 def test_the_airtime_formula_gives_the_published_figures() -> None:

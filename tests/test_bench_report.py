@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def report_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_report"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "report.py", "bench_report")
 
 
 def test_quick_report_runs_and_passes_its_tolerances(tmp_path: Path) -> None:

@@ -416,12 +416,9 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
         streams = store.list_streams(session)
         if args.json:
             print(json.dumps([s.name for s in streams]))
+        shown = ("name", "lower", "upper", "unit", "epsilon", "payload_bits", "fingerprint")
         for s in [] if args.json else streams:
-            unit = f" {s.unit}" if s.unit else ""
-            print(
-                f"{s.name}  [{s.lower:g}, {s.upper:g}]{unit}  epsilon {s.epsilon:g}  "
-                f"{s.payload_bits} bits  fingerprint {s.fingerprint}"
-            )
+            print(remotecommands.stream_line({k: getattr(s, k) for k in shown}))
         if not streams and not args.json:
             print("no streams yet (zeal-server streams create --help)")
         return 0
@@ -442,10 +439,8 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
             "withdraws its configuration from the broker within seconds)"
         )
         return 0
-    fields = "name lower upper epsilon payload_bits exponent bucket_seconds description unit"
-    more = "enrolled_only retention_days max_epsilon_per_day"
     stream = store.create_stream(
-        session, **{k: getattr(args, k) for k in f"{fields} {more}".split()}
+        session, **{k: getattr(args, k) for k in remotecommands.CREATE_FIELDS}
     )
     session.commit()
     print(

@@ -25,7 +25,16 @@ from contextlib import contextmanager
 from http.client import HTTPResponse
 from typing import Any
 
-__all__ = ["COMMANDS", "UNLESS_LOCAL", "RemoteError", "add_server_argument", "run", "unconfirmed"]
+__all__ = [
+    "COMMANDS",
+    "CREATE_FIELDS",
+    "UNLESS_LOCAL",
+    "RemoteError",
+    "add_server_argument",
+    "run",
+    "stream_line",
+    "unconfirmed",
+]
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 #: (command, action) pairs answered over HTTP; action None for a command without actions.
@@ -228,10 +237,24 @@ def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     )
 
 
+#: The options of `streams create`, named as the fields of POST /streams.
+CREATE_FIELDS = (
+    *("name", "lower", "upper", "epsilon", "payload_bits", "exponent", "bucket_seconds"),
+    *("description", "unit", "enrolled_only", "retention_days", "max_epsilon_per_day"),
+)
+
+
+def stream_line(s: Mapping[str, Any]) -> str:
+    """One stream in `streams list`, from the API's answer or the store's row alike."""
+    unit = f" {s['unit']}" if s["unit"] else ""
+    return (
+        f"{s['name']}  [{s['lower']:g}, {s['upper']:g}]{unit}  epsilon {s['epsilon']:g}  "
+        f"{s['payload_bits']} bits  fingerprint {s['fingerprint']}"
+    )
+
+
 def _create(args: argparse.Namespace, env: Mapping[str, str]) -> None:
-    fields = "name lower upper epsilon payload_bits exponent bucket_seconds description unit"
-    more = "enrolled_only retention_days max_epsilon_per_day"
-    body = {k: getattr(args, k) for k in f"{fields} {more}".split()}
+    body = {k: getattr(args, k) for k in CREATE_FIELDS}
     s = _ask(args, env, "POST", "/streams", {k: v for k, v in body.items() if v is not None})
     print(
         f"created stream {s['name']} on {_base(args, env)}: {s['payload_bits']} payload bits, "
@@ -247,11 +270,7 @@ def _list(args: argparse.Namespace, env: Mapping[str, str]) -> None:
         print(json.dumps([s["name"] for s in streams]))
         return
     for s in streams:
-        unit = f" {s['unit']}" if s["unit"] else ""
-        print(
-            f"{s['name']}  [{s['lower']:g}, {s['upper']:g}]{unit}  epsilon {s['epsilon']:g}  "
-            f"{s['payload_bits']} bits  fingerprint {s['fingerprint']}"
-        )
+        print(stream_line(s))
     if not streams:
         print("no streams yet (zeal-server streams create --help)")
 
