@@ -248,6 +248,42 @@ def _remote_parsers(
     setting.add_argument("epsilon", type=float, help="epsilon per device per UTC day")
     for p in (show, listed, enroll, setting):
         remotecommands.add_server_argument(p)
+    _lorawan_parsers(commands, over_http)
+
+
+def _lorawan_parsers(
+    commands: argparse._SubParsersAction,  # type: ignore[type-arg]
+    over_http: str,
+) -> None:
+    """``zeal-server lorawan bind|list|unbind``: which stream a ChirpStack application's
+    uplinks go to (docs/lorawan.md)."""
+    lorawan = _command(commands, "lorawan", "LoRaWAN uplinks through ChirpStack" + over_http, ())
+    actions = lorawan.add_subparsers(dest="action", required=True, metavar="ACTION")
+    bind = _command(
+        actions,
+        "bind",
+        "send a ChirpStack application's uplinks on an FPort to a stream" + over_http,
+        (),
+    )
+    unbind = _command(actions, "unbind", "remove a binding (what was stored stays)" + over_http, ())
+    for p in (bind, unbind):
+        p.add_argument("application", help="ChirpStack's application id (a UUID)")
+        p.add_argument(
+            "--port",
+            type=int,
+            default=0,
+            help="the FPort, 1 to 223 [0: the application's ports not bound on their own]",
+        )
+    bind.add_argument("--stream", required=True, help="the stream their readings go to")
+    bind.add_argument(
+        "--device-names",
+        choices=("dev_eui", "device_name"),
+        default="dev_eui",
+        help="name devices by DevEUI or by ChirpStack device name [dev_eui]",
+    )
+    listed = _command(actions, "list", "every binding" + over_http, ())
+    for p in (bind, unbind, listed):
+        remotecommands.add_server_argument(p)
 
 
 def _days(text: str) -> int | None:

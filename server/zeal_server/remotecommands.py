@@ -1,8 +1,9 @@
 """``zeal-server`` commands that ask a running server over HTTP, as ``kubectl`` and ``influx``
-do: ``streams show``, ``streams devices``, ``average``, ``series`` and ``tail`` read it,
-``enroll`` and ``policy set`` change it. ``streams create|list|delete|retention|
-delete-device`` and ``export`` do too, unless given ``--local`` (:data:`UNLESS_LOCAL`), which
-opens the database instead, for maintenance while no server runs.
+do: ``streams show``, ``streams devices``, ``average``, ``series``, ``tail`` and
+``lorawan list`` read it, ``enroll``, ``policy set`` and ``lorawan bind|unbind`` change it.
+``streams create|list|delete|retention|delete-device`` and ``export`` do too, unless
+given ``--local`` (:data:`UNLESS_LOCAL`), which opens the database instead, for
+maintenance while no server runs.
 
 They ask whichever database the server uses: ``--server URL`` (or ``ZEAL_SERVER_URL``,
 default http://127.0.0.1:8000) with the read token (``ZEAL_READ_TOKEN``, else
@@ -47,6 +48,9 @@ COMMANDS = frozenset(
         ("tail", None),
         ("enroll", None),
         ("policy", "set"),
+        ("lorawan", "bind"),
+        ("lorawan", "list"),
+        ("lorawan", "unbind"),
     }
 )
 #: Commands answered over HTTP unless given --local (then on the database directly).
@@ -320,6 +324,42 @@ def _export(args: argparse.Namespace, env: Mapping[str, str]) -> None:
         sys.stdout.buffer.flush()
 
 
+def _binding(args: argparse.Namespace) -> str:
+    application = urllib.parse.quote(args.application, safe="")
+    return f"/lorawan/bindings/{application}/{args.port}"
+
+
+def _port(port: int) -> str:
+    return "its other ports" if port == 0 else f"FPort {port}"
+
+
+def _bind(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    body = {"stream": args.stream, "device_names": args.device_names}
+    b = _ask(args, env, "PUT", _binding(args), body)
+    print(
+        f"uplinks of ChirpStack application {b['application_id']} on {_port(b['f_port'])} go to "
+        f"stream {b['stream']}, devices named by {b['device_names']} (the collector takes "
+        "it up at once)"
+    )
+
+
+def _bindings(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    bindings = _get(args, env, "/lorawan/bindings")
+    for b in bindings:
+        print(
+            f"{b['application_id']}  {_port(b['f_port'])}  ->  {b['stream']}  "
+            f"(devices by {b['device_names']})"
+        )
+    if not bindings:
+        print("no LoRaWAN bindings yet (zeal-server lorawan bind --help)")
+
+
+def _unbind(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    with _open(args, env, "DELETE", _binding(args), None):
+        pass
+    print(f"uplinks of application {args.application} on {_port(args.port)} are no longer stored")
+
+
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     action = getattr(args, "action", None)
@@ -337,7 +377,10 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
         ("streams", "retention"): _retention,
         ("streams", "delete-device"): _delete_device,
         ("export", None): _export,
-    }[(args.command, action if args.command in ("streams", "policy") else None)]
+        ("lorawan", "bind"): _bind,
+        ("lorawan", "list"): _bindings,
+        ("lorawan", "unbind"): _unbind,
+    }[(args.command, action if args.command in ("streams", "policy", "lorawan") else None)]
     try:
         handler(args, env)
     except RemoteError as exc:

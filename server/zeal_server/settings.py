@@ -16,7 +16,11 @@ from urllib.parse import urlsplit
 from zeal.brokerurl import BrokerSettings, parse_broker_url, parse_protocol
 from zeal_server.errors import SettingsError
 
-__all__ = ["VARIABLES", "ServerSettings", "SettingsError", "variables_help"]
+__all__ = ["CHIRPSTACK_TOPIC", "VARIABLES", "ServerSettings", "SettingsError", "variables_help"]
+
+#: ChirpStack v4's uplink event topic (its default event topic template,
+#: ``application/{{application_id}}/device/{{dev_eui}}/event/{{event}}``).
+CHIRPSTACK_TOPIC = "application/+/device/+/event/up"
 
 #: Every environment variable the server reads: (default, meaning).
 VARIABLES: dict[str, tuple[str, str]] = {
@@ -59,6 +63,18 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "ZEAL_NATS_ACK_WAIT": (
         "60",
         "seconds before JetStream redelivers a message no collector acknowledged (5 to 3600)",
+    ),
+    "ZEAL_CHIRPSTACK_URL": (
+        "none",
+        "the broker ChirpStack's MQTT integration publishes to (mqtt:// or mqtts://): the "
+        "collector stores LoRaWAN uplinks from there too (docs/lorawan.md)",
+    ),
+    "ZEAL_CHIRPSTACK_USERNAME": ("none", "the collector's login on that broker"),
+    "ZEAL_CHIRPSTACK_PASSWORD": ("none", "its password"),
+    "ZEAL_CHIRPSTACK_CA": ("none", "CA certificate file for an mqtts:// ZEAL_CHIRPSTACK_URL"),
+    "ZEAL_CHIRPSTACK_TOPIC": (
+        "application/+/device/+/event/up",
+        "the uplink events' topic filter (ChirpStack's default event topic)",
     ),
     "ZEAL_SHARE_GROUP": ("none", "shared-subscription group, for several collectors"),
     "ZEAL_COLLECTOR_ID": (
@@ -119,6 +135,9 @@ class ServerSettings:
     #: The broker's dynamic security admin login (device provisioning); None: off.
     admin_username: str | None = None
     admin_password: str | None = None
+    #: The broker ChirpStack publishes uplink events to; None: no LoRaWAN source.
+    chirpstack: BrokerSettings | None = None
+    chirpstack_topic: str = CHIRPSTACK_TOPIC
     #: HTTP connections at once from one address; 0: no limit (zeal_server.api.guard).
     http_per_peer: int = 64
     #: Heavy reads at once (zeal_server.api.costs).
@@ -184,7 +203,10 @@ class ServerSettings:
                 "ZEAL_NATS_URL needs ZEAL_MQTT_URL too: the stream configurations reach the "
                 "devices over MQTT (a NATS node's MQTT listener)"
             )
+        chirpstack = _chirpstack(env, broker)
         return cls(
+            chirpstack=chirpstack,
+            chirpstack_topic=_topic_filter(env.get("ZEAL_CHIRPSTACK_TOPIC") or CHIRPSTACK_TOPIC),
             max_future_seconds=limits["ZEAL_MAX_FUTURE_SECONDS"],
             max_age_seconds=limits["ZEAL_MAX_AGE_SECONDS"],
             backfill_seconds=limits["ZEAL_BACKFILL_SECONDS"],
@@ -204,6 +226,41 @@ class ServerSettings:
             admin_username=env.get("ZEAL_MQTT_ADMIN_USERNAME") or None,
             admin_password=env.get("ZEAL_MQTT_ADMIN_PASSWORD") or None,
         )
+
+
+def _chirpstack(env: Mapping[str, str], broker: BrokerSettings | None) -> BrokerSettings | None:
+    url = env.get("ZEAL_CHIRPSTACK_URL") or "none"
+    if url == "none":
+        return None
+    if broker is None:
+        raise SettingsError(
+            "ZEAL_CHIRPSTACK_URL needs ZEAL_MQTT_URL too: the collector runs with Zeal's "
+            "broker (it may be the same broker)"
+        )
+    try:
+        return parse_broker_url(
+            url,
+            username=env.get("ZEAL_CHIRPSTACK_USERNAME") or None,
+            password=env.get("ZEAL_CHIRPSTACK_PASSWORD") or None,
+            ca_file=env.get("ZEAL_CHIRPSTACK_CA") or None,
+            keepalive=broker.keepalive,
+        )
+    except ValueError as exc:
+        raise SettingsError(f"ZEAL_CHIRPSTACK_URL: {exc}") from exc
+
+
+def _topic_filter(text: str) -> str:
+    """An MQTT topic filter: '+' a whole level, '#' only the whole last one."""
+    levels = text.split("/")
+    last = len(levels) - 1
+    bad = [
+        level
+        for k, level in enumerate(levels)
+        if ("+" in level and level != "+") or ("#" in level and (level != "#" or k < last))
+    ]
+    if not text or bad or "\x00" in text or text.startswith("$"):
+        raise SettingsError(f"ZEAL_CHIRPSTACK_TOPIC: {text!r} is not an MQTT topic filter")
+    return text
 
 
 def _seconds(env: Mapping[str, str], name: str, default: int) -> int:

@@ -83,6 +83,10 @@ COLLECTOR_REASONS: Final[Mapping[str, str]] = MappingProxyType(
         "(less ZEAL_BACKFILL_SECONDS)",
         "over_budget": "the batch would take its device past the stream's privacy policy "
         "(max_epsilon_per_day: readings per UTC day of their timestamps)",
+        "bad_event": "a message on ChirpStack's uplink topic is not an uplink event Zeal "
+        "reads (not an UplinkEvent in JSON or protobuf, or without its time)",
+        "bad_device_name": "a LoRaWAN device's ChirpStack name is not a valid Zeal device name "
+        "(its binding names devices by device_name)",
     }
 )
 

@@ -165,3 +165,45 @@ def test_stream_management_and_export_ask_the_running_server(
         assert list(elsewhere.iterdir()) == []  # no database made here
     finally:
         server.stop()
+
+
+def test_lorawan_bindings_are_made_listed_and_removed_on_the_running_server(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """`lorawan bind|list|unbind` over HTTP; an unknown stream and a port out of range are
+    the server's refusals in one line."""
+    server = Server(f"sqlite:///{tmp_path / 'zeal.sqlite'}", broker, tmp_path / "s.log")
+    server.start()
+    app = "5f0d8a8e-2c4b-4d6e-9a1b-0c2d3e4f5a6b"
+    try:
+        create(server, "temps")
+        empty = zeal_server(server, tmp_path, "lorawan", "list")
+        assert empty.returncode == 0, empty.stderr
+        assert "no LoRaWAN bindings yet" in empty.stdout
+        bound = zeal_server(server, tmp_path, "lorawan", "bind", app, "--port", "10",
+                            "--stream", "temps", "--device-names", "device_name")  # fmt: skip
+        assert bound.returncode == 0, bound.stderr
+        assert f"application {app} on FPort 10 go to stream temps" in bound.stdout
+        anyport = zeal_server(server, tmp_path, "lorawan", "bind", app, "--stream", "temps")
+        assert anyport.returncode == 0, anyport.stderr
+        listed = zeal_server(server, tmp_path, "lorawan", "list").stdout.splitlines()
+        assert listed == [
+            f"{app}  its other ports  ->  temps  (devices by dev_eui)",
+            f"{app}  FPort 10  ->  temps  (devices by device_name)",
+        ]
+        assert [b["f_port"] for b in server.http.get("/api/v1/lorawan/bindings").json()] == [0, 10]
+        for args, said in (
+            (("--port", "10", "--stream", "nope"), "answered 404: no stream named 'nope'"),
+            (("--port", "224", "--stream", "temps"), "answered 422"),
+        ):
+            refused = zeal_server(server, tmp_path, "lorawan", "bind", app, *args)
+            assert (refused.returncode, refused.stdout) == (2, ""), refused.stdout
+            assert said in refused.stderr
+        gone = zeal_server(server, tmp_path, "lorawan", "unbind", app, "--port", "10")
+        assert gone.returncode == 0, gone.stderr
+        again = zeal_server(server, tmp_path, "lorawan", "unbind", app, "--port", "10")
+        assert again.returncode == 2
+        assert "answered 404: no binding for application" in again.stderr
+        assert [b["f_port"] for b in server.http.get("/api/v1/lorawan/bindings").json()] == [0]
+    finally:
+        server.stop()

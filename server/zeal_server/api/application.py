@@ -33,7 +33,16 @@ from zeal_server.api.auth import refusal
 from zeal_server.api.costs import HeavyReads, ReadBudget
 from zeal_server.api.deps import MAX_EXPORTS, known_query
 from zeal_server.api.metrics import build_registry
-from zeal_server.api.routes import averages, compare, data, devices, health, logins, streams
+from zeal_server.api.routes import (
+    averages,
+    compare,
+    data,
+    devices,
+    health,
+    logins,
+    lorawan,
+    streams,
+)
 from zeal_server.api.running import Logins, LoginsFor, StartCollector
 from zeal_server.api.schemas import ERRORS
 from zeal_server.api.vocabulary import OldNames
@@ -264,6 +273,6 @@ def create_app(
             response.headers.update(_DASHBOARD_HEADERS)
         return response
 
-    for module in (streams, averages, compare, devices, data, health, logins):
+    for module in (streams, averages, compare, devices, data, health, logins, lorawan):
         app.include_router(module.router, dependencies=[Depends(known_query)])
     return app

@@ -50,7 +50,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The disjoint outcomes of a message the collector received.
-OUTCOMES = ("stored", "duplicate", "rejected")
+OUTCOMES = ("stored", "duplicate", "rejected", "skipped")
 #: Confidence of the average's bands.
 CONFIDENCE = 0.95
 
@@ -64,7 +64,9 @@ class _ProcessFigures(PrometheusCollector):
         counts = dict(coll.counts) if coll else {}
         messages = CounterMetricFamily(
             "zeal_collector_messages",
-            "Messages the collector received, by outcome (this process; each message counts once).",
+            "Messages the collector received, by outcome (this process; each message counts "
+            "once; skipped: LoRaWAN uplinks that are not Zeal's, see "
+            "zeal_collector_lorawan_uplinks_skipped).",
             labels=["outcome"],
         )
         for outcome in OUTCOMES:
@@ -137,6 +139,24 @@ class _ProcessFigures(PrometheusCollector):
             "presence), acknowledged and left alone (this process).",
             value=source.skipped if source is not None else 0,
         )
+        chirpstack = getattr(coll, "chirpstack", None)
+        yield GaugeMetricFamily(
+            "zeal_collector_chirpstack_connected",
+            "1 while the collector is connected to ChirpStack's broker for LoRaWAN uplinks; "
+            "0 while it cannot (and without ZEAL_CHIRPSTACK_URL) (this process).",
+            value=int(bool(chirpstack is not None and chirpstack.connected)),
+        )
+        skipped = CounterMetricFamily(
+            "zeal_collector_lorawan_uplinks_skipped",
+            "ChirpStack uplink events acknowledged and not stored, not rejects either: "
+            "no_data (FPort 0, an empty frame), unbound (no binding names the application "
+            "and port) (this process).",
+            labels=["reason"],
+        )
+        counted = coll.uplinks.skipped if coll is not None else {}
+        for reason in ("no_data", "unbound"):
+            skipped.add_metric([reason], counted.get(reason, 0))
+        yield skipped
         yield GaugeMetricFamily(
             "zeal_collector_database_ok",
             "1 while the collector's last database write succeeded (this process).",

@@ -13,7 +13,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from zeal_server.settings import ServerSettings
 
-__all__ = ["Configs", "Logins", "LoginsFor", "Queue", "Running", "Source", "StartCollector"]
+__all__ = [
+    "Configs",
+    "Logins",
+    "LoginsFor",
+    "Queue",
+    "Running",
+    "Source",
+    "StartCollector",
+    "Uplinks",
+]
 
 
 class Queue(Protocol):
@@ -27,10 +36,17 @@ class Lags(Protocol):
 
 
 class Source(Protocol):
-    """The JetStream source, when the data come from NATS."""
+    """The JetStream source, when the data come from NATS; the ChirpStack source, when
+    LoRaWAN uplinks come from ChirpStack's broker."""
 
     connected: bool
     last_error: str | None
+
+
+class Uplinks(Protocol):
+    """The LoRaWAN uplinks' translation, when the collector takes them from ChirpStack."""
+
+    skipped: Counter[str]
 
 
 class Configs(Protocol):
@@ -69,11 +85,19 @@ class Running(Protocol):
     @property
     def jetstream(self) -> Source | None: ...
 
+    @property
+    def chirpstack(self) -> Source | None: ...
+
+    @property
+    def uplinks(self) -> Uplinks: ...
+
     def stop(self) -> None: ...
 
     def streams_changed(self) -> None: ...
 
     def devices_changed(self) -> None: ...
+
+    def bindings_changed(self) -> None: ...
 
 
 #: Builds and starts the collector of a server, on sessions of its own engine.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -14,6 +14,8 @@ from zeal_server import store
 __all__ = [
     "HEAVY",
     "AverageOut",
+    "BindingIn",
+    "BindingOut",
     "CompareOut",
     "DeletedOut",
     "DeviceOut",
@@ -147,6 +149,25 @@ class StreamOut(BaseModel):
     readings_per_hour: int | None = Field(
         description="readings one device may send per UTC hour: twice the day's even rate"
     )
+    created: datetime
+
+
+class BindingIn(Strict):
+    """Where a ChirpStack application's uplinks on one FPort go (docs/lorawan.md)."""
+
+    stream: str = Field(description="the stream their readings are stored in")
+    device_names: Literal["dev_eui", "device_name"] = Field(
+        "dev_eui",
+        description="a device's Zeal name: its DevEUI (16 lower-case hex digits) or its "
+        "ChirpStack device name (which must be a valid Zeal device name)",
+    )
+
+
+class BindingOut(BaseModel):
+    application_id: str = Field(description="ChirpStack's application id")
+    f_port: int = Field(description="the FPort, 1 to 223; 0: the application's other ports")
+    stream: str
+    device_names: Literal["dev_eui", "device_name"]
     created: datetime
 
 
@@ -297,6 +318,11 @@ class DeviceOut(BaseModel):
     sequence_resets: int = Field(
         description="batches stored although their sequence number had been used before "
         "for other content: the device's outbox was reset, or two agents share its id"
+    )
+    rejects: dict[str, int] = Field(
+        default={},
+        description="its messages refused, by reason (docs/server.md): what a device that "
+        "no notice reaches (a LoRaWAN one) is told nowhere else",
     )
 
 

@@ -42,6 +42,8 @@ class Uplink:
     application_id: str
     dev_eui: str  # 16 lower-case hex digits
     device_name: str
+    #: The device's address in its current session (8 hex digits): a join gives a new one.
+    dev_addr: str
     f_port: int
     f_cnt: int
     received_ms: int
@@ -83,6 +85,7 @@ def parse_uplink(payload: bytes) -> Uplink:
         application_id=info.application_id,
         dev_eui=info.dev_eui.lower(),
         device_name=info.device_name,
+        dev_addr=event.dev_addr.lower(),
         f_port=int(event.f_port),
         f_cnt=int(event.f_cnt),
         received_ms=int(event.time.ToMilliseconds()),

@@ -40,12 +40,14 @@ from zeal.topics import (
 )
 from zeal_server import store
 from zeal_server.broker import door, identity
+from zeal_server.broker.chirpstacksource import ChirpStackSource
 from zeal_server.broker.configsync import ConfigSync
-from zeal_server.broker.inbox import Inbox, Received, Shed
+from zeal_server.broker.inbox import CHIRPSTACK, Inbox, Received, Shed
 from zeal_server.broker.jetstream import JetStreamSource
 from zeal_server.broker.lags import CommitLags
 from zeal_server.broker.notices import Notifier
-from zeal_server.ingest import Ingest, Outcome
+from zeal_server.broker.uplinks import Translated, Uplinks
+from zeal_server.ingest import Ingest, Original, Outcome
 from zeal_server.settings import ServerSettings
 from zeal_server.store.db import error_text as db_error_text
 
@@ -53,6 +55,9 @@ __all__ = ["Collector", "data_subscription", "subscriptions", "tally"]
 
 log = logging.getLogger(__name__)
 
+#: An uplink event larger than this is shed at the door (``too_large``): ChirpStack's carry
+#: at most 242 bytes of payload and their radio metadata, a few KB in JSON.
+MAX_EVENT = 64 * 1024
 #: What ``tally`` reads of each message and outcome (C-level getters).
 _RECEIVED_MS = attrgetter("received_ms")
 _STATUS, _READINGS, _RESET = attrgetter("status"), attrgetter("readings"), attrgetter("reset")
@@ -132,6 +137,9 @@ class Collector:
             )
             self.jetstream.offer = self._offer
             self.jetstream.room = lambda: settings.collector_inflight - self.holding
+        #: LoRaWAN uplinks from ChirpStack's MQTT integration (ZEAL_CHIRPSTACK_URL).
+        self.uplinks, self._reload_bindings = Uplinks(), threading.Event()
+        self.chirpstack = self._chirpstack_source()
         # The writer thread's own state.
         self.writer_error: str | None = None
         self._synced_connects = 0
@@ -139,6 +147,20 @@ class Collector:
         self._backoff, self._retried = 0.5, False
         self._reload_streams = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="zeal-writer", daemon=True)
+
+    def _chirpstack_source(self) -> ChirpStackSource | None:
+        if self.settings.chirpstack is None:
+            return None
+        source = ChirpStackSource(
+            self.settings.chirpstack,
+            client_id=f"{self.client_id}-chirpstack",
+            topic=self.settings.chirpstack_topic,
+            share_group=self.settings.share_group,
+            inflight=self.settings.collector_inflight,
+        )
+        source.offer = self._offer_event
+        self._reload_bindings.set()  # read before the first event is stored
+        return source
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -154,6 +176,8 @@ class Collector:
         self.client.loop_start()
         if self.jetstream is not None:
             self.jetstream.start()
+        if self.chirpstack is not None:
+            self.chirpstack.start()
         self._writer.start()
 
     def stop(self) -> None:
@@ -161,6 +185,8 @@ class Collector:
         self._writer.join(timeout=30)
         if self.jetstream is not None:
             self.jetstream.stop()
+        if self.chirpstack is not None:
+            self.chirpstack.stop()
         if self.broker_connected:  # the last acknowledgements first, or they come back
             flush(self.client, FLUSH_FILTER)
         self.client.disconnect()
@@ -173,6 +199,12 @@ class Collector:
         (the API publishes or withdraws the one concerned first, through ``configs``)."""
         self.configs.changed.set()
         self._reload_streams.set()
+        self._reload_bindings.set()  # a deleted stream takes its bindings with it
+
+    def bindings_changed(self) -> None:
+        """A LoRaWAN binding was made or removed through this process: the writer reads
+        them again before its next write (other processes' changes within sync_every)."""
+        self._reload_bindings.set()
 
     def devices_changed(self) -> None:
         """A device's data was deleted through this process: the writer drops the ids it
@@ -270,6 +302,23 @@ class Collector:
             self.counts["queue_full"] += 1  # more than Receive Maximum came (docs/server.md)
         return True
 
+    def _offer_event(self, topic: str, payload: bytes, mid: int, qos: int, retained: bool) -> bool:
+        """The door for a ChirpStack uplink event (the network thread of its source): a
+        retained one, or one over the wire's size limit, is shed and counted; the rest are
+        queued for the writer, which translates them (zeal_server.broker.uplinks)."""
+        reason = "retained" if retained else ("too_large" if len(payload) > MAX_EVENT else None)
+        if reason is not None:
+            self.shed.add("", reason)
+            self.counts["rejected"] += 1
+            self.counts[reason] += 1
+            self.rejected_by[reason] += 1
+            return False
+        self.received += 1
+        received = Received(topic, payload, mid, qos, int(time.time() * 1000), CHIRPSTACK)
+        if not self.queue.put(received):
+            self.counts["queue_full"] += 1
+        return True
+
     # -- writer thread ----------------------------------------------------------------------
 
     def _write_loop(self) -> None:
@@ -307,6 +356,8 @@ class Collector:
                 if self._reload_streams.is_set():  # changed while it waited: applies to these
                     self._reload_streams.clear()
                     self.ingest.reload_streams()
+                if self._reload_bindings.is_set() and self.chirpstack is not None:
+                    self._load_bindings()  # likewise
             outcome = self._commit(pending)
             if outcome == "stopped":
                 return
@@ -333,6 +384,18 @@ class Collector:
         if self._forget_devices.is_set():
             self._forget_devices.clear()
             self.ingest.forget()
+        if self.chirpstack is not None and (due or self._reload_bindings.is_set()):
+            self._load_bindings()
+
+    def _load_bindings(self) -> None:
+        """Read the LoRaWAN bindings again (a change here, or every sync_every seconds)."""
+        self._reload_bindings.clear()
+        try:
+            with self.sessions() as session:
+                self.uplinks.load(session)
+        except SQLAlchemyError as exc:  # the write that follows finds the database down too
+            self._reload_bindings.set()
+            log.error("could not read the LoRaWAN bindings: %s", db_error_text(exc))
 
     def _idle(self) -> None:
         """Nothing to store: record what was shed at the door, and housekeep when due."""
@@ -405,21 +468,31 @@ class Collector:
         """After the commit: acknowledge every message, count it, and tell devices what
         needs their attention."""
         committed = time.time() * 1000
+        main = pending
+        if self.chirpstack is not None:
+            main = [message for message in pending if message.source != CHIRPSTACK]
+            events = [(m.mid, m.qos) for m in pending if m.source == CHIRPSTACK]
+            if events:
+                self.chirpstack.ack(events)
         if self.jetstream is not None:
-            self.jetstream.ack([message.mid for message in pending])
+            self.jetstream.ack([message.mid for message in main])
         else:
-            acknowledge(self.client, [(message.mid, message.qos) for message in pending])
+            acknowledge(self.client, [(message.mid, message.qos) for message in main])
         self.acknowledged += len(pending)
         statuses, lags, unusual = tally(pending, outcomes)
         for message, outcome in unusual:
+            # A LoRaWAN device is not reached over MQTT: no notice, no reject budget.
+            mqtt_device = message.source != CHIRPSTACK
             if outcome.status == "stored":  # a reset (only stored batches are)
                 statuses["sequence_reset"] += 1
-                self.notices.notify(self.configs.server_id, outcome, "sequence_reset")
+                if mqtt_device:
+                    self.notices.notify(self.configs.server_id, outcome, "sequence_reset")
             elif outcome.status == "rejected":
                 self.rejected_by[outcome.reason or "unknown"] += 1
-                self.budget.spend(message.topic)
                 self._log_rejects.reject(outcome.reason or "", outcome.stream, outcome.device)
-                self.notices.notify(self.configs.server_id, outcome, outcome.reason or "")
+                if mqtt_device:
+                    self.budget.spend(message.topic)
+                    self.notices.notify(self.configs.server_id, outcome, outcome.reason or "")
         self.counts.update(statuses)
         self.lags.observe_many(committed, lags)
 
@@ -439,9 +512,39 @@ class Collector:
         return "stopped" if stopped else "retry"
 
     def _store(self, messages: list[Received]) -> list[Outcome]:
-        rows = [(m.topic, m.payload, m.received_ms) for m in messages]
+        if self.chirpstack is None:
+            rows = [(m.topic, m.payload, m.received_ms) for m in messages]
+            with self.sessions() as session, session.begin():
+                return self.ingest.add_many(session, rows)
         with self.sessions() as session, session.begin():
-            return self.ingest.add_many(session, rows)
+            return self._store_with_uplinks(session, messages)
+
+    def _store_with_uplinks(self, session: Session, messages: list[Received]) -> list[Outcome]:
+        """Store a round holding ChirpStack uplink events: each translated to the batch its
+        device would have sent (zeal_server.broker.uplinks), those that translate stored
+        with the MQTT batches in one ``add_many``; the rest keep the outcome they got."""
+        outcomes: list[Outcome | None] = [None] * len(messages)
+        rows: list[tuple[str, bytes, int]] = []
+        originals: list[Original | None] = []
+        places: list[int] = []
+        for k, m in enumerate(messages):
+            if m.source != CHIRPSTACK:
+                rows.append((m.topic, m.payload, m.received_ms))
+                originals.append(None)
+                places.append(k)
+                continue
+            done = self.uplinks.translate(session, self.ingest, m.topic, m.payload, m.received_ms)
+            if isinstance(done, Translated):
+                rows.append((done.topic, done.payload, m.received_ms))
+                originals.append(done.original)
+                places.append(k)
+            else:
+                outcomes[k] = done
+        stored = self.ingest.add_many(session, rows, originals=originals)
+        for k, outcome in zip(places, stored, strict=True):
+            outcomes[k] = outcome
+        assert all(o is not None for o in outcomes)
+        return outcomes  # type: ignore[return-value]
 
 
 def data_subscription(share_group: str) -> str:

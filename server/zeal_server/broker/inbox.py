@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from zeal.topics import parse_data_topic
 
-__all__ = ["BUSY_RATE", "STRETCH", "Inbox", "Received", "Shed"]
+__all__ = ["BUSY_RATE", "CHIRPSTACK", "STRETCH", "Inbox", "Received", "Shed"]
 
 
 class Received(NamedTuple):
@@ -22,6 +22,12 @@ class Received(NamedTuple):
     mid: int
     qos: int
     received_ms: int
+    #: Where it came from: Zeal's broker or JetStream (0), ChirpStack's uplinks (CHIRPSTACK).
+    source: int = 0
+
+
+#: ``Received.source`` of a ChirpStack uplink event (zeal_server.broker.chirpstacksource).
+CHIRPSTACK = 1
 
 
 class Shed:

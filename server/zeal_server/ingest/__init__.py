@@ -8,6 +8,6 @@ ledger, the segment parts); ``ingest.rejectkeys`` pools the keys of rejects.
 """
 
 from zeal_server.ingest.groups import Outcome
-from zeal_server.ingest.validation import MAX_REJECT_ROWS, Ingest
+from zeal_server.ingest.validation import MAX_REJECT_ROWS, Ingest, Original
 
-__all__ = ["MAX_REJECT_ROWS", "Ingest", "Outcome"]
+__all__ = ["MAX_REJECT_ROWS", "Ingest", "Original", "Outcome"]

@@ -23,13 +23,14 @@ collector rolls back and stores the messages again).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from zeal import ParameterError
+from zeal import ParameterError, Zeal
 from zeal.protocol import check_name
 from zeal.topics import MAX_TOPIC_LENGTH, parse_data_topic
 from zeal.wirebatches import Batches, decode_many
@@ -44,7 +45,7 @@ from zeal_server.store.rawsql import Raw
 from zeal_server.store.streams import params_of, stream_by_name
 from zeal_server.store.writes import StreamEntry, Writes, build_statement, write
 
-__all__ = ["FOREIGN", "MAX_REJECT_ROWS", "Ingest", "Outcome"]
+__all__ = ["FOREIGN", "MAX_REJECT_ROWS", "Ingest", "Original", "Outcome"]
 
 #: The wire reason of a payload made with other parameters (or for another topic).
 FOREIGN = "fingerprint_mismatch"
@@ -54,6 +55,14 @@ FOREIGN = "fingerprint_mismatch"
 DEVICE_IDS = 100_000
 #: Topics whose names were checked, remembered at most (then forgotten all at once).
 _TOPICS = 50_000
+
+
+class Original(NamedTuple):
+    """A translated message's own content (``Ingest.add_many``): the bytes that identify it
+    for dedup in place of its payload's, and the bytes it took on the air."""
+
+    identity: bytes
+    size: int
 
 
 class Decoded(NamedTuple):
@@ -154,6 +163,15 @@ class Ingest:
             )
             self._streams[name] = entry
         return entry
+
+    def stream_params(self, session: Session, name: str, *, fresh: bool = False) -> Zeal | None:
+        """The parameters (a ``zeal.Zeal``) of stream `name`, cached; None when it does not
+        exist. With `fresh`, read again should another process have given it a new policy
+        since it was cached (a payload made with the new one is refused otherwise)."""
+        entry = self._stream(session, name)
+        if entry is not None and fresh:
+            entry = self._changed(session, name, entry) or entry
+        return None if entry is None else entry.params
 
     def _changed(self, session: Session, name: str, entry: StreamEntry) -> StreamEntry | None:
         """The stream's entry read again if another process gave it a new policy (so a new
@@ -261,9 +279,19 @@ class Ingest:
         """Validate and store one message (see add_many)."""
         return self.add_many(session, [(topic, payload, received_ms)])[0]
 
-    def add_many(self, session: Session, messages: list[tuple[str, bytes, int]]) -> list[Outcome]:
+    def add_many(
+        self,
+        session: Session,
+        messages: list[tuple[str, bytes, int]],
+        *,
+        originals: Sequence[Original | None] | None = None,
+    ) -> list[Outcome]:
         """Validate messages and store the accepted ones, in the caller's transaction: the
-        outcome of each, as if they were stored one at a time in topic order."""
+        outcome of each, as if they were stored one at a time in topic order.
+
+        A message translated from another format (a LoRaWAN uplink, zeal_server.broker.uplinks)
+        has an `originals` entry: what identifies its content for dedup, and the bytes it
+        took on the air (counted instead of its payload's)."""
         outcomes: list[Outcome | None] = [None] * len(messages)
         writes = Writes()
 
@@ -281,7 +309,7 @@ class Ingest:
             return self._statement(session, "seen")
 
         try:  # the statements' cursor lives as long as this batch of messages
-            groups = self._validate(session, messages, outcomes, writes)
+            groups = self._validate(session, messages, outcomes, writes, originals)
             for round_ in rounds(groups):
                 Round(session, self._raw, seen, refuse, outcomes, writes).store(round_)
         finally:
@@ -296,6 +324,7 @@ class Ingest:
         messages: list[tuple[str, bytes, int]],
         outcomes: list[Outcome | None],
         writes: Writes,
+        originals: Sequence[Original | None] | None = None,
     ) -> list[Group]:
         """Check everything a message can be refused for before the store, stream by
         stream in topic order (docs/server.md lists the checks): the groups that passed."""
@@ -327,7 +356,14 @@ class Ingest:
                 session, name, entry, messages, members, outcomes=outcomes, writes=writes
             ):
                 groups.append(
-                    self._plausible(session, part, messages, outcomes=outcomes, writes=writes)
+                    self._plausible(
+                        session,
+                        part,
+                        messages,
+                        outcomes=outcomes,
+                        writes=writes,
+                        originals=originals,
+                    )
                 )
         return [g for g in groups if g.positions]
 
@@ -375,6 +411,7 @@ class Ingest:
         *,
         outcomes: list[Outcome | None],
         writes: Writes,
+        originals: Sequence[Original | None] | None = None,
     ) -> Group:
         """The decoded messages whose times are plausible (``_implausible``) and whose
         device may send (enrolment), with their devices' ids."""
@@ -409,6 +446,11 @@ class Ingest:
             first_seen.setdefault(device, when)
         ids = self._devices_of(session, entry.id, first_seen)
         payloads = [messages[i][1] for i, _ in members]
+        sizes = list(map(len, payloads))
+        if originals is not None:  # translated messages: their own content and size
+            for k, (i, _) in enumerate(members):
+                if (original := originals[i]) is not None:
+                    payloads[k], sizes[k] = original.identity, original.size
         return Group(
             entry,
             name,
@@ -417,6 +459,6 @@ class Ingest:
             select_batches(batches, keep),
             np.array([ids[d] for _, d in members], dtype=np.int64),
             received,
-            np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads)),
+            np.array(sizes, dtype=np.int64),
             payload_digests(payloads),
         )

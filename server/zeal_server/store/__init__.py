@@ -15,6 +15,16 @@ the session and the transaction; no function here commits.
 from __future__ import annotations
 
 from zeal_server.errors import StoreError
+from zeal_server.store.bindings import (
+    DEVICE_NAMES,
+    MAX_F_PORT,
+    Binding,
+    bind,
+    binding_map,
+    check_binding,
+    list_bindings,
+    unbind,
+)
 from zeal_server.store.compaction import compact, verify
 from zeal_server.store.efficiency import stream_efficiency
 from zeal_server.store.export import (
@@ -53,12 +63,12 @@ from zeal_server.store.streams import (
     create_stream,
     delete_stream,
     derive_params,
+    device_rejects,
     installation_id,
     list_streams,
     name_problem,
     now_ms,
     params_of,
-    rejected_devices,
     rejects,
     set_policy,
     set_retention,
@@ -81,16 +91,22 @@ from zeal_server.store.sums import (
 
 __all__ = [
     "ALL_TIME",
+    "DEVICE_NAMES",
+    "MAX_F_PORT",
     "MAX_SERVER_BITS",
     "MAX_TAGS",
     "MAX_TAG_KEY",
     "MAX_TAG_VALUE",
+    "Binding",
     "DeviceSums",
     "Devices",
     "StoreError",
     "StreamTotals",
     "Sums",
+    "bind",
+    "binding_map",
     "bucket_bounds",
+    "check_binding",
     "check_retention",
     "check_tags",
     "check_unit",
@@ -104,6 +120,7 @@ __all__ = [
     "derive_params",
     "device_by_name",
     "device_page",
+    "device_rejects",
     "device_sums",
     "devices_of",
     "enroll",
@@ -118,12 +135,12 @@ __all__ = [
     "housekeep",
     "implausible",
     "installation_id",
+    "list_bindings",
     "list_streams",
     "name_problem",
     "now_ms",
     "params_of",
     "readings_on_day",
-    "rejected_devices",
     "rejects",
     "segment_columns",
     "segment_totals",
@@ -137,6 +154,7 @@ __all__ = [
     "stream_totals",
     "streams_at_a_glance",
     "to_limbs",
+    "unbind",
     "verify",
     "window_ms",
     "window_sums",

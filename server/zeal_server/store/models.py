@@ -35,6 +35,7 @@ __all__ = [
     "DevicePeriod",
     "DeviceTag",
     "Installation",
+    "LoRaWANBinding",
     "Reject",
     "Segment",
     "Stream",
@@ -215,4 +216,21 @@ class Installation(Base):
     __tablename__ = "installation"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    created_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class LoRaWANBinding(Base):
+    """Where a ChirpStack application's uplinks go (zeal_server.broker.uplinks): those on
+    ``f_port`` (0: every port not bound on its own) go to the stream, under the device's
+    DevEUI (``device_names`` "dev_eui", 16 hex digits) or its ChirpStack device name
+    ("device_name"). Deleted with the stream."""
+
+    __tablename__ = "lorawan_bindings"
+
+    #: ChirpStack's application id (a UUID in v4).
+    application_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    #: The LoRaWAN FPort (1 to 223), or 0 for any port of the application.
+    f_port: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"))
+    device_names: Mapped[str] = mapped_column(String(16))
     created_ms: Mapped[int] = mapped_column(BigInteger)

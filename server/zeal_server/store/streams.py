@@ -32,6 +32,7 @@ from zeal_server.store.models import (
     DevicePeriod,
     DeviceTag,
     Installation,
+    LoRaWANBinding,
     Reject,
     Segment,
     Stream,
@@ -219,6 +220,7 @@ def delete_stream(session: Session, stream: Stream) -> int:
     session.execute(delete(Segment).where(Segment.stream_id == stream.id))
     session.execute(delete(Device).where(Device.stream_id == stream.id))
     session.execute(delete(Reject).where(Reject.stream == stream.name))
+    session.execute(delete(LoRaWANBinding).where(LoRaWANBinding.stream_id == stream.id))
     session.execute(delete(Stream).where(Stream.id == stream.id))
     return readings
 
@@ -257,12 +259,15 @@ def rejects(session: Session, stream: str | None = None) -> dict[str, int]:
     return {str(r): int(c) for r, c in session.execute(query)}
 
 
-def rejected_devices(session: Session, stream: str, devices: list[str], reason: str) -> set[str]:
-    """Which of `devices` have rejects of `reason` on `stream`."""
-    query = select(Reject.device).where(
-        Reject.stream == stream, Reject.reason == reason, Reject.device.in_(devices)
+def device_rejects(session: Session, stream: str, devices: list[str]) -> dict[str, dict[str, int]]:
+    """Rejects of each of `devices` on `stream`, by reason (devices without any left out)."""
+    query = select(Reject.device, Reject.reason, Reject.count).where(
+        Reject.stream == stream, Reject.device.in_(devices)
     )
-    return set(session.scalars(query))
+    found: dict[str, dict[str, int]] = {}
+    for device, reason, count in session.execute(query):
+        found.setdefault(device, {})[reason] = int(count)
+    return found
 
 
 def name_problem(kind: str, name: str) -> str | None:

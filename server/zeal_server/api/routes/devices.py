@@ -31,7 +31,11 @@ router = APIRouter()
 
 
 def device_out(
-    device: Device, epsilon: float, today: int = 0, flags: list[str] | None = None
+    device: Device,
+    epsilon: float,
+    today: int = 0,
+    flags: list[str] | None = None,
+    rejects: dict[str, int] | None = None,
 ) -> DeviceOut:
     """`today`: the device's readings stamped in the current UTC day."""
     cost = micro_epsilon(epsilon)
@@ -47,6 +51,7 @@ def device_out(
         flags=flags or [],
         duplicates=device.duplicates,
         sequence_resets=device.sequence_resets,
+        rejects=rejects or {},
     )
 
 
@@ -96,24 +101,35 @@ def devices(
         db, stream, sort=sort, descending=descending, limit=limit, offset=offset
     )
     today = store.readings_on_day(db, [d.id for d in rows], day_of(store.now_ms()))
-    flags = _flags(db, stream, rows, today)
+    rejects = store.device_rejects(db, stream.name, [d.name for d in rows])
+    flags = _flags(db, stream, rows, today, rejects)
     return DevicesOut(
         total=total,
         limit=limit,
         offset=offset,
-        devices=[device_out(d, stream.epsilon, today.get(d.id, 0), flags[d.id]) for d in rows],
+        devices=[
+            device_out(d, stream.epsilon, today.get(d.id, 0), flags[d.id], rejects.get(d.name))
+            for d in rows
+        ],
     )
 
 
 def _one_out(db: Db, stream: Stream, row: Device) -> DeviceOut:
     """One device as the devices list shows it (today's epsilon and flags included)."""
     today = store.readings_on_day(db, [row.id], day_of(store.now_ms()))
-    flags = _flags(db, stream, [row], today)
-    return device_out(row, stream.epsilon, today.get(row.id, 0), flags[row.id])
+    rejects = store.device_rejects(db, stream.name, [row.name])
+    flags = _flags(db, stream, [row], today, rejects)
+    return device_out(
+        row, stream.epsilon, today.get(row.id, 0), flags[row.id], rejects.get(row.name)
+    )
 
 
 def _flags(
-    db: Db, stream: Stream, rows: list[Device], today: dict[int, int]
+    db: Db,
+    stream: Stream,
+    rows: list[Device],
+    today: dict[int, int],
+    rejects: dict[str, dict[str, int]],
 ) -> dict[int, list[str]]:
     """Per device of the page: `implausible` (its readings so far prove it dishonest),
     `over_budget` (batches of it were refused at the policy), `at_cap` (today's readings,
@@ -121,7 +137,7 @@ def _flags(
     params = store.params_of(stream)
     sums = store.device_sums(db, stream, *store.ALL_TIME, [d.id for d in rows])
     bad = {i for i, no in zip(sums.order, store.implausible(params, sums), strict=True) if no}
-    refused = store.rejected_devices(db, stream.name, [d.name for d in rows], "over_budget")
+    refused = {name for name, reasons in rejects.items() if "over_budget" in reasons}
     allowed, hourly = params.readings_per_day, params.readings_per_hour
     ids, day = [d.id for d in rows], day_of(store.now_ms())
     full = set() if hourly is None else store.hours_at_cap(db, ids, day, hourly)

@@ -2,7 +2,7 @@
 
 ``/livez`` says only that the process serves HTTP (restart it when this fails).
 ``/readyz`` says whether it can do its work: the database answers and, with a collector,
-the broker connection is up (send traffic elsewhere while it is 503). ``/healthz`` is the
+the broker connections are up (send traffic elsewhere while it is 503). ``/healthz`` is the
 older combined answer, kept for compatibility. Without a token none of them says more than
 up or down; with the read or operator token (or on a server without tokens) they add what
 was checked and the collector's figures. Errors never carry SQL or credentials.
@@ -28,8 +28,9 @@ router = APIRouter()
 
 
 def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
-    """(ready, what was checked) for readiness: the database, the broker connection and,
-    with ZEAL_NATS_URL, the JetStream consumer."""
+    """(ready, what was checked) for readiness: the database, the broker connection,
+    with ZEAL_NATS_URL the JetStream consumer, and with ZEAL_CHIRPSTACK_URL the connection
+    to ChirpStack's broker."""
     state = request.app.state
     body: dict[str, Any] = {}
     body["database"] = database_state(state.engine)
@@ -52,7 +53,11 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
         if coll.jetstream is not None:  # the data come from NATS JetStream
             body["jetstream"] = "ok" if coll.jetstream.connected else "down"
             body["collector"]["jetstream_error"] = coll.jetstream.last_error
-    up = body["broker"] != "down" and body.get("jetstream") != "down"
+        if coll.chirpstack is not None:  # LoRaWAN uplinks from ChirpStack's broker
+            body["chirpstack"] = "ok" if coll.chirpstack.connected else "down"
+            body["collector"]["chirpstack_error"] = coll.chirpstack.last_error
+            body["collector"]["uplinks_skipped"] = dict(coll.uplinks.skipped)
+    up = all(body.get(part) != "down" for part in ("broker", "jetstream", "chirpstack"))
     return body["database"] in ("ok", "busy") and up, body
 
 

@@ -1,0 +1,145 @@
+"""The writer's side of the ChirpStack source: which stream and device an uplink is, and its
+readings as the batch that device would have sent over MQTT.
+
+Each uplink event (``zeal_server.broker.chirpstack``) is routed by its application and FPort
+through the bindings (``store.bindings``: the port's own binding, else the application's
+port 0), named by its DevEUI or ChirpStack device name as the binding says, decoded with
+its stream's parameters (the LoRaWAN profile, ``zeal.lorawan``) and re-encoded as a
+wire-v2 batch on ``zeal/v1/{stream}/{device}/up``. From there it takes the collector's one
+ingest path: the same plausibility checks, enrolment, privacy policy, dedup and rejects
+as an MQTT batch.
+
+Dedup. The batch's sequence is the frame counter. What identifies its content
+(``ingest.Original``) is the device's session address (DevAddr), the FPort and the
+FRMPayload, not the reception time: the same event delivered twice, and a retransmission
+of a frame (same counter, same session, heard again later), are duplicates, stored once.
+A rejoin starts a new session, with a new DevAddr and the counter from 0: its frames are
+stored, counted as sequence resets, and lose nothing. (An ABP device whose counter
+restarts in the same session, with ChirpStack's frame-counter check turned off, has a
+frame that repeats the payload the same counter carried earlier taken for a
+retransmission: docs/server.md.)
+
+What is not Zeal's is skipped, counted but not a reject: uplinks without application data
+(FPort 0, an empty frame) and those of applications or ports no binding names (another
+application on the same ChirpStack).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import NamedTuple
+
+from sqlalchemy.orm import Session
+
+from zeal import ParameterError, WireError
+from zeal.protocol import check_name
+from zeal.topics import data_topic
+from zeal_server import store
+from zeal_server.broker.chirpstack import ChirpStackError, Uplink, parse_uplink, to_batch
+from zeal_server.ingest import Ingest, Original, Outcome
+from zeal_server.ingest.validation import FOREIGN
+
+__all__ = ["Translated", "Uplinks", "identity"]
+
+_DEV_EUI = re.compile(r"[0-9a-fA-F]{16}")
+
+
+class Translated(NamedTuple):
+    """An uplink as a batch for ``Ingest.add_many``."""
+
+    topic: str
+    payload: bytes
+    original: Original
+
+
+def identity(uplink: Uplink) -> bytes:
+    """What tells one frame's content from another's (module docstring): DevAddr, FPort,
+    FRMPayload."""
+    return b"".join((b"lorawan/1", uplink.dev_addr.encode(), bytes([uplink.f_port]), uplink.data))
+
+
+class Uplinks:
+    """Routes and translates uplink events for the writer thread; the bindings are read
+    again by ``load`` (the collector calls it when they change and every few seconds)."""
+
+    def __init__(self) -> None:
+        self.bindings: dict[tuple[str, int], tuple[str, str]] = {}
+        #: Uplinks skipped (not a reject): "no_data", "unbound".
+        self.skipped: Counter[str] = Counter()
+
+    def load(self, session: Session) -> None:
+        self.bindings = store.binding_map(session)
+
+    def route(self, uplink: Uplink) -> tuple[str, str] | None:
+        """(stream, device naming) for the uplink's application and port, or None."""
+        found = self.bindings.get((uplink.application_id, uplink.f_port))
+        return found or self.bindings.get((uplink.application_id, 0))
+
+    def _target(self, uplink: Uplink) -> tuple[str, str] | str:
+        """(stream, device) of a bound uplink, the device "" when its name is not a valid
+        Zeal name; "unbound" when no binding names its application and port."""
+        route = self.route(uplink)
+        if route is None:
+            return "unbound"
+        stream, naming = route
+        device = uplink.dev_eui if naming == "dev_eui" else uplink.device_name
+        try:
+            return stream, check_name("device", device)
+        except ParameterError:
+            return stream, ""
+
+    def translate(
+        self, session: Session, ingest: Ingest, topic: str, payload: bytes, received_ms: int
+    ) -> Translated | Outcome:
+        """The event as a batch to store, or its outcome when it goes no further: rejected
+        (counted in the rejects table, under the stream and device when known) or skipped."""
+        try:
+            uplink = parse_uplink(payload)
+        except ChirpStackError as exc:
+            if exc.reason == "no_data":
+                self.skipped["no_data"] += 1
+                return Outcome("skipped", "no_data")
+            return ingest.reject(session, "", _dev_eui(topic), "bad_event", when=received_ms)
+        target = self._target(uplink)
+        if isinstance(target, str):
+            self.skipped[target] += 1
+            return Outcome("skipped", target)
+        stream, device = target
+        batch, reason = None, "bad_device_name"
+        if device:
+            try:
+                batch = _batch(session, ingest, uplink, stream, device)
+                reason = "unknown_stream"  # deleted by another process since bindings were read
+            except WireError as exc:
+                reason = exc.reason
+        if batch is None:
+            return ingest.reject(session, stream, device, reason, when=received_ms)
+        original = Original(identity(uplink), len(uplink.data))
+        return Translated(data_topic(stream, device), batch, original)
+
+
+def _batch(
+    session: Session, ingest: Ingest, uplink: Uplink, stream: str, device: str
+) -> bytes | None:
+    """The uplink as a wire-v2 batch of `stream` (None: no such stream). A payload made with
+    a policy another process gave the stream since it was cached is decoded again with
+    the stream read afresh. Raises WireError."""
+    params = ingest.stream_params(session, stream)
+    if params is None:
+        return None
+    try:
+        return to_batch(uplink, params, stream=stream, device=device)
+    except WireError as exc:
+        fresh = ingest.stream_params(session, stream, fresh=True)
+        if exc.reason != FOREIGN or fresh is None or fresh is params:
+            raise
+        return to_batch(uplink, fresh, stream=stream, device=device)
+
+
+def _dev_eui(topic: str) -> str:
+    """The DevEUI an event's topic names, if it is one (for counting a bad event)."""
+    parts = topic.split("/")
+    if len(parts) == 6 and _DEV_EUI.fullmatch(parts[3]):
+        return parts[3].lower()
+    return ""
