@@ -21,6 +21,7 @@ __all__ = [
     "Running",
     "Source",
     "StartCollector",
+    "Subscriber",
     "Uplinks",
 ]
 
@@ -36,8 +37,7 @@ class Lags(Protocol):
 
 
 class Source(Protocol):
-    """The JetStream source, when the data come from NATS; the ChirpStack source, when
-    LoRaWAN uplinks come from ChirpStack's broker."""
+    """The JetStream source, when the data come from NATS."""
 
     connected: bool
     last_error: str | None
@@ -47,6 +47,14 @@ class Uplinks(Protocol):
     """The LoRaWAN uplinks' translation, when the collector takes them from ChirpStack."""
 
     skipped: Counter[str]
+
+
+class Subscriber(Protocol):
+    """The ChirpStack source, when LoRaWAN uplinks come from ChirpStack's broker."""
+
+    connected: bool
+    subscribed: bool
+    last_error: str | None
 
 
 class Configs(Protocol):
@@ -86,7 +94,7 @@ class Running(Protocol):
     def jetstream(self) -> Source | None: ...
 
     @property
-    def chirpstack(self) -> Source | None: ...
+    def chirpstack(self) -> Subscriber | None: ...
 
     @property
     def uplinks(self) -> Uplinks: ...

@@ -25,6 +25,8 @@ from zeal.wire import WireParams, encode_batch
 __all__ = ["ChirpStackError", "Uplink", "parse_uplink", "to_batch"]
 
 EventReason = Literal["bad_event", "no_time", "no_data"]
+#: LoRaWAN's FPort is one byte.
+MAX_F_PORT = 255
 
 
 class ChirpStackError(ValueError):
@@ -70,7 +72,7 @@ def parse_uplink(payload: bytes) -> Uplink:
 
     event = _event_class()()
     try:
-        if payload[:1] == b"{":
+        if payload.lstrip()[:1] == b"{":
             json_format.Parse(payload.decode("utf-8"), event, ignore_unknown_fields=True)
         else:
             event.ParseFromString(payload)
@@ -81,6 +83,8 @@ def parse_uplink(payload: bytes) -> Uplink:
         raise ChirpStackError("no_time", "the uplink event has no time")
     if event.f_port == 0 or not event.data:
         raise ChirpStackError("no_data", "the uplink carries no application data (FPort 0)")
+    if event.f_port > MAX_F_PORT:  # a uint32 in the schema, one byte on the air
+        raise ChirpStackError("bad_event", f"FPort {event.f_port} is not a LoRaWAN port")
     return Uplink(
         application_id=info.application_id,
         dev_eui=info.dev_eui.lower(),

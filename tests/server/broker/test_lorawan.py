@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from google.protobuf import json_format
 
 from tests.server.helpers import publish_all, stats, wait_until
-from tools.testbed.broker import Mosquitto
+from tools.testbed.broker import Mosquitto, free_port
 from zeal import Zeal
 from zeal._firmware import profile_bytes
 from zeal.lorawan import encode_lorawan
@@ -297,5 +297,47 @@ def test_the_policy_caps_hold_for_a_lorawan_device(database_url: str, broker: Mo
         assert (entry["name"], entry["readings"], entry["epsilon_spent"]) == (device, 8, 8.0)
         assert entry["rejects"] == {"over_budget": refused}
         assert "over_budget" in entry["flags"]
+        average = client.get("/api/v1/streams/temps/average").json()
+        assert average["estimate"]["mean"] == params.estimate_mean(np.concatenate(air.stored)).mean
+
+
+def test_readiness_says_when_chirpstacks_broker_is_out_of_reach(
+    database_url: str, broker: Mosquitto
+) -> None:
+    """Zeal's broker up, ChirpStack's not listening: /readyz is 503 and names it."""
+    env = {
+        "ZEAL_DATABASE_URL": database_url,
+        "ZEAL_MQTT_URL": broker.url,
+        "ZEAL_COLLECTOR_ID": "c1",
+        "ZEAL_CHIRPSTACK_URL": f"mqtt://127.0.0.1:{free_port()}",
+    }
+    with TestClient(create_app(ServerSettings.from_env(env))) as client:
+        collector = client.app.state.collector  # type: ignore[attr-defined]
+        wait_until(lambda: collector.broker_connected, 30, "Zeal's broker")
+        wait_until(lambda: collector.chirpstack.last_error is not None, 30, "a ChirpStack error")
+        answer = client.get("/readyz")
+        assert answer.status_code == 503
+        body = answer.json()
+        assert (body["broker"], body["chirpstack"]) == ("ok", "down")
+        assert "ChirpStack's broker mqtt://127.0.0.1:" in body["collector"]["chirpstack_error"]
+        assert "refused" in body["collector"]["chirpstack_error"].lower()
+
+
+def test_uplinks_published_while_the_collector_is_away_wait_for_it(
+    database_url: str, broker: Mosquitto
+) -> None:
+    """The collector's session on ChirpStack's broker is persistent: 20 uplinks published
+    while its server is stopped are stored once it is back."""
+    with TestClient(lorawan_app(database_url, broker)) as client:
+        params = start(client)
+    air, now = Air(), store.now_ms()
+    for k in range(20):
+        c = params.perturb([float(k)])
+        up = event(frame(params, dev_eui(k), c), device=dev_eui(k), f_cnt=0, time_ms=now,
+                   dev_addr=f"{0x26000000 + k:08x}", dedup=air.dedup())  # fmt: skip
+        air.send(up, "protobuf", keep=c)
+    publish_all(broker.port, air.messages)
+    with TestClient(lorawan_app(database_url, broker)) as client:
+        wait_until(lambda: stats(client)["readings"] == 20, 30, "the 20 readings")
         average = client.get("/api/v1/streams/temps/average").json()
         assert average["estimate"]["mean"] == params.estimate_mean(np.concatenate(air.stored)).mean

@@ -54,7 +54,7 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
             body["jetstream"] = "ok" if coll.jetstream.connected else "down"
             body["collector"]["jetstream_error"] = coll.jetstream.last_error
         if coll.chirpstack is not None:  # LoRaWAN uplinks from ChirpStack's broker
-            body["chirpstack"] = "ok" if coll.chirpstack.connected else "down"
+            body["chirpstack"] = "ok" if coll.chirpstack.subscribed else "down"
             body["collector"]["chirpstack_error"] = coll.chirpstack.last_error
             body["collector"]["uplinks_skipped"] = dict(coll.uplinks.skipped)
     up = all(body.get(part) != "down" for part in ("broker", "jetstream", "chirpstack"))
