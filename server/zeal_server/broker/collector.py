@@ -384,18 +384,22 @@ class Collector:
         if self._forget_devices.is_set():
             self._forget_devices.clear()
             self.ingest.forget()
-        if self.chirpstack is not None and (due or self._reload_bindings.is_set()):
+        stale = time.monotonic() - self.uplinks.read_at >= self.sync_every
+        if self.chirpstack is not None and (stale or self._reload_bindings.is_set()):
             self._load_bindings()
 
     def _load_bindings(self) -> None:
-        """Read the LoRaWAN bindings again (a change here, or every sync_every seconds)."""
+        """Read the LoRaWAN bindings again (a change here, or every sync_every seconds; a
+        failure is logged once a minute, and the write that follows retries as usual)."""
         self._reload_bindings.clear()
+        self.uplinks.read_at = now = time.monotonic()
         try:
             with self.sessions() as session:
                 self.uplinks.load(session)
-        except SQLAlchemyError as exc:  # the write that follows finds the database down too
-            self._reload_bindings.set()
-            log.error("could not read the LoRaWAN bindings: %s", db_error_text(exc))
+        except SQLAlchemyError as exc:
+            if now - self.uplinks.failure_logged >= 60:
+                self.uplinks.failure_logged = now
+                log.error("could not read the LoRaWAN bindings: %s", db_error_text(exc))
 
     def _idle(self) -> None:
         """Nothing to store: record what was shed at the door, and housekeep when due."""

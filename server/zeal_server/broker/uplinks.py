@@ -67,6 +67,9 @@ class Uplinks:
         self.bindings: dict[tuple[str, int], tuple[str, str]] = {}
         #: Uplinks skipped (not a reject): "no_data", "unbound".
         self.skipped: Counter[str] = Counter()
+        #: When the bindings were last read, and a failure to read them last logged
+        #: (time.monotonic(); the collector's writer keeps them).
+        self.read_at = self.failure_logged = -1e18
 
     def load(self, session: Session) -> None:
         self.bindings = store.binding_map(session)
