@@ -174,8 +174,14 @@ def test_rejects_are_counted_and_good_data_is_intact(database_url: str, broker: 
             for (name, labels), value in samples.items()
             if name == "zeal_collector_messages_total"
         }
-        # Disjoint outcomes: their sum is the messages received, once each.
-        assert outcome == {"stored": 2, "duplicate": 0, "rejected": sum(rejected.values())}
+        # Disjoint outcomes: their sum is the messages received, once each (skipped: LoRaWAN
+        # uplinks that are not Zeal's, none here).
+        assert outcome == {
+            "stored": 2,
+            "duplicate": 0,
+            "rejected": sum(rejected.values()),
+            "skipped": 0,
+        }
         assert samples[("zeal_collector_commit_lag_seconds_count", ())] == 2
         assert samples[("zeal_collector_commit_lag_seconds_bucket", (("le", "+Inf"),))] == 2
         assert samples[("zeal_stream_readings_total", (("stream", "temps"),))] == 20
