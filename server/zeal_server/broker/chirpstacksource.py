@@ -62,7 +62,6 @@ class ChirpStackSource:
         self.topic = event_subscription(topic, share_group)
         self.connected = False
         self.subscribed = False
-        self.connects = 0
         self.last_error: str | None = None
         self._logged = -1e18  # connection errors are logged once a minute
         self._stopping = False
@@ -102,7 +101,6 @@ class ChirpStackSource:
             log.error("%s", self.last_error)
             return
         self.connected = True
-        self.connects += 1
         self.last_error = None
         log.info("subscribing to %s on ChirpStack's broker %s", self.topic, self.broker.url)
         if client.protocol == mqtt.MQTTv311:

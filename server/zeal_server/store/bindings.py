@@ -66,7 +66,8 @@ def check_binding(application_id: object, f_port: object, device_names: object) 
         )
 
 
-def _rows(session: Session) -> list[Binding]:
+def list_bindings(session: Session) -> list[Binding]:
+    """Every binding, by application and port."""
     query = (
         select(LoRaWANBinding, Stream.name)
         .join(Stream, Stream.id == LoRaWANBinding.stream_id)
@@ -78,14 +79,11 @@ def _rows(session: Session) -> list[Binding]:
     ]
 
 
-def list_bindings(session: Session) -> list[Binding]:
-    """Every binding, by application and port."""
-    return _rows(session)
-
-
 def binding_map(session: Session) -> dict[tuple[str, int], tuple[str, str]]:
     """(application id, f_port) -> (stream name, device naming), for the collector."""
-    return {(b.application_id, b.f_port): (b.stream, b.device_names) for b in _rows(session)}
+    return {
+        (b.application_id, b.f_port): (b.stream, b.device_names) for b in list_bindings(session)
+    }
 
 
 def bind(
