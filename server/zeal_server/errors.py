@@ -5,7 +5,9 @@ ServerError
 ├── StoreError (ValueError)          a request the store cannot satisfy (unknown or
 │                                    duplicate stream, bad parameters, a lost race)
 ├── ProvisioningError (ValueError)   a device login could not be made or removed (kind)
-└── IdentityError (RuntimeError)     no collector id slot is free in the data directory
+├── IdentityError (RuntimeError)     no collector id slot is free in the data directory
+└── UndecodableError (ValueError)    decoding one message off a wire raised an unexpected
+                                     error (a bug; the message is refused, ingest goes on)
 
 Database and broker errors keep their own types (SQLAlchemy's, paho's) and are translated
 where they reach a user: the HTTP layer answers 503, the CLI prints one line. This module
@@ -23,6 +25,7 @@ __all__ = [
     "ServerError",
     "SettingsError",
     "StoreError",
+    "UndecodableError",
 ]
 
 #: Why a device login could not be made or removed.
@@ -51,3 +54,10 @@ class ProvisioningError(ServerError, ValueError):
 
 class IdentityError(ServerError, RuntimeError):
     """Every collector id slot of the data directory is held by a running server."""
+
+
+class UndecodableError(ServerError, ValueError):
+    """Decoding one message raised an unexpected error, its cause (zeal_server.ingest.undecodable):
+    the message is refused as ``undecodable``."""
+
+    reason = "undecodable"

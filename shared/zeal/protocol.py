@@ -87,6 +87,9 @@ COLLECTOR_REASONS: Final[Mapping[str, str]] = MappingProxyType(
         "reads (not an UplinkEvent in JSON or protobuf, or without its time)",
         "bad_device_name": "a LoRaWAN device's ChirpStack name is not a valid Zeal device name "
         "(its binding names devices by device_name)",
+        "undecodable": "reading the message raised an error the server did not expect (a "
+        "server bug, logged with its traceback); the message is counted and acknowledged, "
+        "and ingest goes on",
     }
 )
 

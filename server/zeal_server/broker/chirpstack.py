@@ -78,13 +78,19 @@ def parse_uplink(payload: bytes) -> Uplink:
             event.ParseFromString(payload)
     except (json_format.ParseError, DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ChirpStackError("bad_event", f"not an UplinkEvent: {exc}") from None
-    info = event.device_info
     if not event.HasField("time"):
         raise ChirpStackError("no_time", "the uplink event has no time")
     if event.f_port == 0 or not event.data:
         raise ChirpStackError("no_data", "the uplink carries no application data (FPort 0)")
     if event.f_port > MAX_F_PORT:  # a uint32 in the schema, one byte on the air
         raise ChirpStackError("bad_event", f"FPort {event.f_port} is not a LoRaWAN port")
+    info = event.device_info
+    try:
+        # A Timestamp outside protobuf's range (year 1 to 9999, nanos past a second) parses
+        # but raises ValueError here; nothing read off the wire may escape as a bug.
+        received_ms = int(event.time.ToMilliseconds())
+    except (ValueError, OverflowError) as exc:
+        raise ChirpStackError("bad_event", f"the uplink's time is not a time: {exc}") from None
     return Uplink(
         application_id=info.application_id,
         dev_eui=info.dev_eui.lower(),
@@ -92,7 +98,7 @@ def parse_uplink(payload: bytes) -> Uplink:
         dev_addr=event.dev_addr.lower(),
         f_port=int(event.f_port),
         f_cnt=int(event.f_cnt),
-        received_ms=int(event.time.ToMilliseconds()),
+        received_ms=received_ms,
         deduplication_id=event.deduplication_id,
         data=bytes(event.data),
     )

@@ -32,12 +32,14 @@ from typing import NamedTuple
 
 from sqlalchemy.orm import Session
 
-from zeal import ParameterError, WireError
+from zeal import ParameterError, WireError, Zeal
 from zeal.protocol import check_name
 from zeal.topics import data_topic
 from zeal_server import store
 from zeal_server.broker.chirpstack import ChirpStackError, Uplink, parse_uplink, to_batch
+from zeal_server.errors import UndecodableError
 from zeal_server.ingest import Ingest, Original, Outcome
+from zeal_server.ingest.undecodable import UNDECODABLE, contained
 from zeal_server.ingest.validation import FOREIGN
 
 __all__ = ["Translated", "Uplinks", "identity"]
@@ -98,12 +100,14 @@ class Uplinks:
         """The event as a batch to store, or its outcome when it goes no further: rejected
         (counted in the rejects table, under the stream and device when known) or skipped."""
         try:
-            uplink = parse_uplink(payload)
+            uplink = contained("a ChirpStack event", lambda: parse_uplink(payload), ChirpStackError)
         except ChirpStackError as exc:
             if exc.reason == "no_data":
                 self.skipped["no_data"] += 1
                 return Outcome("skipped", "no_data")
             return ingest.reject(session, "", _dev_eui(topic), "bad_event", when=received_ms)
+        except UndecodableError:
+            return ingest.reject(session, "", _dev_eui(topic), UNDECODABLE, when=received_ms)
         target = self._target(uplink)
         if isinstance(target, str):
             self.skipped[target] += 1
@@ -114,7 +118,7 @@ class Uplinks:
             try:
                 batch = _batch(session, ingest, uplink, stream, device)
                 reason = "unknown_stream"  # deleted by another process since bindings were read
-            except WireError as exc:
+            except (WireError, UndecodableError) as exc:
                 reason = exc.reason
         if batch is None:
             return ingest.reject(session, stream, device, reason, when=received_ms)
@@ -127,17 +131,26 @@ def _batch(
 ) -> bytes | None:
     """The uplink as a wire-v2 batch of `stream` (None: no such stream). A payload made with
     a policy another process gave the stream since it was cached is decoded again with
-    the stream read afresh. Raises WireError."""
+    the stream read afresh. Raises WireError, or UndecodableError (ingest.undecodable)."""
     params = ingest.stream_params(session, stream)
     if params is None:
         return None
     try:
-        return to_batch(uplink, params, stream=stream, device=device)
+        return _to_batch(uplink, params, stream, device)
     except WireError as exc:
         fresh = ingest.stream_params(session, stream, fresh=True)
         if exc.reason != FOREIGN or fresh is None or fresh is params:
             raise
-        return to_batch(uplink, fresh, stream=stream, device=device)
+        return _to_batch(uplink, fresh, stream, device)
+
+
+def _to_batch(uplink: Uplink, params: Zeal, stream: str, device: str) -> bytes:
+    """``to_batch``, an unexpected error in it raised as UndecodableError."""
+    return contained(
+        "a LoRaWAN payload",
+        lambda: to_batch(uplink, params, stream=stream, device=device),
+        WireError,
+    )
 
 
 def _dev_eui(topic: str) -> str:

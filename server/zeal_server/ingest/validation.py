@@ -33,11 +33,12 @@ from sqlalchemy.orm import Session
 from zeal import ParameterError, Zeal
 from zeal.protocol import check_name
 from zeal.topics import MAX_TOPIC_LENGTH, parse_data_topic
-from zeal.wirebatches import Batches, decode_many
+from zeal.wirebatches import Batches
 from zeal_server.ingest.bounded import Bounded
 from zeal_server.ingest.groups import Group, Outcome, implausible, rounds, select_batches
 from zeal_server.ingest.rejectkeys import MAX_REJECT_ROWS, RejectKeys, check_reason
 from zeal_server.ingest.settle import Round
+from zeal_server.ingest.undecodable import decode_contained
 from zeal_server.store.dedup import payload_digests
 from zeal_server.store.fleet import add_devices, device_ids
 from zeal_server.store.models import Stream
@@ -380,12 +381,14 @@ class Ingest:
     ) -> list[Decoded]:
         """Decode a stream's messages: those that decode, with their batches. A payload
         made with a policy another process gave the stream meanwhile reads the stream
-        again, and it and the messages after it are decoded anew."""
+        again, and it and the messages after it are decoded anew. A payload whose
+        decoding raises an unexpected error is refused as ``undecodable``
+        (``ingest.undecodable``), never an error of the writer."""
         parts = []
         while members:
             payloads = [messages[i][1] for i, _ in members]
             devices = [d for _, d in members]
-            batches, errors = decode_many(payloads, entry.params, stream=name, devices=devices)
+            batches, errors = decode_contained(payloads, entry.params, stream=name, devices=devices)
             foreign = [k for k, e in errors.items() if e.reason == FOREIGN]
             changed = self._changed(session, name, entry) if foreign else None
             cut = min(foreign) if changed is not None else len(members)

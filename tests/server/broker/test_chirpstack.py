@@ -9,6 +9,7 @@ import pytest
 from chirpstack_api.integration import UplinkEvent
 from google.protobuf import json_format
 
+from tests.server.broker.uplink_limits import json_limits, limit_events, mutated
 from zeal import WireError, Zeal, decode_batch
 from zeal.lorawan import encode_lorawan
 from zeal_server.broker.chirpstack import ChirpStackError, parse_uplink, to_batch
@@ -97,19 +98,9 @@ def test_mutated_events_are_refused_with_a_reason_and_nothing_else() -> None:
                            spacing_seconds=600)  # fmt: skip
     bodies = list(marshaled(event(frame)).values())
     outcomes = {"batch": 0, "event": 0, "wire": 0}
-    for i in range(5000):
-        body = bytearray(bodies[i % 2])
-        for _ in range(int(rng.integers(1, 9))):
-            at = int(rng.integers(0, len(body)))
-            action = int(rng.integers(0, 3))
-            if action == 0:
-                body[at] = int(rng.integers(0, 256))
-            elif action == 1:
-                body.insert(at, int(rng.integers(0, 256)))
-            else:
-                del body[at]
+    for body in mutated(bodies, 5000, rng):
         try:
-            up = parse_uplink(bytes(body))
+            up = parse_uplink(body)
         except ChirpStackError:
             outcomes["event"] += 1
             continue
@@ -119,3 +110,25 @@ def test_mutated_events_are_refused_with_a_reason_and_nothing_else() -> None:
         except WireError:
             outcomes["wire"] += 1
     assert min(outcomes.values()) >= 20, outcomes  # every path was taken
+
+
+def test_every_field_at_the_limits_of_its_type_gives_an_uplink_or_a_reason() -> None:
+    """Each UplinkEvent field at each limit of its type (protobuf and JSON; times far
+    outside protobuf's range among them) is read into an uplink and a batch or refused
+    with ChirpStackError or WireError, and nothing else."""
+    frame = encode_lorawan(PARAMS, stream="temps", device=DEV_EUI, codes=[PARAMS.code_min])
+    base = event(frame)
+    cases = limit_events(base) + json_limits(base)
+    refused: dict[str, str] = {}
+    for name, body in cases:
+        try:
+            up = parse_uplink(body)
+            to_batch(up, PARAMS, stream="temps", device=DEV_EUI)
+        except (ChirpStackError, WireError) as exc:
+            refused[name] = exc.reason
+    assert len(cases) > 600
+    assert refused["protobuf time.seconds=4611686018427387904"] == "bad_event"
+    assert refused["protobuf time.nanos=-1"] == "bad_event"
+    assert refused["json time=10000-01-01T00:00:00"] == "bad_event"
+    assert refused["protobuf time.seconds=-1"] == "bad_timestamp"  # before 1970: the wire's
+    assert "protobuf f_cnt=4294967295" not in refused  # the largest frame counter is one

@@ -53,7 +53,7 @@ def writer(
     return collector, acked
 
 
-def test_a_bug_in_the_writer_stops_it_loudly_and_fails_liveness(
+def test_a_bug_in_the_writer_stops_it_loudly_and_fails_liveness_and_readiness(
     client: TestClient, tmp_path: Any, caplog: pytest.LogCaptureFixture, monkeypatch: Any
 ) -> None:
     collector, acked = writer(client, tmp_path, monkeypatch)
@@ -74,6 +74,8 @@ def test_a_bug_in_the_writer_stops_it_loudly_and_fails_liveness(
     assert record.exc_info is not None  # with its traceback
     answer = client.get("/livez")
     assert (answer.status_code, answer.json()) == (503, {"status": "writer stopped"})
+    ready = client.get("/readyz")  # what Compose's health check asks
+    assert (ready.status_code, ready.json()["writer"]) == (503, "down")
     client.app.state.collector = None  # type: ignore[attr-defined]
 
 

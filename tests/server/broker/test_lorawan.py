@@ -17,9 +17,10 @@ from chirpstack_api.integration import UplinkEvent
 from fastapi.testclient import TestClient
 from google.protobuf import json_format
 
+from tests.server.broker.uplink_limits import json_limits, limit_events, mutated
 from tests.server.helpers import publish_all, stats, wait_until
 from tools.testbed.broker import Mosquitto, free_port
-from zeal import Zeal
+from zeal import Zeal, encode_batch
 from zeal._firmware import profile_bytes
 from zeal.lorawan import encode_lorawan
 from zeal.policy import DAY_MS, HOUR_MS
@@ -341,3 +342,55 @@ def test_uplinks_published_while_the_collector_is_away_wait_for_it(
         wait_until(lambda: stats(client)["readings"] == 20, 30, "the 20 readings")
         average = client.get("/api/v1/streams/temps/average").json()
         assert average["estimate"]["mean"] == params.estimate_mean(np.concatenate(air.stored)).mean
+
+
+def test_no_uplink_event_stops_the_writer_and_mqtt_ingest_goes_on(
+    database_url: str, broker: Mosquitto
+) -> None:
+    """Every field of UplinkEvent at the limits of its type (timestamps in the year 146
+    billion, nanos past a second, enums the schema lacks, thousands of nested entries,
+    45 KB strings; protobuf and JSON), then 5,000 mutated events, all of a bound
+    application: each is stored, refused with a reason or skipped, and acknowledged; an
+    MQTT device's 50 batches sent after them are all stored; the writer runs and /readyz
+    says ready. (The first run of this test stopped the writer on the first
+    out-of-range time, for good: the event came back at every restart.)"""
+    rng = np.random.default_rng(48)
+    with TestClient(lorawan_app(database_url, broker)) as client:
+        params = start(client)
+        now = store.now_ms()
+        data = frame(params, dev_eui(0), frame_codes(params, rng, 40.0))
+        base = event(data, device=dev_eui(0), f_cnt=1, time_ms=now, dev_addr="26000001",
+                     dedup=str(uuid.UUID(int=1)))  # fmt: skip
+        limits = limit_events(base) + json_limits(base)
+        bodies = [body for _, body in limits]
+        noise = list(mutated([marshal(base, "json"), marshal(base, "protobuf")], 5000, rng))
+        events = [(topic(base), body) for body in bodies + noise]
+        codes = [params.perturb(np.full(3, 50.0), rng=rng) for _ in range(50)]
+        times = [now - 3000, now - 2000, now - 1000]
+        batches = [
+            (
+                "zeal/v1/temps/mqtt-1/up",
+                encode_batch(
+                    params, stream="temps", device="mqtt-1", sequence=k, timestamps=times, codes=c
+                ),
+            )
+            for k, c in enumerate(codes)
+        ]
+        publish_all(broker.port, events + batches)
+
+        collector = client.app.state.collector  # type: ignore[attr-defined]
+        handled = ("stored", "duplicate", "rejected", "skipped")
+        total = len(events) + len(batches)
+
+        def settled() -> bool:
+            assert collector.writer_error is None, collector.writer_error
+            return sum(collector.counts[o] for o in handled) == total
+
+        wait_until(settled, 120, "every event and batch handled")
+        assert collector.acknowledged == collector.received == total
+        assert collector.rejected_by["undecodable"] == 0, "a decoder raised an unexpected error"
+        assert collector.rejected_by["bad_event"] > 0
+        listed = client.get("/api/v1/streams/temps/devices", params={"limit": 1000}).json()
+        by_name = {d["name"]: d for d in listed["devices"]}
+        assert by_name["mqtt-1"]["readings"] == 150
+        assert (client.get("/readyz").status_code, client.get("/livez").status_code) == (200, 200)

@@ -2,7 +2,8 @@
 
 ``/livez`` says only that the process serves HTTP (restart it when this fails).
 ``/readyz`` says whether it can do its work: the database answers and, with a collector,
-the broker connections are up (send traffic elsewhere while it is 503). ``/healthz`` is the
+its writer runs and the broker connections are up (send traffic elsewhere while it is
+503; Compose's health check asks it). ``/healthz`` is the
 older combined answer, kept for compatibility. Without a token none of them says more than
 up or down; with the read or operator token (or on a server without tokens) they add what
 was checked and the collector's figures. Errors never carry SQL or credentials.
@@ -28,9 +29,9 @@ router = APIRouter()
 
 
 def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
-    """(ready, what was checked) for readiness: the database, the broker connection,
-    with ZEAL_NATS_URL the JetStream consumer, and with ZEAL_CHIRPSTACK_URL the connection
-    to ChirpStack's broker."""
+    """(ready, what was checked) for readiness: the database, the collector's writer
+    thread, the broker connection, with ZEAL_NATS_URL the JetStream consumer, and with
+    ZEAL_CHIRPSTACK_URL the connection to ChirpStack's broker."""
     state = request.app.state
     body: dict[str, Any] = {}
     body["database"] = database_state(state.engine)
@@ -39,6 +40,9 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
         body["broker"] = "off"
     else:
         body["broker"] = "ok" if coll.broker_connected else "down"
+        # A writer stopped by a bug stores nothing more: not ready either (the Compose
+        # health check asks /readyz), besides /livez's 503.
+        body["writer"] = "down" if coll.writer_error is not None else "ok"
         body["collector"] = {
             "client_id": coll.client_id,
             "queue": coll.queue.qsize(),
@@ -57,7 +61,8 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
             body["chirpstack"] = "ok" if coll.chirpstack.subscribed else "down"
             body["collector"]["chirpstack_error"] = coll.chirpstack.last_error
             body["collector"]["uplinks_skipped"] = dict(coll.uplinks.skipped)
-    up = all(body.get(part) != "down" for part in ("broker", "jetstream", "chirpstack"))
+    parts = ("writer", "broker", "jetstream", "chirpstack")
+    up = all(body.get(part) != "down" for part in parts)
     return body["database"] in ("ok", "busy") and up, body
 
 
@@ -93,11 +98,16 @@ def livez(request: Request) -> JSONResponse:
 @router.get(
     "/readyz",
     tags=["health"],
-    responses={503: {"description": "the database or the broker is unreachable"}},
+    responses={
+        503: {
+            "description": "the database or the broker is unreachable, or the collector's "
+            "writer stopped"
+        }
+    },
 )
 def readyz(request: Request) -> JSONResponse:
-    """Readiness: the database answers and, with a collector, the broker connection is up
-    (503 otherwise). Details with a read or operator token."""
+    """Readiness: the database answers and, with a collector, its writer runs and the
+    broker connection is up (503 otherwise). Details with a read or operator token."""
     ready, body = _checks(request)
     return _answer(request, ready, ("ready", "not ready"), body)
 
