@@ -11,8 +11,9 @@ attacker has gone, and what the broker did:
    closes the connection);
 2. retained messages: 2,000 retained 100 KB messages on the device's own presence topics
    under invented stream names, with the deployment's config as it is, and with its
-   zeal_retain plugin enabled (deploy/mosquitto/plugin; then also 20,000 presences of
-   1 KB, under the plugin's size limit);
+   zeal_retain plugin enabled (deploy/mosquitto/plugin; then also under 65-character
+   stream names, which no Zeal name fits, from both logins, and 20,000 presences of 1 KB,
+   under the plugin's size limit);
 3. an offline session: each login connects with a persistent session, subscribes to `#`,
    `zeal/v1/+/+/up` and its own topics, and goes away; 200 other devices then publish
    100,000 batches.
@@ -117,12 +118,19 @@ def paho_client(port: int, user: str, password: str, *, persistent: bool = False
 
 
 def retained(
-    port: int, user: str, password: str, count: int, payload: bytes = BIG
+    port: int,
+    user: str,
+    password: str,
+    count: int,
+    payload: bytes = BIG,
+    stream: str = "invented-{i}",
 ) -> dict[str, Any]:
+    """`count` retained presences under the stream names `stream` makes (with {i})."""
     c = paho_client(port, user, password)
     accepted = 0
     for i in range(count):
-        info = c.publish(f"zeal/v1/invented-{i}/{user}/presence", payload, qos=1, retain=True)
+        topic = f"zeal/v1/{stream.format(i=i)}/{user}/presence"
+        info = c.publish(topic, payload, qos=1, retain=True)
         try:
             info.wait_for_publish(10)
             accepted += 1
@@ -224,6 +232,16 @@ def main(argv: list[str] | None = None) -> int:
         attack(
             "retained (provisioned login)",
             lambda port, pw: retained(port, "mallory", pw, 2000),
+            plugin=True,
+        ),
+        attack(  # the ACL's `+` matches a level no Zeal name fits: once the plugin's bypass
+            "retained under 65-character stream names (provisioned login)",
+            lambda port, pw: retained(port, "mallory", pw, 2000, stream="{i:065d}"),
+            plugin=True,
+        ),
+        attack(
+            "retained under 65-character stream names (password-file login)",
+            lambda port, _pw: retained(port, "evil", "pw-evil", 2000, stream="{i:065d}"),
             plugin=True,
         ),
         attack(

@@ -119,6 +119,63 @@ def test_a_device_leaves_retained_only_a_small_presence_of_a_configured_stream(
         )
         assert retained(broker.port, f"zeal/v1/invented-2/{user}/presence") == []
     log = broker_log(broker)
-    assert "zeal_retain: refused a retained message on zeal/v1/temps/mallory/up" in log
+    assert "zeal_retain: refused a retained message on a data topic of 60 bytes on " in log
+    collector.disconnect()
+    collector.loop_stop()
+
+
+#: Stream levels the ACL's `+` lets a device write under, which are no Zeal name.
+BAD_STREAMS = ("", "x" * 65, "x" * 1000, "a b", "caf\u00e9", "_lead", "-lead", "..", "a:b")
+
+
+def test_a_retained_message_the_plugin_cannot_place_is_refused_whatever_its_shape(
+    broker: DeployBroker,
+) -> None:
+    """A device login's retained presence (100 KB, or a valid small one) and data under
+    each stream level that is no Zeal name (empty, 65 or 1,000 characters, other
+    characters) is refused, published or as a Last Will; so is a 65 KB retained Last Will
+    under a 65-character stream, and the collector login's configuration under such a name
+    or over 4 KB. Before this test the plugin answered "defer" to all of them and the
+    ACL's `+` let them through (2,000 such presences: +199 MB)."""
+    admin = BrokerAdmin(parse_broker_url(broker.url), "zeal-admin", "pw-zeal-admin")
+    password = admin.provision("mallory")
+    collector, _ = connect(broker.port, "zeal-collector", "pw-zeal-collector")
+    collector.publish("zeal/v1/temps/config", b'{"stream": "temps"}', qos=1, retain=True)
+    for name in (BAD_STREAMS[1], "temps"):  # a bad name; an oversized configuration
+        body = b"{}" if name != "temps" else b" " * 4097
+        collector.publish(f"zeal/v1/{name}/config", body, qos=1, retain=True).wait_for_publish(5)
+    assert retained(broker.port, f"zeal/v1/{BAD_STREAMS[1]}/config") == []
+    assert retained(broker.port, "zeal/v1/temps/config") == [b'{"stream": "temps"}']
+    for user, secret in (("mallory", password), ("evil", "pw-evil")):
+        device, _ = connect(broker.port, user, secret)
+        topics = []
+        for stream in BAD_STREAMS:
+            for kind, body in (("presence", b"p" * 100_000), ("presence", PRESENCE),
+                               ("up", b"\x20" * 60)):  # fmt: skip
+                topic = f"zeal/v1/{stream}/{user}/{kind}"
+                topics.append(topic)
+                device.publish(topic, body, qos=1, retain=True).wait_for_publish(5)
+        device.disconnect()
+        device.loop_stop()
+        for topic in topics:
+            assert retained(broker.port, topic) == [], topic
+        for stream, body in ((BAD_STREAMS[1], b"w" * 65_000), ("", PRESENCE)):
+            topic = f"zeal/v1/{stream}/{user}/presence"
+            refusals = broker_log(broker).count("zeal_retain: refused")
+            willing, answer = connect(broker.port, user, secret, topic=topic, payload=body,
+                                      qos=1, retain=True)  # fmt: skip
+            willing.loop_stop()
+            sock = willing.socket()
+            assert sock is not None
+            sock.close()
+            wait_until(
+                lambda n=refusals, t=topic: (
+                    retained(broker.port, t) == []
+                    and (broker_log(broker).count("zeal_retain: refused") > n or answer != "Success")
+                ),
+                10,
+                "the will's refusal",
+            )
+    assert "a topic no Zeal client retains" in broker_log(broker)
     collector.disconnect()
     collector.loop_stop()

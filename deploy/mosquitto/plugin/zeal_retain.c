@@ -4,20 +4,27 @@
  * Mosquitto 2.0 can refuse the retain flag only for the whole broker, and configurations
  * and presence must be retained. So one device login could leave a retained 100 KB message
  * on its own data topic, or its presence topic under any stream name it invents, again and
- * again: 2,000 of them held 195 MB of the broker's memory and of mosquitto.db. This
- * plugin refuses, in the broker's access check (publishes and Last Wills alike):
+ * again: 2,000 of them held 195 MB of the broker's memory and of mosquitto.db. The ACL's
+ * patterns (zeal/v1/+/%u/presence) cannot stop it: `+` matches any level, an empty one or
+ * one of a thousand characters. So under zeal/ this plugin places every retained message
+ * (publishes and Last Wills alike, in the broker's access check) and lets through only:
  *
- *   - a retained message on a data topic, zeal/v1/{stream}/{device}/up;
- *   - a retained presence, zeal/v1/{stream}/{device}/presence, larger than MAX_PRESENCE
- *     bytes, or under a stream that has no configuration on the broker (once one has
- *     been seen since the broker started: the collector retains every stream's
- *     configuration again when it connects).
+ *   - a stream's configuration, zeal/v1/{stream}/config, of at most MAX_CONFIG bytes;
+ *   - a device's presence, zeal/v1/{stream}/{device}/presence, of at most MAX_PRESENCE
+ *     bytes, under a stream that has a configuration on the broker (once one has been
+ *     seen since the broker started: the collector retains every stream's configuration
+ *     again when it connects);
  *
- * Everything else is left to the other access checks (the password file's ACL, the
- * dynamic security plugin): the plugin answers "defer". It must come first in
- * mosquitto.conf, before the dynamic security plugin, so that its refusals are heard.
- * The streams with a configuration are learnt from the messages the broker accepts on
- * zeal/v1/{stream}/config (an empty one withdraws it).
+ * where {stream} and {device} are Zeal names (1 to 64 of A-Z a-z 0-9 _ . -, starting with a
+ * letter or digit: zeal.protocol.NAME_PATTERN). Every other retained message under zeal/ is
+ * refused: on a data topic, on a notice topic, and on any topic it cannot place (an empty
+ * level, an over-long one, a name with other characters, more or fewer levels, another
+ * version). An empty retained message (it clears one and stores nothing) is refused only
+ * on a data topic. What passes, and retained messages outside zeal/, are left to the
+ * other access checks (the password file's ACL, the dynamic security plugin): the plugin
+ * answers "defer". It must come first in mosquitto.conf, before the dynamic security
+ * plugin, so that its refusals are heard. The streams with a configuration are learnt from
+ * the messages the broker accepts on zeal/v1/{stream}/config (an empty one withdraws it).
  *
  * Build: make -C deploy/mosquitto/plugin (needs the mosquitto-dev headers, 2.0.x).
  */
@@ -31,6 +38,7 @@
 #include <mosquitto_plugin.h>
 
 #define MAX_PRESENCE 1024
+#define MAX_CONFIG 4096
 #define MAX_NAME 64
 
 static mosquitto_plugin_id_t *plugin_id = NULL;
@@ -38,29 +46,69 @@ static char (*streams)[MAX_NAME + 1] = NULL;
 static size_t stream_count = 0, stream_room = 0;
 static bool configured = false;
 
-/* The stream level and the last level of zeal/v1/{stream}/.../{kind}, or false. */
-static bool split(const char *topic, char stream[MAX_NAME + 1], const char **kind, int *levels)
+/* Where a topic stands: outside zeal/, or under it a configuration, a presence, a data
+ * topic, or somewhere no Zeal client writes. */
+enum place { OUTSIDE, CONFIG, PRESENCE, DATA, UNPLACED };
+
+/* A Zeal name: 1 to MAX_NAME of A-Z a-z 0-9 _ . -, the first a letter or digit. */
+static bool is_name(const char *start, size_t length)
 {
-    if (strncmp(topic, "zeal/v1/", 8) != 0) {
+    if (length == 0 || length > MAX_NAME) {
         return false;
     }
-    const char *start = topic + 8;
-    const char *slash = strchr(start, '/');
-    if (slash == NULL || slash == start || (size_t)(slash - start) > MAX_NAME) {
-        return false;
-    }
-    memcpy(stream, start, (size_t)(slash - start));
-    stream[slash - start] = '\0';
-    *levels = 3;
-    const char *last = slash + 1;
-    for (const char *p = slash; *p != '\0'; p++) {
-        if (*p == '/') {
-            (*levels)++;
-            last = p + 1;
+    for (size_t i = 0; i < length; i++) {
+        char c = start[i];
+        bool alnum = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+        if (!alnum && (i == 0 || (c != '_' && c != '.' && c != '-'))) {
+            return false;
         }
     }
-    *kind = last;
     return true;
+}
+
+/* Place `topic`; for a configuration or a presence, its stream name goes to `stream`. */
+static enum place place(const char *topic, char stream[MAX_NAME + 1])
+{
+    if (strncmp(topic, "zeal/", 5) != 0) {
+        return OUTSIDE;
+    }
+    if (strncmp(topic, "zeal/v1/", 8) != 0) {
+        return UNPLACED;
+    }
+    const char *level[3];
+    size_t length[3], levels = 0;
+    const char *start = topic + 8;
+    for (;;) {
+        const char *slash = strchr(start, '/');
+        size_t n = slash ? (size_t)(slash - start) : strlen(start);
+        if (levels == 3) {
+            return UNPLACED; /* a fourth level below zeal/v1/ */
+        }
+        level[levels] = start;
+        length[levels++] = n;
+        if (slash == NULL) {
+            break;
+        }
+        start = slash + 1;
+    }
+    if (levels < 2 || !is_name(level[0], length[0])) {
+        return UNPLACED;
+    }
+    const char *kind = level[levels - 1];
+    size_t kind_length = length[levels - 1];
+    enum place found = UNPLACED;
+    if (levels == 2 && kind_length == 6 && strncmp(kind, "config", 6) == 0) {
+        found = CONFIG;
+    } else if (levels == 3 && is_name(level[1], length[1])) {
+        if (kind_length == 8 && strncmp(kind, "presence", 8) == 0) {
+            found = PRESENCE;
+        } else if (kind_length == 2 && strncmp(kind, "up", 2) == 0) {
+            found = DATA;
+        }
+    }
+    memcpy(stream, level[0], length[0]);
+    stream[length[0]] = '\0';
+    return found;
 }
 
 static bool known(const char *stream)
@@ -99,31 +147,43 @@ static void remember(const char *stream, bool present)
     strcpy(streams[stream_count++], stream);
 }
 
+static int refuse(const char *what, const struct mosquitto_evt_acl_check *ed)
+{
+    mosquitto_log_printf(MOSQ_LOG_NOTICE, "zeal_retain: refused a retained %s of %u bytes on %.80s",
+                         what, (unsigned)ed->payloadlen, ed->topic);
+    return MOSQ_ERR_ACL_DENIED;
+}
+
 static int on_acl_check(int event, void *event_data, void *userdata)
 {
     (void)event;
     (void)userdata;
     struct mosquitto_evt_acl_check *ed = event_data;
     char stream[MAX_NAME + 1];
-    const char *kind;
-    int levels;
-    if (ed->access != MOSQ_ACL_WRITE || !ed->retain || ed->topic == NULL
-        || !split(ed->topic, stream, &kind, &levels) || levels != 5) {
+    if (ed->access != MOSQ_ACL_WRITE || !ed->retain || ed->topic == NULL) {
         return MOSQ_ERR_PLUGIN_DEFER;
     }
-    if (strcmp(kind, "up") == 0) {
-        mosquitto_log_printf(MOSQ_LOG_NOTICE, "zeal_retain: refused a retained message on %s",
-                             ed->topic);
-        return MOSQ_ERR_ACL_DENIED;
+    enum place where = place(ed->topic, stream);
+    if (where == OUTSIDE) {
+        return MOSQ_ERR_PLUGIN_DEFER;
     }
-    if (strcmp(kind, "presence") == 0 && ed->payloadlen > 0
-        && (ed->payloadlen > MAX_PRESENCE || (configured && !known(stream)))) {
-        mosquitto_log_printf(MOSQ_LOG_NOTICE,
-                             "zeal_retain: refused a retained presence of %u bytes on %s",
-                             (unsigned)ed->payloadlen, ed->topic);
-        return MOSQ_ERR_ACL_DENIED;
+    if (where == DATA) {
+        return refuse("message on a data topic", ed);
     }
-    return MOSQ_ERR_PLUGIN_DEFER;
+    if (ed->payloadlen == 0) {
+        return MOSQ_ERR_PLUGIN_DEFER; /* clears a retained message: stores nothing */
+    }
+    switch (where) {
+    case CONFIG:
+        return ed->payloadlen > MAX_CONFIG ? refuse("configuration", ed) : MOSQ_ERR_PLUGIN_DEFER;
+    case PRESENCE:
+        if (ed->payloadlen > MAX_PRESENCE || (configured && !known(stream))) {
+            return refuse("presence", ed);
+        }
+        return MOSQ_ERR_PLUGIN_DEFER;
+    default:
+        return refuse("message on a topic no Zeal client retains", ed);
+    }
 }
 
 static int on_message(int event, void *event_data, void *userdata)
@@ -132,10 +192,7 @@ static int on_message(int event, void *event_data, void *userdata)
     (void)userdata;
     struct mosquitto_evt_message *ed = event_data;
     char stream[MAX_NAME + 1];
-    const char *kind;
-    int levels;
-    if (ed->topic != NULL && split(ed->topic, stream, &kind, &levels) && levels == 4
-        && strcmp(kind, "config") == 0) {
+    if (ed->topic != NULL && place(ed->topic, stream) == CONFIG) {
         configured = true;
         remember(stream, ed->payloadlen > 0);
     }
