@@ -15,21 +15,34 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.reasoncodes import ReasonCode
 
 from zeal.brokerurl import BrokerSettings, Flapping, parse_broker_url, why_unreachable
-from zeal.mqttclient import make_client
+from zeal.mqttclient import make_client, owned_client_id
 from zeal_edge.errors import PublishError
 
-__all__ = ["BrokerSettings", "Connection", "Message", "parse_broker_url"]
+__all__ = ["Ack", "BrokerSettings", "Connection", "Message", "parse_broker_url"]
 
 
 log = logging.getLogger(__name__)
 #: MQTT v5 reason code of a DISCONNECT sent because another client took the session.
 SESSION_TAKEN_OVER = 142
+#: MQTT v5 reason code of a PUBACK for a message no subscription matched: the broker kept
+#: nothing of it (the collector's session is gone), so it is not delivered.
+NO_MATCHING_SUBSCRIBERS = 16
+
+
+class Ack(NamedTuple):
+    """The broker's answer to a publish: ``confirmed`` (the broker has it for the
+    collector), ``refused`` (a failure reason code, e.g. not authorized) or ``unheard``
+    (no subscriber: the broker dropped it)."""
+
+    mid: int
+    outcome: Literal["confirmed", "refused", "unheard"]
+    reason: str
 
 
 class Message(NamedTuple):
@@ -49,9 +62,9 @@ class Connection:
         subscriptions: list[str],
         will: tuple[str, bytes] | None = None,
     ) -> None:
-        self.settings, self.client_id = settings, client_id
+        self.settings, self.client_id = settings, owned_client_id(settings.username, client_id)
         self.subscriptions = subscriptions
-        self.acks: queue.SimpleQueue[tuple[int, bool, str]] = queue.SimpleQueue()
+        self.acks: queue.SimpleQueue[Ack] = queue.SimpleQueue()
         self.messages: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self.connected = False
         #: Incremented once the subscriptions of a connection are acknowledged (SUBACK).
@@ -158,7 +171,12 @@ class Connection:
     def _on_publish(
         self, _client: mqtt.Client, _userdata: Any, mid: int, reason: ReasonCode, _properties: Any
     ) -> None:
-        self.acks.put((mid, bool(reason.is_failure), str(reason)))
+        if reason.is_failure:
+            self.acks.put(Ack(mid, "refused", str(reason)))
+        elif getattr(reason, "value", 0) == NO_MATCHING_SUBSCRIBERS:
+            self.acks.put(Ack(mid, "unheard", str(reason)))
+        else:
+            self.acks.put(Ack(mid, "confirmed", str(reason)))
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
         self.messages.put(Message(message.topic, bytes(message.payload), bool(message.retain)))

@@ -22,7 +22,7 @@ from paho.mqtt.properties import Properties
 
 from zeal.brokerurl import BrokerSettings
 
-__all__ = ["acknowledge", "connect_persistent", "flush", "make_client"]
+__all__ = ["acknowledge", "connect_persistent", "flush", "make_client", "owned_client_id"]
 
 #: paho 2.1's socket that wakes the network thread, and its method that queues a packet
 #: to write (both private: see ``acknowledge``).
@@ -30,6 +30,16 @@ _WAKE = "_sockpairW"
 _QUEUE = "_packet_queue"
 #: A PUBACK's fixed header (type 4, remaining length 2) before its 16-bit message id.
 _PUBACK_HEADER = (PUBACK << 24) | (2 << 16)
+
+
+def owned_client_id(login: str | None, name: str) -> str:
+    """The client id `name` under `login`: the login's own (the login itself, or the login,
+    ':' and more) as the deployment's broker requires (deploy/mosquitto's plugin binds
+    client ids to logins), so that no other login can take its session; `name` as it is
+    without a login or when it is the login's already."""
+    if not login or name == login or name.startswith(login + ":"):
+        return name
+    return f"{login}:{name}"
 
 
 def make_client(
@@ -48,20 +58,21 @@ def make_client(
     ``clean_start=False`` and a session expiry interval.
 
     Credentials are the broker settings' unless `username` is given (the provisioning
-    admin logs in with its own). With ``mqtts://`` it verifies the broker's certificate
+    admin logs in with its own). The client id is made the login's own
+    (:func:`owned_client_id`). With ``mqtts://`` it verifies the broker's certificate
     and host name (TLS 1.2 or newer, the CA file or the system's), and presents the
     client certificate when one is set. Reconnects back off from 1 s to 30 s.
     """
     v311 = broker.protocol == "3.1.1"
+    user = username if username is not None else broker.username
     client = mqtt.Client(
         CallbackAPIVersion.VERSION2,
-        client_id=client_id,
+        client_id=owned_client_id(user, client_id),
         protocol=MQTTProtocolVersion.MQTTv311 if v311 else MQTTProtocolVersion.MQTTv5,
         manual_ack=manual_ack,
         clean_session=(not persistent) if v311 else None,
     )
     client.reconnect_delay_set(min_delay=1, max_delay=30)
-    user = username if username is not None else broker.username
     if user is not None:
         client.username_pw_set(user, password if username is not None else broker.password)
     if broker.tls:

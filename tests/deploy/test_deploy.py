@@ -191,14 +191,19 @@ def test_the_cluster_profile_gives_its_collectors_what_they_need(tmp_path: Path)
 
 class _Client:
     def __init__(
-        self, port: int, user: str | None, password: str | None, ca: Path | None = None
+        self,
+        port: int,
+        user: str | None,
+        password: str | None,
+        ca: Path | None = None,
+        client_id: str | None = None,
     ) -> None:
         self.messages: list[tuple[str, bytes]] = []
         self.refused: str | None = None
         self.connected = False
         self.client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
-            client_id=f"t-{user}-{time.time_ns()}",
+            client_id=client_id or f"{user}:t-{time.time_ns()}",  # the login's own
             protocol=MQTTProtocolVersion.MQTTv5,
         )
         if user is not None:
@@ -294,7 +299,8 @@ def make_certificates(directory: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None:
     """deploy/mosquitto, on its plain listener and on its TLS listener (a test CA): anonymous
-    and wrong-password clients refused; a device cannot publish as, or read, another device;
+    and wrong-password clients refused; a device asking for another login's client id (the
+    collector's among them) refused; a device cannot publish as, or read, another device;
     its own topic reaches the collector; configs are readable by devices; the collector's
     notices reach only their device, which cannot write them; a device announces its own
     presence and can neither read nor forge another device's; a QoS 2 publish, even on its
@@ -307,9 +313,8 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
         ca = certs["ca"]
         assert "#listener 8883" in conf
         conf = (
-            conf.replace("listener 1883\nuse_username_as_clientid true\nmax_qos 1\n", "")
+            conf.replace("listener 1883\nmax_qos 1\n", "")
             .replace("#listener 8883", f"listener {port} 127.0.0.1")
-            .replace("#use_username_as_clientid", "use_username_as_clientid")
             .replace("#max_qos 1", "max_qos 1")
             .replace("#cafile /mosquitto/certs/ca.crt", f"cafile {certs['ca']}")
             .replace("#certfile /mosquitto/certs/server.crt", f"certfile {certs['cert']}")
@@ -349,7 +354,15 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
         assert not anonymous.connected
         assert wrong.refused
         assert not wrong.connected
-        collector = _Client(port, "zeal-collector", "pw-zeal-collector", ca)
+        collector = _Client(port, "zeal-collector", "pw-zeal-collector", ca,
+                            client_id="zeal-collector:c1")  # fmt: skip
+        # Another login's client id, the collector's among them, is refused at connect.
+        for asked in ("zeal-collector:c1", "zeal-collector", "dev2", "dev1x", "dev"):
+            thief = _Client(port, "dev1", "pw-dev1", ca, client_id=asked)
+            assert thief.refused, asked
+            assert not thief.connected, asked
+            thief.close()
+        assert collector.connected
         dev1 = _Client(port, "dev1", "pw-dev1", ca)
         dev2 = _Client(port, "dev2", "pw-dev2", ca)
         assert collector.connected
@@ -395,6 +408,10 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
         ]
         for client in (anonymous, wrong, collector, dev1, dev2):
             client.close()
+        assert (
+            "zeal_retain: refused login dev1 asking for client id zeal-collector:c1"
+            in (tmp_path / "mosquitto.log").read_text()
+        )
     finally:
         broker.terminate()
         broker.wait(timeout=10)

@@ -169,9 +169,9 @@ def test_a_retained_message_the_plugin_cannot_place_is_refused_whatever_its_shap
             assert sock is not None
             sock.close()
             wait_until(
-                lambda n=refusals, t=topic: (
+                lambda n=refusals, t=topic, a=answer: (
                     retained(broker.port, t) == []
-                    and (broker_log(broker).count("zeal_retain: refused") > n or answer != "Success")
+                    and (broker_log(broker).count("zeal_retain: refused") > n or a != "Success")
                 ),
                 10,
                 "the will's refusal",

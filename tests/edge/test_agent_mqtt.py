@@ -44,6 +44,16 @@ def params_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def collector(broker: Mosquitto) -> Iterator[Subscriber]:
+    """What stands in for the collector: a persistent subscription to every device's data.
+    Without one the broker answers a publish "no matching subscribers" and drops it, and
+    the agent keeps the batch and sends it again until one subscribes."""
+    stand_in = Subscriber(broker.port)
+    yield stand_in
+    stand_in.close()
+
+
 def first_rows(tmp_path: Path, n: int) -> tuple[Path, list[float]]:
     """A CSV with the first n Seattle readings (date,temp), and those readings."""
     with DATA.open(newline="") as handle:
@@ -377,7 +387,7 @@ def test_bad_settings_fail_fast_with_a_clear_message(tmp_path: Path) -> None:
 
 
 def test_a_second_agent_with_the_same_device_id_gets_a_clear_error(
-    tmp_path: Path, broker: Mosquitto, params_file: Path
+    tmp_path: Path, broker: Mosquitto, params_file: Path, collector: Subscriber
 ) -> None:
     """Two agents, two data directories, one device id: the second exits with status 3 and
     says the device is running elsewhere; the first is never knocked off the broker."""
@@ -450,7 +460,7 @@ def test_nan_and_inf_cells_are_skipped_and_counted_and_the_rest_is_sent(
 
 
 def test_readings_outside_the_range_are_counted_and_said_once_per_side(
-    tmp_path: Path, broker: Mosquitto, params_file: Path
+    tmp_path: Path, broker: Mosquitto, params_file: Path, collector: Subscriber
 ) -> None:
     """On a 0..110 stream, readings of 200 and -50 are sent as the range's ends (as before),
     and now counted by side in the status and logged the first time on each side. Before:
@@ -556,7 +566,7 @@ def test_an_agent_whose_client_id_is_used_twice_says_so_and_stops_fighting(
 
 
 def test_a_stream_no_server_serves_is_said_and_its_entry_can_be_forgotten(
-    tmp_path: Path, broker: Mosquitto
+    tmp_path: Path, broker: Mosquitto, collector: Subscriber
 ) -> None:
     """A misspelt stream (temp, while a server retains temps) ends the agent with exit
     status 2 naming the streams served, instead of waiting forever; `zeal-edge forget`

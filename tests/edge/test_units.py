@@ -269,3 +269,60 @@ def test_the_batcher_seals_commits_and_queues_drafts_in_one_transaction(tmp_path
         )
     assert box.next_sequence(a) == 41  # nothing of the failed call was committed
     box.close()
+
+
+def test_a_batch_the_broker_had_no_subscriber_for_stays_and_is_sent_again(tmp_path: Path) -> None:
+    """A PUBACK saying "no matching subscribers" (the collector's session is gone) is not a
+    delivery: the batch stays in the outbox, nothing newer is sent while the pause lasts
+    (1 s, then 2 s, ...), and after it the batch is sent again, first; once confirmed it
+    leaves the outbox. A refused one stays for the next start; a confirmed one leaves."""
+    import queue
+
+    from zeal_edge.mqtt import Ack
+    from zeal_edge.pipeline import Pipeline
+
+    class Link:  # the connection's side: publishes recorded, acknowledgements fed by hand
+        def __init__(self) -> None:
+            self.acks: queue.SimpleQueue[Ack] = queue.SimpleQueue()
+            self.sent: list[tuple[str, bytes]] = []
+
+        def publish(self, topic: str, payload: bytes) -> int:
+            self.sent.append((topic, payload))
+            return len(self.sent)  # the mid
+
+    box = Outbox(tmp_path / "o.sqlite")
+    ns = box.ensure("s", "d")
+    batches = [SealedBatch(ns, k, bytes([k]), 1, 10) for k in range(3)]
+    box.commit_batches(batches, now_ms=1_000_000, fingerprint="f")
+    now = [100.0]
+    link = Link()
+    pipe = Pipeline(box, link, window=1, clock=lambda: now[0])  # type: ignore[arg-type]
+    pipe.pump()
+    assert link.sent == [("zeal/v1/s/d/up", b"\x00")]
+    link.acks.put(Ack(1, "unheard", "No matching subscribers"))
+    assert pipe.pump() == []
+    assert (len(link.sent), pipe.unacknowledged, pipe.unheard) == (1, 3, 1)  # paused
+    now[0] += 0.99
+    pipe.pump()
+    assert len(link.sent) == 1
+    now[0] += 0.02
+    pipe.pump()
+    assert link.sent[1] == ("zeal/v1/s/d/up", b"\x00")  # the same batch again, first
+    link.acks.put(Ack(2, "unheard", "No matching subscribers"))
+    pipe.pump()
+    now[0] += 1.5  # the second pause is 2 s
+    pipe.pump()
+    assert len(link.sent) == 2
+    now[0] += 0.6
+    pipe.pump()
+    assert link.sent[2] == ("zeal/v1/s/d/up", b"\x00")
+    link.acks.put(Ack(3, "confirmed", "Success"))
+    assert pipe.pump() == [(ns, 0)]
+    assert link.sent[3] == ("zeal/v1/s/d/up", b"\x01")
+    link.acks.put(Ack(4, "refused", "Not authorized"))
+    pipe.pump()
+    link.acks.put(Ack(5, "confirmed", "Success"))
+    assert pipe.pump() == [(ns, 2)]
+    assert [p.sequence for p in box.pending()] == [1]  # the refused one, for the next start
+    assert (pipe.unacknowledged, pipe.refused, pipe.unheard) == (0, 1, 2)
+    box.close()

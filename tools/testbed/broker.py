@@ -230,6 +230,15 @@ def agent_status(data_dir: Path) -> list[dict[str, object]]:
 
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
+#: Where deploy/mosquitto/mosquitto.conf loads our plugin from (in the broker's image).
+RETAIN_PLUGIN = "/mosquitto/plugins/zeal_retain.so"
+
+
+def build_retain_plugin() -> Path:
+    """deploy/mosquitto/plugin/zeal_retain.so, built with its Makefile (mosquitto-dev)."""
+    folder = DEPLOY / "plugin"
+    subprocess.run(["make", "-s", "-C", str(folder)], check=True, capture_output=True)
+    return folder / "zeal_retain.so"
 
 
 def dynsec_plugin() -> str:
@@ -242,8 +251,10 @@ def deploy_broker_config(conf: str, port: int, directory: Path) -> str:
     """deploy/mosquitto's mosquitto.conf text for a private broker: its plain listener on
     `port` (loopback), password file, dynamic security file (dynsec/ in it: made with
     `mosquitto_ctrl dynsec init` where a test needs an admin), persistence and log in
-    `directory`, the deploy ACL, Debian's plugin path, run as the test's user. Everything
-    else is the deployment's own."""
+    `directory`, the deploy ACL, Debian's plugin path, our plugin built here (when the
+    text loads it), run as the test's user. Everything else is the deployment's own."""
+    if RETAIN_PLUGIN in conf:
+        conf = conf.replace(RETAIN_PLUGIN, str(build_retain_plugin()))
     conf = (
         conf.replace("listener 1883", f"listener {port} 127.0.0.1")
         .replace("/usr/lib/mosquitto_dynamic_security.so", dynsec_plugin())

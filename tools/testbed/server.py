@@ -19,7 +19,13 @@ import numpy as np
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tools.testbed.broker import Mosquitto, deploy_broker_config, fleet_command, free_port
+from tools.testbed.broker import (
+    RETAIN_PLUGIN,
+    Mosquitto,
+    deploy_broker_config,
+    fleet_command,
+    free_port,
+)
 from zeal import Zeal, encode_batch
 from zeal.streamconfig import params_from_config
 
@@ -172,26 +178,20 @@ READ = "read-token-0123456789abc"
 USERS = ("zeal-collector", "dev1", "evil")
 
 
-def build_retain_plugin() -> Path:
-    """deploy/mosquitto/plugin/zeal_retain.so, built with its Makefile (mosquitto-dev)."""
-    folder = ROOT / "deploy" / "mosquitto" / "plugin"
-    subprocess.run(["make", "-s", "-C", str(folder)], check=True, capture_output=True)
-    return folder / "zeal_retain.so"
-
-
 class DeployBroker(Mosquitto):
     """deploy/mosquitto (its mosquitto.conf and acl, unchanged but for paths and port) with a
     password file holding USERS (password pw-USER), and the dynamic security plugin's file
-    made by `mosquitto_ctrl dynsec init` with its admin zeal-admin (pw-zeal-admin).
-    `retain_plugin`: with deploy/mosquitto/plugin/zeal_retain.so enabled (built here)."""
+    made by `mosquitto_ctrl dynsec init` with its admin zeal-admin (pw-zeal-admin). Its
+    plugin deploy/mosquitto/plugin/zeal_retain.so is built here; `retain_plugin` False
+    leaves it out (to measure what it prevents)."""
 
-    def __init__(self, directory: Path, *, retain_plugin: bool = False) -> None:
+    def __init__(self, directory: Path, *, retain_plugin: bool = True) -> None:
         super().__init__(directory)
         conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
-        if retain_plugin:  # the line the deployment leaves commented out, with the build
-            line = "#plugin /mosquitto/plugins/zeal_retain.so"
+        if not retain_plugin:
+            line = f"plugin {RETAIN_PLUGIN}\n"
             assert line in conf
-            conf = conf.replace(line, f"plugin {build_retain_plugin()}")
+            conf = conf.replace(line, "")
         self.config.write_text(deploy_broker_config(conf, self.port, directory))
         for i, user in enumerate(USERS):
             subprocess.run(
@@ -221,8 +221,12 @@ class DeployBroker(Mosquitto):
 
 
 def client(port: int, user: str | None, client_id: str = "", **connect: object) -> mqtt.Client:
+    """A client of `user` (password pw-USER; its client id the login by default, as the
+    deployment's broker requires), connected and looping."""
     c = mqtt.Client(
-        CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
+        CallbackAPIVersion.VERSION2,
+        client_id=client_id or (user or ""),
+        protocol=MQTTProtocolVersion.MQTTv5,
     )
     if user is not None:
         c.username_pw_set(user, f"pw-{user}")

@@ -26,6 +26,16 @@
  * plugin, so that its refusals are heard. The streams with a configuration are learnt from
  * the messages the broker accepts on zeal/v1/{stream}/config (an empty one withdraws it).
  *
+ * It also binds client ids to logins (in the broker's password check, before the other
+ * plugins and the password file): a client id belongs to its login, the login itself or
+ * the login, a colon and anything (`kitchen-1`, `kitchen-1:temps:3f2a`, `zeal-collector:
+ * host-7c1d`); a connection asking for another login's id is refused ("not authorized").
+ * So no device can take over the collector's persistent session (or another device's),
+ * and the collector keeps its own id, which another connection under its login does not
+ * land on by accident (Mosquitto's use_username_as_clientid, which this replaces, made
+ * every connection of a login share the one session named after it, and a clean start by
+ * any of them wiped the collector's queue). Neither a login nor a Zeal name holds a colon.
+ *
  * Build: make -C deploy/mosquitto/plugin (needs the mosquitto-dev headers, 2.0.x).
  */
 #include <stdbool.h>
@@ -199,6 +209,27 @@ static int on_message(int event, void *event_data, void *userdata)
     return MOSQ_ERR_SUCCESS;
 }
 
+/* A client id belongs to its login: the login itself, or the login, ':' and more. */
+static int on_basic_auth(int event, void *event_data, void *userdata)
+{
+    (void)event;
+    (void)userdata;
+    struct mosquitto_evt_basic_auth *ed = event_data;
+    const char *id = mosquitto_client_id(ed->client);
+    if (ed->username == NULL) {
+        return MOSQ_ERR_PLUGIN_DEFER; /* anonymous: the broker's own rules decide */
+    }
+    size_t n = strlen(ed->username);
+    if (id != NULL && strncmp(id, ed->username, n) == 0 && (id[n] == '\0' || id[n] == ':')) {
+        return MOSQ_ERR_PLUGIN_DEFER; /* the password is checked by the next in line */
+    }
+    mosquitto_log_printf(MOSQ_LOG_NOTICE,
+                         "zeal_retain: refused login %.64s asking for client id %.80s (a client "
+                         "id must be its login, or its login, ':' and more)",
+                         ed->username, id ? id : "");
+    return MOSQ_ERR_AUTH;
+}
+
 int mosquitto_plugin_version(int supported_version_count, const int *supported_versions)
 {
     for (int i = 0; i < supported_version_count; i++) {
@@ -220,6 +251,10 @@ int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void **userdata,
     if (rc == MOSQ_ERR_SUCCESS) {
         rc = mosquitto_callback_register(plugin_id, MOSQ_EVT_MESSAGE, on_message, NULL, NULL);
     }
+    if (rc == MOSQ_ERR_SUCCESS) {
+        rc = mosquitto_callback_register(plugin_id, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL,
+                                         NULL);
+    }
     return rc;
 }
 
@@ -230,6 +265,7 @@ int mosquitto_plugin_cleanup(void *userdata, struct mosquitto_opt *options, int 
     (void)option_count;
     mosquitto_callback_unregister(plugin_id, MOSQ_EVT_ACL_CHECK, on_acl_check, NULL);
     mosquitto_callback_unregister(plugin_id, MOSQ_EVT_MESSAGE, on_message, NULL);
+    mosquitto_callback_unregister(plugin_id, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL);
     free(streams);
     streams = NULL;
     stream_count = stream_room = 0;

@@ -107,13 +107,8 @@ class Collector:
         self._connect_logged = -1e18  # connection errors are logged once a minute
         self._log_rejects = door.LogThrottle()
         self._flapping = Flapping()
-        self._identity: identity.CollectorIdentity | None = None
-        if settings.collector_id is None:
-            self._identity = identity.claim_collector_id(settings.data_dir)
-            self.client_id = self._identity.client_id
-        else:
-            self.client_id = settings.collector_id
         broker = settings.broker
+        self._identity, self.client_id = identity.collector_client_id(settings)
         client = make_client(broker, self.client_id, manual_ack=True, persistent=True)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
@@ -254,10 +249,13 @@ class Collector:
             self.last_error = identity.takeover_text(self.client_id, flapping=flapping)
             log.error(
                 "%s. Two collectors must never share ZEAL_COLLECTOR_ID (unset it and each "
-                "server claims its own). Trying again in 60 s.",
+                "server claims its own); another connection under this collector's login "
+                "and id may hold its password. Taking the session back in %d s.",
                 self.last_error,
+                identity.TAKEOVER_RETRY,
             )
-            client.reconnect_delay_set(min_delay=60, max_delay=60)
+            retry = identity.TAKEOVER_RETRY
+            client.reconnect_delay_set(min_delay=retry, max_delay=retry)
         elif self.broker_connected and not self._stop.is_set():
             log.warning("collector disconnected (%s); reconnecting", reason)
         self.broker_connected = False

@@ -18,19 +18,28 @@ import socket
 from pathlib import Path
 from typing import IO
 
+from zeal.mqttclient import owned_client_id
 from zeal_server.errors import IdentityError
+from zeal_server.settings import ServerSettings
 
 __all__ = [
     "MAX_SLOTS",
     "SESSION_TAKEN_OVER",
+    "TAKEOVER_RETRY",
     "CollectorIdentity",
     "claim_collector_id",
+    "collector_client_id",
     "takeover_text",
 ]
 
 MAX_SLOTS = 64
 #: MQTT v5 reason code of a DISCONNECT sent because another client took the session.
 SESSION_TAKEN_OVER = 142
+#: Seconds the collector waits before it takes its session back after a takeover: not at
+#: once (two collectors with one id would fight without pause), never long (a taker that
+#: started clean and left took the session with it: the broker drops the devices' data
+#: meanwhile, which agents then keep and send again, docs/edge-agent.md).
+TAKEOVER_RETRY = 5
 
 
 class CollectorIdentity:
@@ -68,6 +77,23 @@ def claim_collector_id(data_dir: Path) -> CollectorIdentity:
         f"{MAX_SLOTS} servers already run with the data directory {data_dir}; "
         "give each its own ZEAL_DATA_DIR or ZEAL_COLLECTOR_ID"
     )
+
+
+def collector_client_id(settings: ServerSettings) -> tuple[CollectorIdentity | None, str]:
+    """The collector's claim (None with ``ZEAL_COLLECTOR_ID``) and its client id: the id
+    claimed or set, under its broker login (``zeal.mqttclient.owned_client_id``). Its own
+    id, not the login: another connection under the login (an operator's tool, a leaked
+    password) lands on a session of its own instead of taking the collector's, whose clean
+    start would wipe what the broker queued for it; deploy/mosquitto's plugin keeps other
+    logins off the id."""
+    claim = None
+    if settings.collector_id is None:
+        claim = claim_collector_id(settings.data_dir)
+        claimed = claim.client_id
+    else:
+        claimed = settings.collector_id
+    login = settings.broker.username if settings.broker is not None else None
+    return claim, owned_client_id(login, claimed)
 
 
 def takeover_text(client_id: str, *, flapping: bool) -> str:

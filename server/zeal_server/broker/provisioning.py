@@ -234,7 +234,7 @@ class BrokerAdmin:
         exchange = _Exchange(commands)
         client = make_client(
             self.broker,
-            f"zeal-admin-{exchange.tag}",
+            f"zeal-admin-{exchange.tag}",  # under the admin login (owned_client_id)
             username=self.username,
             password=self.password,
         )

@@ -311,7 +311,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     mosquitto_lib_init();
-    link.client = mosquitto_new(o.device, true, &link);
+    /* A client id belongs to its login on a Zeal broker (deploy/mosquitto's plugin). */
+    link.client = mosquitto_new(o.username != NULL ? o.username : o.device, true, &link);
     mosquitto_connect_callback_set(link.client, on_connect);
     mosquitto_disconnect_callback_set(link.client, on_disconnect);
     mosquitto_publish_callback_set(link.client, on_publish);
