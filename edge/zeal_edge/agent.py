@@ -7,16 +7,20 @@ encoded with the next sequence number, and committed to the outbox with the spen
 Only then is the batch published (QoS 1); it leaves the outbox on PUBACK ("confirmed by
 the broker"). A crash before the commit loses the in-memory readings (never released);
 after it, the same bytes are sent again on restart. The agent stops (:class:`AgentError`,
-exit status 3) rather than spend budget in vain: when another agent already runs this
-device id (``zeal_edge.presence``), or when the server that configured the stream
-withdraws its configuration or reports that it no longer has it (``zeal_edge.notices``).
-It stops too when its stream's configuration comes from another origin than the one it
-first adopted (``zeal_edge.configs``). The halt is kept in the outbox, so a restart
-refuses too, until ``zeal-edge resume`` clears it.
+exit status 3) rather than spend budget in vain when another agent already runs this
+device id (``zeal_edge.presence``). It *halts* when its server, in messages signed with
+its key, deletes the stream or reports that it no longer has it (``zeal_edge.notices``),
+or gives it a configuration it must not follow (the stream created anew, a policy above
+its ceiling: ``zeal_edge.configs``). The halt is kept in the outbox. With ``--on-halt
+exit`` (the default) the agent then stops, and a restart refuses too, until ``zeal-edge
+resume`` clears it; with ``--on-halt wait`` it stays connected, privatizing and reading
+nothing, until its server signs a configuration it may follow (``zeal-server streams
+release``), and then goes on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -26,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zeal import ParameterError, Zeal
-from zeal.streamconfig import StreamConfig
+from zeal.streamconfig import StreamConfig, is_tombstone
 from zeal.topics import (
     CONFIG_FILTER,
     Presence,
@@ -42,7 +46,13 @@ from zeal_edge.errors import AgentError, UnservedStreamError
 from zeal_edge.holding import Holding
 from zeal_edge.mqtt import BrokerSettings, Connection, Message
 from zeal_edge.notices import NoticeDesk
-from zeal_edge.options import AgentOptions, Throttle, config_from_file, halted_text
+from zeal_edge.options import (
+    AgentOptions,
+    Throttle,
+    config_from_file,
+    halt_cause,
+    halted_text,
+)
 from zeal_edge.outbox import Outbox
 from zeal_edge.pipeline import Batcher, Pipeline, which_batches
 from zeal_edge.presence import DeviceClaim
@@ -104,11 +114,15 @@ class Agent:
             name=f"device {device} of stream {stream}",
         )
         self.config: StreamConfig | None = None
+        #: The halt the agent waits in (--on-halt wait), or None.
+        self.parked: Halt | None = None
         self._stop = threading.Event()
         self._throttle = Throttle(60)
         self.holding = Holding(self.outbox, self.namespace, options, self._throttle)
-        self.notices = NoticeDesk(self.outbox, self.namespace, options, self._throttle)
-        self.configs = ConfigDesk(self.outbox, self.namespace, options)
+        self.configs = ConfigDesk(self.outbox, self.namespace, options, self._throttle)
+        self.notices = NoticeDesk(
+            self.outbox, self.namespace, options, self._throttle, self.configs
+        )
         self._failure: AgentError | None = None
         self._invalid_booked = 0
         self._clipped_told: set[str] = set()
@@ -161,8 +175,11 @@ class Agent:
     def _on_config(self, message: Message) -> None:
         if self.options.params_file is not None:
             return  # --params given: the local document is the configuration
-        verdict = self.configs.offer(message, self.config)
+        verdict = self.configs.offer(message, self.config, self.parked)
         if verdict.refused is not None:
+            if self.options.on_halt == "wait":
+                log.error("%s. Waiting for a configuration this agent may follow.", verdict.refused)
+                return
             self._fail(AgentError(f"{verdict.refused}. Nothing was read or sent."))
             return
         if verdict.halt is not None:
@@ -171,6 +188,9 @@ class Agent:
         config = verdict.config
         if config is None:
             return
+        if verdict.resumed:
+            self.parked = None
+            log.warning("stream %s: released; reading and sending again", self.options.stream)
         if self.config is not None and config.params != self.config.params:
             log.warning(
                 "stream %s has new parameters from its server (fingerprint %s, policy %s "
@@ -190,8 +210,12 @@ class Agent:
             self.served.pop(stream, None)
             return
         try:
-            server = json.loads(message.payload).get("server")
+            document = json.loads(message.payload)
+            server = document.get("server")
         except (ValueError, AttributeError):
+            return
+        if is_tombstone(document):
+            self.served.pop(stream, None)
             return
         self.served[stream] = str(server)
 
@@ -199,7 +223,7 @@ class Agent:
         """Adopt a configuration (ConfigDesk's, or --params'), unless the agent is halted."""
         halt = self.outbox.halt(self.namespace)
         if halt is not None:
-            self._fail(AgentError(halted_text(self.options, halt)))
+            self._stay_halted(halt)
             return
         self.config, policy = config, self.options.budget
         self.outbox.set_policy(
@@ -227,18 +251,39 @@ class Agent:
         halt = Halt(reason, message, self.now_ms(), identity)
         self.outbox.set_halt(self.namespace, halt)
         self.holding.drop()  # never perturbed: nothing spent on them
-        self._fail(AgentError(halted_text(self.options, halt)))
+        self._stay_halted(halt)
+
+    def _stay_halted(self, halt: Halt) -> None:
+        """Stop (--on-halt exit), or wait for the server to release the stream."""
+        if self.options.on_halt != "wait" or self.options.params_file is not None:
+            self._fail(AgentError(halted_text(self.options, halt)))
+            return
+        if self.parked is None:
+            log.error(
+                "%s Waiting (--on-halt wait): nothing is read or privatized until its server "
+                "signs a configuration this agent may follow (zeal-server streams release "
+                "%s), or zeal-edge resume clears the halt here.",
+                halt_cause(self.options, halt),
+                self.options.stream,
+            )
+        self.parked = halt
 
     # -- parameters and presence before reading ---------------------------------------
 
     def _load_params(self) -> None:
         if self.options.params_file is not None:
             config = config_from_file(self.options)
+            if config.key is not None and self.outbox.server_key(self.namespace) is None:
+                self.outbox.set_server_key(self.namespace, config.key)  # for the notices
             self._use(config)
             log.info("stream parameters from %s: %r", self.options.params_file, self.params)
             return
         deadline = time.monotonic() + self.options.wait_for_params
         while self.config is None and not self._stop.is_set():
+            if self.parked is not None:  # halted: waits for its server's release, unbounded
+                self._step()
+                time.sleep(0.1)
+                continue
             if time.monotonic() > deadline:
                 raise ParameterError(
                     f"no stream parameters arrived on {config_topic(self.options.stream)}"
@@ -313,7 +358,7 @@ class Agent:
 
     def _flush(self) -> None:
         """Perturb, encode and commit the readings held in memory as one batch."""
-        if self.params is None or self._failure is not None:
+        if self.params is None or self._failure is not None or self.parked is not None:
             return
         now = self.now_ms()
         draft = self.holding.release(self.params, now_ms=now)
@@ -376,6 +421,9 @@ class Agent:
         self.connection.start()
         source: Source | None = None
         try:
+            halt = self.outbox.halt(self.namespace)
+            if halt is not None:  # a halt of an earlier run: refused, or waited in
+                self._stay_halted(halt)
             self._load_params()
             self._await_presence()
             if self._stop.is_set():
@@ -411,10 +459,12 @@ class Agent:
     def _tick(self, inbox: queue.Queue[Any], source: Source, *, ended: bool) -> bool:
         """One turn of the loop: take a reading (or the source's end) and the broker's
         messages, batch what is due, publish; True once the source has ended."""
-        try:
-            item = inbox.get(timeout=0.05)
-        except queue.Empty:
-            item = None
+        item = None
+        if self.parked is not None:  # halted: the source waits, nothing is read
+            self._stop.wait(0.05)
+        else:
+            with contextlib.suppress(queue.Empty):
+                item = inbox.get(timeout=0.05)
         self._take_messages()
         self._check_presence()
         ended = ended or item is END

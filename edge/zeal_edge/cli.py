@@ -64,10 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     resume = commands.add_parser(
         "resume",
         help="clear a halt, so the agent sends its stream again",
-        description="An agent halts when the server that configured its stream no longer "
-        "accepts it (the stream was deleted), or when the stream's configuration comes from "
-        "another server or from the stream created anew. This clears the halt and the pinned "
-        "origin: the next configuration is adopted and pinned.",
+        description="An agent halts when its server, in messages signed with its key, says "
+        "it no longer accepts the stream (deleted), or gives it a configuration it must not "
+        "follow (the stream created anew, a policy above the agent's ceiling). This clears "
+        "the halt and the pinned origin: the next configuration signed with the server's "
+        "key is adopted and pinned. (An agent run with --on-halt wait needs no visit: "
+        "zeal-server streams release NAME frees it.)",
     )
     add_arguments(resume, {"data_dir"})
     forget = commands.add_parser(
@@ -121,6 +123,8 @@ def _run(args: argparse.Namespace) -> int:
         max_epsilon=values["max_epsilon"],
         max_epsilon_per_day=values["max_epsilon_per_day"],
         pin=values["pin"],
+        server_key=values["server_key"],
+        on_halt=values["on_halt"],
         wait=args.wait,
     )
 
@@ -168,6 +172,8 @@ def _status_record(outbox: Outbox, st: NamespaceStatus, now_ms: int) -> dict[str
         "clipped_below_range": st.clipped_low,
         "clipped_above_range": st.clipped_high,
         "server_rejects": st.server_rejects or {},
+        "server_key": st.server_key,
+        "unverified_messages": st.unverified,
         "halted": None
         if st.halt is None
         else {"reason": st.halt.reason, "since": _when(st.halt.since_ms), "why": st.halt.message},
@@ -281,7 +287,10 @@ def _status(args: argparse.Namespace) -> int:
         print(f"{r['stream']}/{r['device']}  (parameters {r['fingerprint'] or 'not yet known'})")
         if r["halted"]:
             print(f"  HALTED            since {r['halted']['since']}: {r['halted']['why']}")
-            print("                    (zeal-edge resume clears it)")
+            print(
+                "                    (zeal-edge resume clears it; an agent run with "
+                "--on-halt wait resumes when its server releases the stream)"
+            )
         print(
             f"  queued            {r['outbox_batches']} batches ({r['outbox_readings']} readings) "
             "in the outbox, awaiting the broker's PUBACK"
@@ -306,6 +315,12 @@ def _status(args: argparse.Namespace) -> int:
             )
         if r["skipped_invalid"]:
             print(f"  skipped           {r['skipped_invalid']} reading(s) not a finite number")
+        print(f"  server key        {r['server_key'] or 'not yet pinned'}")
+        if r["unverified_messages"]:
+            print(
+                f"  ignored           {r['unverified_messages']} configuration or notice "
+                "message(s) not signed by that key"
+            )
         _print_budgets(r)
     return 0
 

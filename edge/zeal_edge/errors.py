@@ -7,7 +7,9 @@ EdgeError
 │                                the server no longer accepts the stream)
 ├── OutboxError (RuntimeError)   the outbox does not hold what was asked (an unknown
 │                                stream namespace, a sequence that is not the next one)
-└── PublishError (RuntimeError)  paho refused to queue a message
+├── PublishError (RuntimeError)  paho refused to queue a message
+└── UnverifiedError (ValueError) a configuration or notice its server did not sign
+                                 (ignored and counted, never acted on)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ __all__ = [
     "PublishError",
     "SettingsError",
     "UnservedStreamError",
+    "UnverifiedError",
 ]
 
 
@@ -52,3 +55,8 @@ class OutboxError(EdgeError, RuntimeError):
 
 class PublishError(EdgeError, RuntimeError):
     """paho refused to queue a message (not a missing connection: those wait)."""
+
+
+class UnverifiedError(EdgeError, ValueError):
+    """A message on a configuration or notice topic that does not verify under the key the
+    agent trusts (zeal_edge.trust); the message says why."""

@@ -1,14 +1,17 @@
-"""What the agent does with the server's notices about its device (``zeal.topics``):
-notices from another server are ignored (logged), a sequence reset moves the outbox's
-sequence numbers past the server's, a rejection is counted (``zeal-edge status``) and
-logged, and a FATAL one halts the agent."""
+"""What the agent does with the server's notices about its device (``zeal.topics``): a
+notice must verify under the server's key (``zeal_edge.trust``; else it is ignored and
+counted), notices from another server are ignored (logged), a sequence reset moves the
+outbox's sequence numbers past the server's, a rejection is counted (``zeal-edge status``)
+and logged, and a FATAL one halts the agent."""
 
 from __future__ import annotations
 
 import logging
 
+from zeal.signed import NOTICE_PURPOSE
 from zeal.streamconfig import StreamConfig
 from zeal.topics import Notice, TopicError
+from zeal_edge.configs import ConfigDesk
 from zeal_edge.mqtt import Message
 from zeal_edge.options import AgentOptions, Throttle
 from zeal_edge.outbox import Outbox
@@ -24,19 +27,35 @@ class NoticeDesk:
     """Reads the notices of one device (its namespace in the outbox)."""
 
     def __init__(
-        self, outbox: Outbox, namespace: str, options: AgentOptions, throttle: Throttle
+        self,
+        outbox: Outbox,
+        namespace: str,
+        options: AgentOptions,
+        throttle: Throttle,
+        trust: ConfigDesk,
     ) -> None:
         self.outbox, self.namespace = outbox, namespace
         self.options, self.throttle = options, throttle
+        #: What verifies the server's signature (the configurations' desk keeps the key).
+        self.trust = trust
+
+    def _read(self, message: Message) -> Notice | None:
+        """The notice, if its server signed it and it is one (else None, logged)."""
+        document = self.trust.verify(message, NOTICE_PURPOSE)
+        if document is None:
+            return None
+        try:
+            return Notice.from_document(document)
+        except TopicError as exc:
+            log.warning("ignoring a notice on %s: %s", message.topic, exc)
+            return None
 
     def handle(
         self, message: Message, config: StreamConfig | None, now: int
     ) -> tuple[str, str] | None:
         """Act on one notice; (reason, message) when the agent must halt, else None."""
-        try:
-            notice = Notice.from_json(message.payload)
-        except TopicError as exc:
-            log.warning("ignoring a notice on %s: %s", message.topic, exc)
+        notice = self._read(message)
+        if notice is None:
             return None
         ours = config.server if config else None
         if ours is not None and notice.server != ours:

@@ -11,10 +11,12 @@ from pathlib import Path
 from zeal import ParameterError
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
 from zeal.protocol import EPSILON_CEILING
+from zeal.signed import CONFIG_PURPOSE
 from zeal.streamconfig import StreamConfig, read_config
 from zeal_edge.budget import BudgetPolicy
-from zeal_edge.mqtt import Message
+from zeal_edge.errors import UnverifiedError
 from zeal_edge.records import Halt
+from zeal_edge.trust import verified
 
 __all__ = [
     "AgentOptions",
@@ -64,6 +66,11 @@ class AgentOptions:
     max_epsilon_per_day: float = DEFAULT_MAX_EPSILON_PER_DAY
     #: Adopt only the configuration with this parameter fingerprint (16 hex digits).
     pin: str | None = None
+    #: The server's public key its configurations and notices must verify under (None: the
+    #: key of the first configuration adopted, pinned in the outbox).
+    server_key: str | None = None
+    #: On a halt: "exit" (status 3) or "wait" until the server releases the stream.
+    on_halt: str = "exit"
 
 
 def refusal(config: StreamConfig, options: AgentOptions) -> str | None:
@@ -118,6 +125,14 @@ def _when(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
 
 
+def halt_cause(options: AgentOptions, halt: Halt) -> str:
+    """What halted the stream, and since when (a sentence)."""
+    return (
+        f"stream {options.stream} is no longer accepted by its server ({halt.reason}, since "
+        f"{_when(halt.since_ms)}): {halt.message}."
+    )
+
+
 def halted_text(options: AgentOptions, halt: Halt) -> str:
     fetch = (
         f" (with --params: save the new stream's configuration to {options.params_file})"
@@ -125,8 +140,7 @@ def halted_text(options: AgentOptions, halt: Halt) -> str:
         else ""
     )
     return (
-        f"stream {options.stream} is no longer accepted by its server ({halt.reason}, since "
-        f"{_when(halt.since_ms)}): {halt.message}. Stopped: no further reading of device "
+        f"{halt_cause(options, halt)} Stopped: no further reading of device "
         f"{options.device} is privatized or sent, and a restart refuses too. Once the "
         f"operator has checked the stream's configuration{fetch}, `zeal-edge resume "
         f"--data-dir {options.data_dir}` clears the halt, and the agent adopts the "
@@ -134,25 +148,33 @@ def halted_text(options: AgentOptions, halt: Halt) -> str:
     )
 
 
-def screened(message: Message, options: AgentOptions) -> StreamConfig | str:
-    """A configuration published on the broker, or why ``refusal`` refuses it
-    (ParameterError when it is not a valid configuration of the stream)."""
-    config = read_config(message.payload, stream=options.stream)
+def screened(config: StreamConfig, options: AgentOptions) -> StreamConfig | str:
+    """A configuration published on the broker, or why ``refusal`` refuses it."""
     why = refusal(config, options)
     if why is not None:
-        return f"refused the configuration on {message.topic}: {why}"
+        return f"refused the configuration of stream {config.stream}: {why}"
     return _warn_if_unbounded(config, options)
 
 
 def config_from_file(options: AgentOptions) -> StreamConfig:
     """The configuration given with --params, checked like one from the broker
-    (ParameterError when it cannot be read or is refused)."""
+    (ParameterError when it cannot be read or is refused). A signed one (as
+    ``GET /api/v1/streams/NAME/config`` gives it) must verify, under --server-key when
+    given: its key is then the one the server's notices are checked with."""
     assert options.params_file is not None
     try:
         text = options.params_file.read_text()
     except OSError as exc:
         raise ParameterError(f"cannot read --params {options.params_file}: {exc}") from exc
     config = read_config(text, stream=options.stream)
+    if config.key is not None or options.server_key is not None:
+        try:
+            verified(text.encode(), CONFIG_PURPOSE, options.server_key, first_use=True)
+        except UnverifiedError as exc:
+            raise ParameterError(
+                f"refusing --params {options.params_file}: {exc} (altered, or not from the "
+                "server whose key was given)"
+            ) from None
     why = refusal(config, options)
     if why is not None:
         raise ParameterError(f"refusing --params {options.params_file}: {why}")

@@ -120,6 +120,26 @@ class Outbox:
                 "UPDATE namespaces SET origin = ? WHERE namespace = ?", (origin, namespace)
             )
 
+    def server_key(self, namespace: str) -> str | None:
+        """The server's public key pinned for this namespace (zeal_edge.trust), or None."""
+        value = self._one("SELECT server_key FROM namespaces WHERE namespace = ?", namespace)
+        return None if value is None else str(value)
+
+    def set_server_key(self, namespace: str, key: str | None) -> None:
+        """Pin the key the namespace's configurations and notices must verify under."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE namespaces SET server_key = ? WHERE namespace = ?", (key, namespace)
+            )
+
+    def record_unverified(self, namespace: str) -> None:
+        """Count a message ignored because it was not signed by the server's key."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE namespaces SET unverified = unverified + 1 WHERE namespace = ?",
+                (namespace,),
+            )
+
     def advance_sequence(self, namespace: str, at_least: int) -> bool:
         """Make the next sequence number at least `at_least` (True if it moved)."""
         with self._lock:
@@ -362,7 +382,8 @@ class Outbox:
                 "SELECT n.namespace, stream, device, next_sequence, last_acked, "
                 "COUNT(b.sequence), COALESCE(SUM(b.readings), 0), sent_batches, sent_readings, "
                 "skipped_budget, last_skip_ms, fingerprint, cost_micro, cap_micro, window_s, "
-                "skipped_invalid, halt, day_cap_micro, skipped_policy, clipped_low, clipped_high "
+                "skipped_invalid, halt, day_cap_micro, skipped_policy, clipped_low, clipped_high, "
+                "server_key, unverified "
                 "FROM namespaces n "
                 "LEFT JOIN batches b ON b.namespace = n.namespace GROUP BY n.namespace "
                 "ORDER BY n.namespace"
@@ -382,6 +403,8 @@ class Outbox:
                 skipped_policy=int(row[18]),
                 clipped_low=int(row[19]),
                 clipped_high=int(row[20]),
+                server_key=row[21],
+                unverified=int(row[22]),
             )
             for row in rows
         ]

@@ -74,6 +74,10 @@ ADDED_COLUMNS = {
     # readings outside the stream's range, sent as its nearer end (Zeal.perturb clips)
     "clipped_low": "INTEGER NOT NULL DEFAULT 0",
     "clipped_high": "INTEGER NOT NULL DEFAULT 0",
+    # the server's public key (base64) its configurations and notices must verify under
+    "server_key": "TEXT",
+    # messages on its configuration and notice topics ignored: not signed by that key
+    "unverified": "INTEGER NOT NULL DEFAULT 0",
 }
 
 

@@ -80,3 +80,5 @@ class NamespaceStatus:
     skipped_policy: int = 0  # readings skipped at it
     clipped_low: int = 0  # readings below the stream's range, sent as its lower end
     clipped_high: int = 0  # readings above it, sent as its upper end
+    server_key: str | None = None  # the key its server's messages must verify under
+    unverified: int = 0  # messages ignored: not signed by that key

@@ -63,6 +63,19 @@ def _positive(text: str) -> float:
     return value
 
 
+def _on_halt(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("exit", "wait"):
+        raise ValueError("must be exit or wait")
+    return value
+
+
+def _server_key(text: str) -> str:
+    from zeal_edge.trust import check_key  # cryptography is loaded only by those who need it
+
+    return check_key(text)
+
+
 def _fingerprint(text: str) -> str:
     value = text.strip().lower()
     if len(value) != 16 or any(c not in "0123456789abcdef" for c in value):
@@ -197,6 +210,24 @@ SETTINGS: tuple[Setting, ...] = (
         "ZEAL_PIN",
         "adopt only the configuration with this fingerprint (16 hex digits; "
         "zeal-server streams list shows it)",
+    ),
+    Setting(
+        "server_key",
+        _server_key,
+        None,
+        "ZEAL_SERVER_KEY",
+        "the server's public key (the 'key' of its stream configuration): its "
+        "configurations and notices must be signed with it (default: the key of the first "
+        "configuration adopted, pinned)",
+    ),
+    Setting(
+        "on_halt",
+        _on_halt,
+        "exit",
+        "ZEAL_ON_HALT",
+        "when the server halts the stream (deleted, created anew, a policy above the "
+        "ceiling): exit (status 3; zeal-edge resume clears it) or wait until the server "
+        "releases it (zeal-server streams release; the systemd unit waits)",
     ),
     Setting("log_level", str.upper, "INFO", "ZEAL_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR"),
 )

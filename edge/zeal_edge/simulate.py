@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import logging
 import os
 import time
@@ -25,7 +26,7 @@ import numpy.typing as npt
 from zeal import Zeal
 from zeal.policy import DAY_MS, HOUR_MS, tally
 from zeal.protocol import check_name
-from zeal.streamconfig import params_from_config
+from zeal.streamconfig import is_tombstone, params_from_config
 from zeal.topics import config_topic
 from zeal.vocabulary import renamed
 from zeal_edge.mqtt import Connection, parse_broker_url
@@ -93,6 +94,15 @@ def _load_column(path: Path, column: str) -> npt.NDArray[np.float64]:
     return np.array(values)
 
 
+def _buried(payload: bytes) -> bool:
+    """Whether a configuration topic's message is a deleted stream's tombstone."""
+    try:
+        document = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(document, dict) and is_tombstone(document)
+
+
 def _params(values: dict[str, object], connection: Connection, stream: str, wait: float) -> Zeal:
     if values["params"]:
         return params_from_config(Path(str(values["params"])).read_text(), stream=stream)
@@ -101,6 +111,8 @@ def _params(values: dict[str, object], connection: Connection, stream: str, wait
         while not connection.messages.empty():
             message = connection.messages.get_nowait()
             if message.topic == config_topic(stream) and message.payload:
+                if _buried(message.payload):  # a tombstone: the stream was deleted
+                    continue
                 return params_from_config(message.payload, stream=stream)
         time.sleep(0.05)
     raise ValueError(

@@ -8,6 +8,7 @@ zeal-server streams create NAME --lower L --upper U --epsilon E [--unit degF] ..
 zeal-server streams list | streams show NAME | streams devices NAME
 zeal-server streams delete NAME --confirm NAME   the stream and all its data
 zeal-server streams retention NAME DAYS|none  keep whole buckets of the last DAYS days only
+zeal-server streams release NAME             agents halted on the stream adopt it again
 zeal-server streams delete-device NAME DEVICE --confirm DEVICE   one device's data
 zeal-server export STREAM [--start T] [--end T]   decoded estimates as CSV
 zeal-server average STREAM [--start T] [--end T] [--group K:V] [--device D]
@@ -141,8 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     delete = _command(
         sub,
         "delete",
-        "delete a stream and every reading stored for it; the server withdraws its "
-        "configuration from the broker, and agents sending to it stop" + _ASKS,
+        "delete a stream and every reading stored for it; the server retains its signed "
+        "tombstone on the broker, and agents sending to it halt" + _ASKS,
     )
     delete.add_argument("name", help="the stream to delete")
     delete.add_argument(
@@ -203,6 +204,16 @@ def _remote_parsers(
     over_http = " (asks the running server: --server or ZEAL_SERVER_URL, the read token)"
     show = _command(streams, "show", "a stream's parameters" + over_http, variables=())
     show.add_argument("name", help="the stream")
+    released = _command(
+        streams,
+        "release",
+        "release the agents halted on a stream (deleted or created anew under them, a policy "
+        "above their ceiling) that wait for their server: its signed configuration says so, "
+        "and they adopt it (asks the running server: --server or ZEAL_SERVER_URL, the "
+        "operator token)",
+        variables=(),
+    )
+    released.add_argument("name", help="the stream")
     listed = _command(streams, "devices", "a stream's devices" + over_http, variables=())
     listed.add_argument("name", help="the stream")
     listed.add_argument("--limit", type=int, default=100, help="devices shown [100]")
@@ -246,7 +257,7 @@ def _remote_parsers(
     )
     setting.add_argument("stream", help="the stream")
     setting.add_argument("epsilon", type=float, help="epsilon per device per UTC day")
-    for p in (show, listed, enroll, setting):
+    for p in (show, released, listed, enroll, setting):
         remotecommands.add_server_argument(p)
     _lorawan_parsers(commands, over_http)
 
@@ -472,7 +483,7 @@ def _streams(session: Session, args: argparse.Namespace) -> int:
         session.commit()
         print(
             f"deleted stream {args.name} and its {readings} readings (a running server "
-            "withdraws its configuration from the broker within seconds)"
+            "retains its signed tombstone on the broker within seconds: its agents halt)"
         )
         return 0
     stream = store.create_stream(

@@ -43,6 +43,7 @@ COMMANDS = frozenset(
     {
         ("streams", "show"),
         ("streams", "devices"),
+        ("streams", "release"),
         ("average", None),
         ("series", None),
         ("tail", None),
@@ -288,7 +289,7 @@ def _delete(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     out = _ask(args, env, "DELETE", _stream(args.name), None, confirm=args.name)
     print(
         f"deleted stream {args.name} and its {out['readings']} readings (the server "
-        "withdraws its configuration from the broker within seconds)"
+        "retains its signed tombstone on the broker within seconds: its agents halt)"
     )
 
 
@@ -296,6 +297,14 @@ def _retention(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     _ask(args, env, "PATCH", _stream(args.name), {"retention_days": args.days})
     kept = "everything" if args.days is None else f"the last {args.days} days"
     print(f"stream {args.name} keeps {kept} (the collector applies it within a minute)")
+
+
+def _release(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    out = _ask(args, env, "POST", f"{_stream(args.name)}/release", None)
+    print(
+        f"released the agents halted on stream {args.name} at {out['released']}: those that "
+        "wait for their server adopt its configuration within seconds (docs/edge-agent.md)"
+    )
 
 
 def _delete_device(args: argparse.Namespace, env: Mapping[str, str]) -> None:
@@ -366,6 +375,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     handler = {
         ("streams", "show"): _show,
         ("streams", "devices"): _devices,
+        ("streams", "release"): _release,
         ("average", None): _average,
         ("series", None): _series,
         ("tail", None): _tail,

@@ -19,6 +19,7 @@ tests/test_architecture.py holds it to the files)::
     lorawan      the LoRaWAN profile of the batch format: what the network carries is not sent
     topics       the MQTT topic layout
     streamconfig, brokerurl, mqttclient    configuration documents, broker URLs, paho clients
+    signed       what a server signs: the bytes a signature covers
     estimate     an average's estimate and intervals
     compare, plan, windowplan, bayes, censored   comparisons, planners, small-window estimates
     baselines    the other papers' mechanisms, for benchmarks
@@ -50,6 +51,7 @@ PUBLIC_MODULES = (
     "plan",
     "policy",
     "protocol",
+    "signed",
     "streamconfig",
     "topics",
     "vocabulary",

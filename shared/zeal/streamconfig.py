@@ -14,10 +14,17 @@ made before policies, which have none); it is part of the fingerprint::
 
 ``server`` and ``created_ms`` say which server (its database's installation id) created
 the stream and when (its *origin*): an agent acts only on notices from that server, and
-it pins the origin of the first configuration it adopts: another origin (another server,
-or the stream deleted and created anew) halts it until ``zeal-edge resume``. They and
-``unit`` are not part of the fingerprint, and documents without them (older servers) are
-still read.
+it pins the origin of the first configuration it adopts: another origin (the stream deleted
+and created anew) halts it. ``released_ms``, when present, says the operator released the
+agents halted on the stream (``zeal-server streams release``): they may adopt this
+configuration. They and ``unit`` are not part of the fingerprint.
+
+A server signs the document (``key`` and ``signature``: ``zeal.signed``), and an agent
+acts only on one that verifies under the key it pinned. When a stream is deleted, the
+server retains its *tombstone* on the same topic, signed too::
+
+    {"format": "zeal-stream/1", "stream": "temps", "deleted": true, "server": "…",
+     "created_ms": 1767225600000, "deleted_ms": 1767312000000, "key": "…", "signature": "…"}
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ __all__ = [
     "FORMAT",
     "StreamConfig",
     "config_document",
+    "is_tombstone",
     "params_from_config",
     "read_config",
+    "tombstone_document",
 ]
 
 FORMAT: Final = "zeal-stream/1"
@@ -49,8 +58,9 @@ def config_document(
     server: str | None = None,
     created_ms: int | None = None,
     unit: str = "",
+    released_ms: int | None = None,
 ) -> dict[str, Any]:
-    """The configuration document of a stream (origin fields only when given)."""
+    """The configuration document of a stream (origin and release fields only when given)."""
     document: dict[str, Any] = {
         "format": FORMAT,
         "stream": check_name("stream", stream),
@@ -72,7 +82,29 @@ def config_document(
         document["server"] = server
     if created_ms is not None:
         document["created_ms"] = created_ms
+    if released_ms is not None:
+        document["released_ms"] = released_ms
     return document
+
+
+def tombstone_document(
+    stream: str, *, server: str, created_ms: int, deleted_ms: int
+) -> dict[str, Any]:
+    """What a server retains on a deleted stream's configuration topic (module docstring):
+    the stream of that origin is gone."""
+    return {
+        "format": FORMAT,
+        "stream": check_name("stream", stream),
+        "deleted": True,
+        "server": server,
+        "created_ms": created_ms,
+        "deleted_ms": deleted_ms,
+    }
+
+
+def is_tombstone(document: dict[str, Any]) -> bool:
+    """Whether a configuration topic's document is a deleted stream's tombstone."""
+    return document.get("deleted") is True
 
 
 @dataclass(frozen=True)
@@ -84,6 +116,10 @@ class StreamConfig:
     server: str | None = None
     created_ms: int | None = None
     unit: str = ""
+    #: When the operator released the agents halted on the stream, if ever.
+    released_ms: int | None = None
+    #: The public key that signed the document (zeal.signed), if it was signed.
+    key: str | None = None
 
     @property
     def origin(self) -> str:
@@ -103,14 +139,22 @@ def read_config(
     """Check a configuration document (see params_from_config) and keep its origin."""
     data = _as_dict(document)
     params = params_from_config(data, stream=stream)
-    server, created, unit = data.get("server"), data.get("created_ms"), data.get("unit", "")
+    server, unit, key = data.get("server"), data.get("unit", ""), data.get("key")
+    created, released = _optional_int(data, "created_ms"), _optional_int(data, "released_ms")
     if server is not None and not isinstance(server, str):
         raise ParameterError(f"configuration field server must be text, got {server!r}")
-    if created is not None and (isinstance(created, bool) or not isinstance(created, int)):
-        raise ParameterError(f"configuration field created_ms must be an integer, got {created!r}")
     if not isinstance(unit, str):
         raise ParameterError(f"configuration field unit must be text, got {unit!r}")
-    return StreamConfig(data["stream"], params, server, created, unit)
+    if key is not None and not isinstance(key, str):
+        raise ParameterError(f"configuration field key must be text, got {key!r}")
+    return StreamConfig(data["stream"], params, server, created, unit, released, key)
+
+
+def _optional_int(data: dict[str, Any], field: str) -> int | None:
+    value = data.get(field)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ParameterError(f"configuration field {field} must be an integer, got {value!r}")
+    return value
 
 
 def _as_dict(document: str | bytes | dict[str, Any]) -> dict[str, Any]:

@@ -149,24 +149,32 @@ class Notice:
     sequence: int | None = None
     last_sequence: int | None = None
 
+    def to_document(self) -> dict[str, Any]:
+        """The notice as the JSON object it is sent as (a server signs it: zeal.signed)."""
+        return {
+            "format": NOTICE_FORMAT,
+            "server": self.server,
+            "stream": self.stream,
+            "device": self.device,
+            "reason": self.reason,
+            "sequence": self.sequence,
+            "last_sequence": self.last_sequence,
+            "time_ms": self.time_ms,
+            "message": self.message,
+        }
+
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "format": NOTICE_FORMAT,
-                "server": self.server,
-                "stream": self.stream,
-                "device": self.device,
-                "reason": self.reason,
-                "sequence": self.sequence,
-                "last_sequence": self.last_sequence,
-                "time_ms": self.time_ms,
-                "message": self.message,
-            }
-        ).encode()
+        return json.dumps(self.to_document()).encode()
 
     @classmethod
     def from_json(cls, payload: bytes | str) -> Notice:
-        data = _load(payload, NOTICE_FORMAT)
+        return cls.from_document(_load(payload, NOTICE_FORMAT))
+
+    @classmethod
+    def from_document(cls, data: dict[str, Any]) -> Notice:
+        """A notice from its parsed JSON object (TopicError when it is not one)."""
+        if data.get("format") != NOTICE_FORMAT:
+            raise TopicError(f"not a {NOTICE_FORMAT} document")
         try:
             fields = {k: data[k] for k in ("server", "stream", "device", "reason", "message")}
             time_ms = data["time_ms"]

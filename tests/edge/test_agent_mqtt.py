@@ -19,6 +19,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
+from tests.helpers import signed
 from tools.testbed.broker import (
     Mosquitto,
     Subscriber,
@@ -148,7 +149,9 @@ def test_replay_of_1000_readings_arrives_exactly(tmp_path: Path, broker: Mosquit
     assert agent.poll() is None
     assert not sub.snapshot()
     publish_retained(
-        broker.port, "zeal/v1/temps/config", json.dumps(config_document("temps", PARAMS)).encode()
+        broker.port,
+        "zeal/v1/temps/config",
+        json.dumps(signed(config_document("temps", PARAMS))).encode(),
     )
     _, err = agent.communicate(timeout=60)
     assert agent.returncode == 0, err
@@ -572,7 +575,7 @@ def test_a_stream_no_server_serves_is_said_and_its_entry_can_be_forgotten(
     status 2 naming the streams served, instead of waiting forever; `zeal-edge forget`
     removes the entry the run left in `zeal-edge status`. With --wait the agent waits and
     takes the stream once it is created. Before: waiting for stream parameters, forever."""
-    config = json.dumps(config_document("temps", PARAMS, server="zs-1")).encode()
+    config = json.dumps(signed(config_document("temps", PARAMS, server="zs-1"))).encode()
     publish_retained(broker.port, "zeal/v1/temps/config", config)
     data_dir = tmp_path / "agent"
     typo = [sys.executable, "-m", "zeal_edge", "run", "--stream", "temp", "--device", "dev1"]
@@ -617,7 +620,7 @@ def test_a_stream_no_server_serves_is_said_and_its_entry_can_be_forgotten(
     publish_retained(
         broker.port,
         "zeal/v1/temp/config",
-        json.dumps(config_document("temp", PARAMS, server="zs-1")).encode(),
+        json.dumps(signed(config_document("temp", PARAMS, server="zs-1"))).encode(),
     )
     _, err = waiting.communicate("50\n" * 3, timeout=60)
     assert waiting.returncode == 0, err

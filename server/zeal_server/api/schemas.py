@@ -150,6 +150,12 @@ class StreamOut(BaseModel):
         description="readings one device may send per UTC hour: twice the day's even rate"
     )
     created: datetime
+    released: datetime | None = Field(
+        None,
+        description="when the operator last released the agents halted on this stream "
+        "(POST .../release; null: never): its signed configuration says so, and agents "
+        "that halted with --on-halt wait adopt it",
+    )
 
 
 class BindingIn(Strict):

@@ -339,8 +339,9 @@ class Collector:
         try:
             with self.sessions() as session:
                 self.configs.server_id = self.configs.server_id or store.installation_id(session)
-        except SQLAlchemyError as exc:  # the sync loop reads it again once the database answers
-            log.error("could not read the installation id: %s", db_error_text(exc))
+                self.notices.signer = store.signer(session)
+        except SQLAlchemyError as exc:  # the sync loop reads them again once the database answers
+            log.error("could not read the installation id and key: %s", db_error_text(exc))
         pending: list[Received] = []
         while not (self._stop.is_set() and not pending and self.queue.empty()):
             self._keep_in_sync()
@@ -376,6 +377,7 @@ class Collector:
         if due and self.broker_connected:
             self._last_sync = time.monotonic()
             ids = self.configs.sync(force=connects > self._synced_connects)
+            self.notices.signer = self.notices.signer or self.configs.signer
             if ids is not None:
                 self.ingest.forget_streams(ids)
                 self._synced_connects = connects

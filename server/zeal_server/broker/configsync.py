@@ -7,8 +7,8 @@ at once after a connect or a change made through this process's API):
 
 - every stream of the database has its configuration retained (with this installation's
   id as ``server``, its creation time and unit);
-- a configuration this installation published for a stream it no longer has is withdrawn
-  (an empty retained message: agents on it stop);
+- a configuration this installation published for a stream it no longer has is replaced
+  by the stream's signed tombstone (``store.tombstone_of``: agents on it halt);
 - a configuration another installation (or anyone who may retain on the topic: a leaked
   collector login) retained for one of this server's streams is replaced by this server's
   own within seconds, with a warning: agents pinned to this server halt on the foreign one
@@ -34,6 +34,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from zeal.streamconfig import is_tombstone
 from zeal.topics import config_topic
 from zeal_server import store
 
@@ -51,17 +52,18 @@ class ConfigSync:
         self, publish: Callable[[str, bytes], object], sessions: sessionmaker[Session]
     ) -> None:
         self._publish, self.sessions = publish, sessions
-        #: The installation id of the database, once read.
+        #: The installation id of the database, and its signer, once read.
         self.server_id: str | None = None
+        self.signer: store.Signer | None = None
         #: Set when a sync should run at once (a change through this process, a message).
         self.changed = threading.Event()
         self._on_broker: dict[str, dict[str, Any] | None] = {}  # None: cleared
         self._lock = threading.Lock()
         self._warned: dict[str, float] = {}
         self._reasserted: dict[str, float] = {}
-        # Documents by stream id: the writer thread syncs every few seconds, and building
-        # a document derives the stream's mechanism again.
-        self._documents: dict[tuple[int, str], dict[str, Any]] = {}
+        # Documents by stream id, fingerprint and release: the writer thread syncs every few
+        # seconds, and building a document derives the stream's mechanism again.
+        self._documents: dict[tuple[int, str, int | None], dict[str, Any]] = {}
 
     def publish(self, document: dict[str, Any]) -> None:
         """Retain a stream's configuration document."""
@@ -70,11 +72,10 @@ class ConfigSync:
         with self._lock:
             self._on_broker[name] = document
 
-    def clear(self, name: str) -> None:
-        """Withdraw a stream's retained configuration."""
-        self._publish(config_topic(name), b"")
-        with self._lock:
-            self._on_broker[name] = None
+    def withdraw(self, tombstone: dict[str, Any]) -> None:
+        """Retain a deleted stream's signed tombstone (store.tombstone_of) in place of its
+        configuration: agents on that stream verify it and halt."""
+        self.publish(tombstone)
 
     def forget_broker(self) -> None:
         """After a (re)connect: what the broker holds is read again from its retained
@@ -106,14 +107,16 @@ class ConfigSync:
         try:
             with self.sessions() as session:
                 self.server_id = server = store.installation_id(session)
+                self.signer = store.signer(session)
                 streams = store.list_streams(session)
                 ids = {s.name: (s.id, s.fingerprint) for s in streams}
+                keys = {s.name: (s.id, s.fingerprint, s.released_ms) for s in streams}
                 self._documents = {
-                    ids[s.name]: self._documents.get(ids[s.name])
+                    keys[s.name]: self._documents.get(keys[s.name])
                     or store.config_of(session, s, server)
                     for s in streams
                 }
-                ours = {s.name: self._documents[ids[s.name]] for s in streams}
+                ours = {s.name: self._documents[keys[s.name]] for s in streams}
         except SQLAlchemyError as exc:
             log.error("could not read the streams to publish their configurations: %s", exc)
             return None
@@ -131,11 +134,31 @@ class ConfigSync:
                     continue
                 self._reasserted[name] = now
             self.publish(document)
-        for name, held in there.items():
-            if name not in ours and held is not None and held.get("server") == server:
-                log.info("stream %s no longer exists: clearing its retained configuration", name)
-                self.clear(name)
+        gone = {
+            name: held["created_ms"]
+            for name, held in there.items()
+            if name not in ours
+            and held is not None
+            and held.get("server") == server
+            and not is_tombstone(held)
+            and isinstance(held.get("created_ms"), int)
+        }
+        if gone:
+            self._bury(gone)
         return ids
+
+    def _bury(self, gone: dict[str, int]) -> None:
+        """Retain the tombstones of streams this installation configured on the broker and
+        no longer has (deleted by another process on the database)."""
+        try:
+            with self.sessions() as session:
+                tombstones = [store.tombstone_of(session, n, c) for n, c in gone.items()]
+        except SQLAlchemyError as exc:
+            log.error("could not sign the tombstones of deleted streams: %s", exc)
+            return
+        for tombstone in tombstones:
+            log.info("stream %s no longer exists: retaining its tombstone", tombstone["stream"])
+            self.withdraw(tombstone)
 
     def _warn_foreign(self, name: str, other: str) -> None:
         now = time.monotonic()

@@ -1,16 +1,20 @@
 """What the collector tells a device on its notice topic (``zeal.topics``): why a batch was
 rejected, or that a sequence number came back with other content. At most one notice per
-device and reason every NOTICE_EVERY seconds.
+device and reason every NOTICE_EVERY seconds. Each is signed with the installation's key
+(``store.signing``): an agent acts only on a notice that verifies under the key it pinned.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
 from zeal import ParameterError
 from zeal.protocol import check_name
+from zeal.signed import NOTICE_PURPOSE
 from zeal.topics import Notice, notice_topic
+from zeal_server import store
 from zeal_server.ingest.bounded import Bounded
 from zeal_server.ingest.validation import Outcome
 
@@ -54,12 +58,14 @@ class Notifier:
     def __init__(self, publish: Callable[[str, bytes], object]) -> None:
         self._publish = publish
         self._sent: Bounded[tuple[str, str, str], float] = Bounded()
+        #: The installation's signer, once the writer has read it from the database.
+        self.signer: store.Signer | None = None
 
     def notify(self, server_id: str | None, outcome: Outcome, reason: str) -> None:
         """Tell the device of `outcome` about `reason`, unless it is not a reason devices are
-        told about, the server's id is not known yet, the names are not valid, or it heard
-        about it within NOTICE_EVERY seconds."""
-        if reason not in NOTICES or server_id is None:
+        told about, the server's id or key is not known yet, the names are not valid, or it
+        heard about it within NOTICE_EVERY seconds."""
+        if reason not in NOTICES or server_id is None or self.signer is None:
             return
         try:
             check_name("stream", outcome.stream)
@@ -86,4 +92,5 @@ class Notifier:
             sequence=outcome.sequence,
             last_sequence=outcome.last_sequence,
         )
-        self._publish(notice_topic(outcome.stream, outcome.device), notice.to_json())
+        signed = self.signer.sign(notice.to_document(), NOTICE_PURPOSE)
+        self._publish(notice_topic(outcome.stream, outcome.device), json.dumps(signed).encode())

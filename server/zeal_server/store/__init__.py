@@ -55,6 +55,7 @@ from zeal_server.store.fleet import (
 from zeal_server.store.footprint import segment_totals, stream_bytes
 from zeal_server.store.influence import ALL_TIME, implausible, without_implausible
 from zeal_server.store.retention import delete_device_data, housekeep
+from zeal_server.store.signing import Signer, signer
 from zeal_server.store.streams import (
     MAX_SERVER_BITS,
     check_retention,
@@ -70,9 +71,11 @@ from zeal_server.store.streams import (
     now_ms,
     params_of,
     rejects,
+    release_stream,
     set_policy,
     set_retention,
     stream_by_name,
+    tombstone_of,
 )
 from zeal_server.store.sums import (
     Devices,
@@ -100,6 +103,7 @@ __all__ = [
     "Binding",
     "DeviceSums",
     "Devices",
+    "Signer",
     "StoreError",
     "StreamTotals",
     "Sums",
@@ -142,18 +146,21 @@ __all__ = [
     "params_of",
     "readings_on_day",
     "rejects",
+    "release_stream",
     "segment_columns",
     "segment_totals",
     "series_sums",
     "set_policy",
     "set_retention",
     "set_tags",
+    "signer",
     "stream_by_name",
     "stream_bytes",
     "stream_efficiency",
     "stream_totals",
     "streams_at_a_glance",
     "to_limbs",
+    "tombstone_of",
     "unbind",
     "verify",
     "window_ms",

@@ -80,6 +80,9 @@ class Stream(Base):
     #: and the dedup rows of such batches are deleted (zeal_server.store.dedup.prune). It only
     #: moves forward (the import window, then the retention); None before the first prune.
     horizon_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
+    #: When the operator released the agents halted on this stream (``zeal-server streams
+    #: release``): its configuration then says so, signed, and they adopt it. None: never.
+    released_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
 
 
 class Device(Base):
@@ -217,6 +220,9 @@ class Installation(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     created_ms: Mapped[int] = mapped_column(BigInteger)
+    #: The Ed25519 seed (hex) the server signs configurations and notices with
+    #: (store.signing). Secret: a database backup holds it.
+    signing_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class LoRaWANBinding(Base):

@@ -24,7 +24,8 @@ from zeal import (
 )
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
 from zeal.protocol import BUCKET_SECONDS, EPSILON_CEILING, check_name
-from zeal.streamconfig import config_document
+from zeal.signed import CONFIG_PURPOSE
+from zeal.streamconfig import config_document, tombstone_document
 from zeal_server.errors import StoreError
 from zeal_server.store.models import (
     BatchSeen,
@@ -37,6 +38,7 @@ from zeal_server.store.models import (
     Segment,
     Stream,
 )
+from zeal_server.store.signing import signer
 
 #: Widest codes the store accepts (the limb layout's no-overflow guarantee).
 MAX_SERVER_BITS = 28
@@ -234,14 +236,34 @@ def installation_id(session: Session) -> str:
 
 
 def config_of(session: Session, stream: Stream, server: str | None = None) -> dict[str, Any]:
-    """The stream's configuration document, naming this server and the creation time."""
-    return config_document(
+    """The stream's configuration document, naming this server, the creation time and any
+    release, signed with the installation's key (store.signing)."""
+    document = config_document(
         stream.name,
         params_of(stream),
         server=server or installation_id(session),
         created_ms=stream.created_ms,
         unit=stream.unit,
+        released_ms=stream.released_ms,
     )
+    return signer(session).sign(document, CONFIG_PURPOSE)
+
+
+def tombstone_of(session: Session, name: str, created_ms: int) -> dict[str, Any]:
+    """The signed tombstone of stream `name` created at `created_ms`, deleted now."""
+    document = tombstone_document(
+        name, server=installation_id(session), created_ms=created_ms, deleted_ms=now_ms()
+    )
+    return signer(session).sign(document, CONFIG_PURPOSE)
+
+
+def release_stream(session: Session, stream: Stream) -> int:
+    """Release the agents halted on the stream (it deleted or created anew under them,
+    their policy ceiling passed): its configuration says so from now on, signed, and they
+    adopt it. Returns the release time (ms)."""
+    stream.released_ms = now_ms()
+    session.flush()
+    return stream.released_ms
 
 
 def stream_by_name(session: Session, name: str) -> Stream | None:

@@ -48,9 +48,11 @@ def test_stream_lifecycle(client: TestClient) -> None:
     with client.app.state.sessions() as session:  # type: ignore[attr-defined]
         server = store.installation_id(session)
     created = int(datetime.fromisoformat(out["created"]).timestamp() * 1000)
-    assert client.get("/api/v1/streams/temps/config").json() == config_document(
-        "temps", PARAMS, server=server, created_ms=created, unit=""
-    )
+    served = client.get("/api/v1/streams/temps/config").json()
+    signature = {k: served.pop(k) for k in ("key", "signature")}  # store.signing
+    assert served == config_document("temps", PARAMS, server=server, created_ms=created, unit="")
+    assert len(signature["key"]) == 44
+    assert len(signature["signature"]) == 88
     again = client.post(
         "/api/v1/streams", json={"name": "temps", "lower": 0, "upper": 1, "epsilon": 1}
     )

@@ -1,11 +1,14 @@
-"""Configurations an agent can trust: a real `zeal-server serve`, a real agent reading from
-the broker, and an attacker who may retain configurations (a leaked collector login; here
-an anonymous client of a broker without ACLs)."""
+"""Configurations and notices an agent can trust: a real `zeal-server serve`, real agents
+reading from the broker, and an attacker who may publish on the configuration and notice
+topics (a leaked collector login; here an anonymous client of a broker without ACLs). The
+server signs what agents act on (zeal_server.store.signing); an agent acts only on what
+verifies under its server's key (zeal_edge.trust)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -14,31 +17,46 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from tools.testbed.broker import Mosquitto, agent_status
 from tools.testbed.server import Server, client, stats, wait_until
 from zeal import Zeal
-from zeal.streamconfig import config_document
+from zeal.signed import CONFIG_PURPOSE, NOTICE_PURPOSE, encode_field, signed_bytes
+from zeal.streamconfig import config_document, tombstone_document
+from zeal.topics import Notice
 from zeal_server import store
 from zeal_server.store.db import make_engine, session_factory
 
 pytestmark = pytest.mark.integration
 
+#: A stream whose devices send a reading every 0.2 s: its operator raised the policy.
+RAISED = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "max_epsilon_per_day": 1e6}
+
 
 class Agent:
-    """`zeal-edge run` from the broker's configuration, fed a reading every 0.2 s."""
+    """`zeal-edge run` of device `device` from the broker's configuration, fed a reading
+    every 0.2 s; its log in a file."""
 
-    def __init__(self, broker: Mosquitto, data_dir: Path) -> None:
-        self.data_dir = data_dir
+    def __init__(
+        self, broker: Mosquitto, data_dir: Path, *extra: str, device: str = "dev1"
+    ) -> None:
+        self.data_dir, self.device = data_dir, device
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.log = data_dir / "agent.log"
+        self._output = self.log.open("a")
         self.process = subprocess.Popen(
             [
                 *(sys.executable, "-m", "zeal_edge", "run", "--stream", "temps"),
-                *("--device", "dev1", "--source", "stdin", "--broker", broker.url),
+                *("--device", device, "--source", "stdin", "--broker", broker.url),
                 *("--data-dir", str(data_dir), "--batch", "1", "--batch-seconds", "0.2"),
+                *extra,
             ],
             stdin=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self._output,
             text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.done = threading.Event()
         threading.Thread(target=self._feed, daemon=True).start()
@@ -52,23 +70,27 @@ class Agent:
             except (BrokenPipeError, ValueError, OSError):
                 return
 
+    def said(self) -> str:
+        return self.log.read_text()
+
     def wait(self, timeout: float = 60) -> tuple[int, str]:
-        """Its exit status and standard error, once it has exited by itself."""
-        assert self.process.stderr is not None
-        err = self.process.stderr.read()
+        """Its exit status and log, once it has exited by itself."""
         code = self.process.wait(timeout)
         self.kill()
-        return code, err
+        return code, self.said()
+
+    def status(self) -> dict[str, Any]:
+        return agent_status(self.data_dir)[0]
 
     def kill(self) -> None:
         self.done.set()
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        for pipe in (self.process.stdin, self.process.stderr):
-            if pipe is not None:
-                with contextlib.suppress(OSError):  # a write the agent never read
-                    pipe.close()
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):  # a write the agent never read
+                self.process.stdin.close()
+        self._output.close()
 
 
 @pytest.fixture
@@ -103,59 +125,191 @@ def retained_config(broker: Mosquitto) -> dict[str, Any]:
     return document
 
 
-def retain(broker: Mosquitto, document: dict[str, Any]) -> None:
+def publish(broker: Mosquitto, topic: str, payload: bytes, *, retain: bool) -> None:
     forger = client(broker.port, None)
-    forger.publish(
-        "zeal/v1/temps/config", json.dumps(document), qos=1, retain=True
-    ).wait_for_publish(10)
+    forger.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
     forger.disconnect()
     forger.loop_stop()
 
 
-def test_a_forged_configuration_is_refused_or_halts_the_agent_and_the_server_retains_its_own(
-    broker: Mosquitto, running: tuple[Server, Agent, str]
-) -> None:
-    """The forged-configuration attack: a configuration with the stream's own server id and creation
-    time (copied from the retained one) but a policy of 1e8 epsilon a day is refused by the
-    agent's ceiling (8), which keeps its adopted configuration; one from another server id
-    with the stream's very parameters halts it (exit 3, saying which server). It spent no
-    more than its policy; the server retains its own configuration again within seconds.
-    Before: the agent adopted the foreign policy and spent 124 epsilon in a day."""
-    server, agent, _ = running
-    genuine = retained_config(broker)
-    copied = config_document(
+class Forger:
+    """Signs with a key of its own (Ed25519, as the server does, but not the server's)."""
+
+    def __init__(self) -> None:
+        self._key = Ed25519PrivateKey.generate()
+        raw = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.public = encode_field(raw)
+
+    def sign(self, document: dict[str, Any], purpose: str) -> bytes:
+        signed = {**document, "key": self.public}
+        signed["signature"] = encode_field(self._key.sign(signed_bytes(signed, purpose)))
+        return json.dumps(signed).encode()
+
+
+def forgeries(genuine: dict[str, Any]) -> list[tuple[str, bytes, bool]]:
+    """(what, payload, retained) on temps' configuration topic: every way the attacker of
+    the hostile round tried, and more."""
+    forger = Forger()
+    greedy = config_document(
         "temps",
         Zeal(lower=0, upper=110, epsilon=1, max_epsilon_per_day=1e8),
         server=genuine["server"],
         created_ms=genuine["created_ms"],
     )
-    retain(broker, copied)
-    wait_until(lambda: retained_config(broker) == genuine, 15, "the server's config again")
-    assert agent.process.poll() is None  # still running with what it adopted
-    foreign = config_document(
-        "temps",
-        Zeal(lower=0, upper=110, epsilon=1, max_epsilon_per_day=8),
-        server="zs-evil",
-        created_ms=genuine["created_ms"],
-    )
-    retain(broker, foreign)
-    code, err = agent.wait()
-    assert code == 3, err[-3000:]
-    assert "exceeds this agent's ceiling 8 (--max-epsilon-per-day)" in err, err[-3000:]
-    assert "foreign_server" in err
-    assert "now comes from server zs-evil" in err
-    wait_until(lambda: retained_config(broker) == genuine, 15, "the server's config again")
-    status = agent_status(agent.data_dir)[0]
-    assert status["halted"]["reason"] == "foreign_server"  # type: ignore[index]
-    assert status["policy_epsilon_per_day"] == 8.0
-    assert status["policy_spent_today"] <= 8.0  # type: ignore[operator]
-    assert stats(server)["readings"] <= 8
-    assert "configuration of another server (zs-evil)" in server.log.read_text()
-    # Started again, it refuses before privatizing anything, until `zeal-edge resume`.
-    again = Agent(broker, agent.data_dir)
-    code, err = again.wait()
-    assert code == 3, err[-3000:]
-    assert "zeal-edge resume" in err
+    tampered = {**genuine, "unit": "degC"}  # the server's signature, another document
+    origin = {"server": genuine["server"], "created_ms": genuine["created_ms"]}
+    tombstone = tombstone_document("temps", **origin, deleted_ms=genuine["created_ms"] + 1)
+    return [
+        ("empty, not retained", b"", False),
+        ("empty, retained", b"", True),
+        ("unsigned, policy 1e8", json.dumps(greedy).encode(), True),
+        ("unsigned, another server", json.dumps({**genuine, "server": "zs-evil"}).encode(), True),
+        ("the server's signature on another document", json.dumps(tampered).encode(), True),
+        ("signed with the forger's key, policy 1e8", forger.sign(greedy, CONFIG_PURPOSE), True),
+        ("a tombstone signed with the forger's key", forger.sign(tombstone, CONFIG_PURPOSE), True),
+        ("a tombstone, unsigned", json.dumps(tombstone).encode(), True),
+        ("not JSON", b"\xff{", False),
+    ]
+
+
+def forged_notices(server_id: str, device: str) -> list[bytes]:
+    """Notices that the server no longer has the stream (its own id in them): unsigned,
+    signed with the forger's key, empty."""
+    notice = Notice(server_id, "temps", device, "unknown_stream", "deleted", 10**13, 0)
+    return [notice.to_json(), Forger().sign(notice.to_document(), NOTICE_PURPOSE), b""]
+
+
+def test_forged_empty_and_foreign_messages_never_halt_a_fleet(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """Five agents run; the attacker publishes on the configuration topic an empty message
+    (retained and not), unsigned configurations (a policy of 1e8, another server's), the
+    server's signature over another document, configurations and a tombstone signed with
+    a key of its own, and on each device's notice topic unsigned, forged and empty
+    `unknown_stream` notices. Every agent goes on sending (its readings keep being stored),
+    none halts, each counted what it ignored, and none spent beyond the stream's policy.
+    Before: one empty message on the configuration topic stopped 20 of 20 agents (exit 3),
+    halted for good."""
+    server = Server(f"sqlite:///{tmp_path / 'zeal.sqlite'}", broker, tmp_path / "server.log")
+    server.start()
+    agents: list[Agent] = []
+    try:
+        assert server.http.post("/api/v1/streams", json=RAISED).status_code == 201
+        agents = [
+            Agent(broker, tmp_path / f"agent{k}", "--max-epsilon-per-day", "1e6", device=f"d{k}")
+            for k in range(5)
+        ]
+
+        def stored() -> dict[str, int]:
+            listed = server.http.get("/api/v1/streams/temps/devices").json()
+            return {d["name"]: d["readings"] for d in listed["devices"]}
+
+        wait_until(lambda: len(stored()) == 5, 60, "a reading of every agent")
+        genuine = retained_config(broker)
+        assert genuine["signature"]
+        assert genuine["key"]
+        sent = 0
+        for _what, payload, retain in forgeries(genuine):
+            publish(broker, "zeal/v1/temps/config", payload, retain=retain)
+            sent += 1
+        for agent in agents:
+            for payload in forged_notices(genuine["server"], agent.device):
+                publish(broker, f"zeal/v1/temps/{agent.device}/notice", payload, retain=False)
+        before = stored()
+        wait_until(
+            lambda: all(stored()[name] > before[name] + 3 for name in before),
+            60,
+            "every agent's readings stored after the forgeries",
+        )
+        wait_until(lambda: retained_config(broker) == genuine, 15, "the server's config again")
+        for agent in agents:
+            assert agent.process.poll() is None, agent.said()[-3000:]
+            status = agent.status()
+            assert status["halted"] is None
+            assert status["server_key"] == genuine["key"]
+            assert status["unverified_messages"] >= sent + 3, status
+            assert status["epsilon_per_reading"] == 1.0
+            assert "ignoring a message on zeal/v1/temps/config" in agent.said()
+    finally:
+        for agent in agents:
+            agent.kill()
+        server.stop()
+
+
+def test_a_deleted_stream_halts_agents_that_wait_and_a_release_frees_them_without_a_visit(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """Three agents with --on-halt wait (as the systemd unit runs them). The operator deletes
+    the stream: its signed tombstone halts them, and they stay connected, reading nothing.
+    Created anew (epsilon 2), it is another stream: they stay halted and nothing is stored
+    in it. `zeal-server streams release temps` signs its configuration as released: every
+    agent adopts it by itself (epsilon 2) and its readings are stored. Then a policy above
+    their ceiling halts them (over_ceiling), and the policy set back frees them."""
+    server = Server(f"sqlite:///{tmp_path / 'zeal.sqlite'}", broker, tmp_path / "server.log")
+    server.start()
+    agents: list[Agent] = []
+    extra = ("--max-epsilon-per-day", "1e6", "--on-halt", "wait")
+    try:
+        assert server.http.post("/api/v1/streams", json=RAISED).status_code == 201
+        agents = [Agent(broker, tmp_path / f"a{k}", *extra, device=f"d{k}") for k in range(3)]
+        wait_until(lambda: stats(server)["devices"] == 3, 60, "every agent's first reading")
+        deleted = server.http.delete("/api/v1/streams/temps", params={"confirm": "temps"})
+        assert deleted.status_code == 200
+        wait_until(lambda: all(a.status()["halted"] is not None for a in agents), 30, "every halt")
+        # The tombstone, or the signed notice refusing a batch already on its way.
+        reasons = {a.status()["halted"]["reason"] for a in agents}
+        assert reasons <= {"stream_deleted", "unknown_stream"}, reasons
+        assert all(a.process.poll() is None for a in agents)  # waiting, not exited
+        anew = {**RAISED, "epsilon": 2}
+        assert server.http.post("/api/v1/streams", json=anew).status_code == 201
+        wait_until(lambda: retained_config(broker).get("epsilon") == 2, 15, "the new config")
+        # A sentinel after it: once an agent counted it, it has seen the new configuration.
+        counted = [a.status()["unverified_messages"] for a in agents]
+        publish(broker, "zeal/v1/temps/config", b"sentinel", retain=False)
+        wait_until(
+            lambda: all(
+                a.status()["unverified_messages"] > n for a, n in zip(agents, counted, strict=True)
+            ),
+            30,
+            "the sentinel",
+        )
+        assert stats(server)["readings"] == 0  # nothing privatized for the new stream
+        assert all(a.status()["halted"] is not None for a in agents)
+        released = subprocess.run(
+            [sys.executable, "-m", "zeal_server", "streams", "release", "temps"],
+            env={**os.environ, "ZEAL_SERVER_URL": f"http://127.0.0.1:{server.port}"},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert released.returncode == 0, released.stderr
+        assert "released the agents halted on stream temps" in released.stdout
+        wait_until(lambda: stats(server)["devices"] == 3, 60, "every agent on the new stream")
+        for agent in agents:
+            status = agent.status()
+            assert status["halted"] is None
+            assert status["epsilon_per_reading"] == 2.0
+            assert "released; reading and sending again" in agent.said()
+        # A policy above their ceiling (1e6) halts them; set back, it frees them.
+        patch = server.http.patch("/api/v1/streams/temps", json={"max_epsilon_per_day": 2e6})
+        assert patch.status_code == 200
+        wait_until(
+            lambda: (
+                {(a.status()["halted"] or {}).get("reason") for a in agents} == {"over_ceiling"}
+            ),
+            30,
+            "the ceiling's halt",
+        )
+        patch = server.http.patch("/api/v1/streams/temps", json={"max_epsilon_per_day": 1e6})
+        assert patch.status_code == 200
+        wait_until(lambda: all(a.status()["halted"] is None for a in agents), 30, "freed")
+        readings = stats(server)["readings"]
+        wait_until(lambda: stats(server)["readings"] > readings + 3, 60, "readings again")
+        assert all(a.process.poll() is None for a in agents)
+    finally:
+        for agent in agents:
+            agent.kill()
+        server.stop()
 
 
 def test_a_stream_deleted_and_created_anew_with_a_larger_epsilon_halts_the_agent(
@@ -163,10 +317,12 @@ def test_a_stream_deleted_and_created_anew_with_a_larger_epsilon_halts_the_agent
 ) -> None:
     """The operator (or whoever has the database) deletes the stream and creates one of the
     same name with epsilon 5 in one transaction, so the server's next sync publishes only
-    the new configuration: the agent halts ("created anew") instead of switching, and
-    privatizes nothing at epsilon 5. `zeal-edge resume` clears the halt and the pin: the
-    agent then adopts the new stream (an operator's decision; its spend this hour still
-    counts against the policy). Before: it logged "switching" and went on at epsilon 5."""
+    the new configuration, signed with its key: the agent halts ("created anew") instead
+    of switching, privatizes nothing at epsilon 5, and exits (--on-halt exit, the default).
+    Started again, it refuses before privatizing anything; `zeal-edge resume` clears the
+    halt and the pin, and the agent then adopts the new stream (an operator's decision; its
+    spend this hour still counts against the policy). Before: it logged "switching" and
+    went on at epsilon 5."""
     server, agent, url = running
     engine = make_engine(url)
     with session_factory(engine)() as session:
@@ -184,6 +340,10 @@ def test_a_stream_deleted_and_created_anew_with_a_larger_epsilon_halts_the_agent
     assert stats(server)["readings"] == 0  # the new stream's: nothing at epsilon 5
     status = agent_status(agent.data_dir)[0]
     assert status["epsilon_per_reading"] == 1.0
+    again = Agent(broker, agent.data_dir)
+    code, err = again.wait()
+    assert code == 3, err[-3000:]
+    assert "zeal-edge resume" in err
     resumed = subprocess.run(
         [sys.executable, "-m", "zeal_edge", "resume", "--data-dir", str(agent.data_dir)],
         capture_output=True,

@@ -23,6 +23,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from tests.helpers import signed
 from tools.testbed.broker import Mosquitto
 from tools.testbed.server import (
     FLOOD,
@@ -611,12 +612,15 @@ def test_implausible_batches_and_replays_are_rejected_with_a_reason(
 def test_an_agent_refuses_a_configuration_above_its_epsilon_ceiling(
     broker: Mosquitto, tmp_path: Path
 ) -> None:
-    """A self-consistent retained configuration with epsilon 20 (anyone who can retain on
-    the config topic could publish it): the agent refuses it, says why, reads and sends
-    nothing, and exits non-zero. The same document as --params ends the agent with the
-    reason. A pinned fingerprint refuses any other configuration. Before: adopted, and
-    readings sent at epsilon 20."""
-    hijack = config_document("temps", Zeal(lower=0, upper=110, epsilon=20), server="zs-evil")
+    """A self-consistent retained configuration with epsilon 20, signed with a key of its
+    own (anyone who can retain on the config topic could publish it, and a new agent has no
+    key pinned yet): the agent refuses it, says why, reads and sends nothing, and exits
+    non-zero. The same document as --params ends the agent with the reason. A pinned
+    fingerprint refuses any other configuration. Before: adopted, and readings sent at
+    epsilon 20."""
+    hijack = signed(
+        config_document("temps", Zeal(lower=0, upper=110, epsilon=20), server="zs-evil")
+    )
     publisher = client(broker.port, None)
     publisher.publish(
         "zeal/v1/temps/config", json.dumps(hijack), qos=1, retain=True
@@ -640,7 +644,7 @@ def test_an_agent_refuses_a_configuration_above_its_epsilon_ceiling(
     finally:
         agent.kill()
     assert agent.returncode not in (0, None), err  # nothing to send with: it says so and exits
-    assert "refused the configuration on zeal/v1/temps/config" in err, err
+    assert "refused the configuration of stream temps" in err, err
     assert "exceeds this agent's ceiling 5 (--max-epsilon)" in err, err
     params_file = tmp_path / "params.json"
     params_file.write_text(json.dumps(hijack))

@@ -117,17 +117,36 @@ def patch_stream(name: str, body: StreamPatch, request: Request, db: Db) -> Stre
 )
 def delete_stream(name: str, request: Request, db: Db, confirm: Confirm = None) -> DeletedOut:
     """Delete a stream and everything stored for it (operator token; confirm=NAME).
-    Its retained configuration is withdrawn from the broker, and agents sending to it
-    stop."""
+    Its retained configuration is replaced by its signed tombstone on the broker, and
+    agents sending to it halt."""
     stream = stream_or_404(db, name)
     confirmed(confirm, name)
+    tombstone = store.tombstone_of(db, name, stream.created_ms)
     readings = store.delete_stream(db, stream)
     db.commit()
     if request.app.state.collector is not None:
-        request.app.state.collector.configs.clear(name)
+        request.app.state.collector.configs.withdraw(tombstone)
         request.app.state.collector.streams_changed()
     log.warning("stream %s deleted through the API (%d readings)", name, readings)
     return DeletedOut(stream=name, device=None, readings=readings)
+
+
+@router.post(f"{API}/streams/{{name}}/release", dependencies=WRITE, response_model=StreamOut)
+def release_stream(name: str, request: Request, db: Db) -> StreamOut:
+    """Release the agents halted on this stream (operator token): those whose stream was
+    deleted or created anew under them, or whose policy ceiling it passed, and that wait
+    for their server (agents run with --on-halt wait, as the systemd unit does). The
+    stream's configuration says so from now on, signed, and each such agent adopts it
+    within seconds, if its own ceilings allow. Nothing stored changes (docs/edge-agent.md,
+    "Recovering a halted fleet")."""
+    stream = stream_or_404(db, name)
+    store.release_stream(db, stream)
+    db.commit()
+    log.warning("stream %s: agents halted on it released", name)
+    if request.app.state.collector is not None:
+        request.app.state.collector.configs.publish(store.config_of(db, stream))
+        request.app.state.collector.streams_changed()
+    return stream_out(stream)
 
 
 @router.get(f"{API}/streams/{{name}}/config", dependencies=READ)
