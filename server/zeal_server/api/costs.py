@@ -1,36 +1,47 @@
-"""A cost budget for reads: heavy queries take a slot, or get 429.
+"""A cost budget for reads: costly reads take a slot, or get 429.
 
-Most reads are one or two indexed lookups. Some are not: an average or series that leaves
-out implausible devices (reads every device's sums first), a Bayes model over the codes
-(reads every code of the window), a series finer than an hour (up to 10,000 points), a
-comparison (a row per device), a planner (``/preview`` for a fleet's windows, and
-``/preview/compare``), a page of more than 100 devices. Unbounded, 8 clients asking for
-them made a light ``GET /streams`` take half a second and the collector's commits wait.
+A read of a stream's definition is one or two indexed lookups: the streams, a stream, its
+configuration, the LoRaWAN bindings, a planner for one stream, health and metrics. A read
+of a stream's *data* is not: its cost grows with the window (an average, a series, an
+export, a comparison) or with the fleet (a page of devices sorted on a column, the groups,
+the stream's figures), and a planner for a fleet (``/preview`` with ``devices``, and
+``/preview/compare``) computes for every window. Unbounded, 8 clients asking for the
+heaviest of them made a light ``GET /streams`` take half a second and the collector's
+commits wait; once those were budgeted, exports and the reads left out of the budget did
+the same (hostile round 3: light reads x11 on SQLite, x18 on PostgreSQL).
 
-So a heavy read (:func:`heavy_kind`) runs only in one of ``at_once`` slots
+So every costly read (:func:`heavy_kind`) runs only in one of ``at_once`` slots
 (``ZEAL_HEAVY_READS``, default half the CPUs, at least 1), at most ``per_client`` of them
-per client (its bearer token, or its address without one). Past either it waits up to
-``SLOT_WAIT`` seconds for one, then is answered 429 with ``Retry-After`` and counted by
-kind (:data:`REFUSED`, ``zeal_http_heavy_reads_refused_total``). On PostgreSQL its statements get a
-``statement_timeout`` of ``STATEMENT_SECONDS``; one that runs longer is cancelled by the
-database and answered 503 with the reason. Exports have their own limit (4 at once).
+per client (:func:`client_of`: the server's token it presents, read as the token check
+reads it, else its address). Past either it waits up to ``SLOT_WAIT`` seconds for one,
+then is answered 429 with ``Retry-After`` and counted by kind (:data:`REFUSED`,
+``zeal_http_heavy_reads_refused_total``). A costly read without the read token (when the
+server has one) is refused (401, 403) before it takes a slot. Its statements get a time
+limit of ``STATEMENT_SECONDS``: PostgreSQL's ``statement_timeout``, and on SQLite a progress
+handler that interrupts the query; one that runs longer is answered 503 with the reason.
+Exports hold a slot for as long as they stream, and have their own limit too (4 at once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
+import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from zeal_server.api.auth import refusal
+
 __all__ = [
     "REFUSED",
     "RETRY_AFTER",
+    "SQLITE_STEPS",
     "STATEMENT_SECONDS",
     "HeavyReads",
     "ReadBudget",
@@ -38,8 +49,10 @@ __all__ = [
     "heavy_kind",
 ]
 
-#: Seconds a heavy read's statement may run on PostgreSQL.
+#: Seconds a costly read's statements may run (PostgreSQL's statement_timeout; on SQLite
+#: from the start of its session, checked every SQLITE_STEPS steps of a query).
 STATEMENT_SECONDS = 30
+SQLITE_STEPS = 20_000
 RETRY_AFTER = "2"
 #: Seconds a heavy read waits for a slot before its 429 (a page's few heavy reads at once
 #: are served one after the other; a client that asks again at once, whatever
@@ -49,33 +62,43 @@ SLOT_WAIT = 2.0
 REFUSED: Counter[str] = Counter()
 
 
+#: A stream's data: /api/v1/streams/{name}/{what}.
+_DATA = re.compile(r"/api/v1/streams/[^/]+/(?P<what>[a-z]+)/?$")
+#: What each read of a stream's data is counted as (the label of REFUSED).
+_DATA_KINDS = {
+    "average": "average",
+    "series": "series",
+    "export": "export",
+    "compare": "compare",
+    "devices": "device page",
+    "groups": "groups",
+    "stats": "stream figures",
+}
+
+
 def heavy_kind(path: str, query: Mapping[str, str]) -> str | None:
-    """What makes a read heavy (module docstring), or None for a light one."""
-    interval, limit = query.get("interval_seconds", ""), query.get("limit", "")
-    rules = (
-        ("compare planner", path.endswith("/preview/compare")),
-        ("compare", path.endswith("/compare")),
-        (
-            "planner",
-            path.endswith("/preview") and "devices" in query and "interval_seconds" in query,
-        ),
-        (
-            "exclusion",
-            path.endswith(("/average", "/series")) and query.get("exclude") == "implausible",
-        ),
-        (
-            "bayes over codes",
-            path.endswith(("/average", "/series"))
-            and query.get("estimator") == "bayes"
-            and query.get("model", "mean") != "mean",
-        ),
-        (
-            "fine series",
-            path.endswith("/series") and not (interval.isdigit() and int(interval) >= 3600),
-        ),
-        ("device page", path.endswith("/devices") and limit.isdigit() and int(limit) > 100),
-    )
-    return next((kind for kind, applies in rules if applies), None)
+    """What makes a read costly (module docstring), or None for a light one."""
+    if path.rstrip("/").endswith("/preview/compare"):
+        return "compare planner"
+    if path.rstrip("/").endswith("/api/v1/preview"):
+        return "planner" if "devices" in query else None
+    found = _DATA.search(path)
+    if found is None or found["what"] not in _DATA_KINDS:
+        return None
+    what = found["what"]
+    return _window_kind(what, query) if what in ("average", "series") else _DATA_KINDS[what]
+
+
+def _window_kind(what: str, query: Mapping[str, str]) -> str:
+    """An average's or a series' kind: the heaviest of them named apart."""
+    interval = query.get("interval_seconds", "")
+    if query.get("exclude") == "implausible":
+        return "exclusion"
+    if query.get("estimator") == "bayes" and query.get("model", "mean") != "mean":
+        return "bayes over codes"
+    if what == "series" and not (interval.isdigit() and int(interval) >= 3600):
+        return "fine series"
+    return what
 
 
 class ReadBudget:
@@ -108,10 +131,17 @@ class ReadBudget:
                 del self._running[client]
 
 
-def client_of(authorization: str | None, address: str) -> str:
-    """Whom a read counts against: its bearer token (hashed), or its address."""
-    if authorization:
-        return "token:" + hashlib.sha256(authorization.encode()).hexdigest()[:16]
+def client_of(authorization: str | None, address: str, tokens: Sequence[str] = ()) -> str:
+    """Whom a read counts against: the server's token it presents (one of `tokens`, read as
+    the token check reads it: the scheme in any case, the token without the white space
+    around it), hashed; else its address. So one token spelt with other white space is one
+    client, and made-up tokens make no new ones."""
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() == "bearer" and token:
+        for known in tokens:
+            if hmac.compare_digest(token.encode(), known.encode()):
+                return "token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
     return "address:" + address
 
 
@@ -136,12 +166,19 @@ class HeavyReads:
         if kind is None:
             await self.app(scope, receive, send)
             return
-        budget: ReadBudget = scope["app"].state.reads
+        state = scope["app"].state
+        budget: ReadBudget = state.reads
         headers = dict(scope["headers"])
+        authorization = headers.get(b"authorization", b"").decode("latin-1")
+        denied = refusal(authorization, state.settings.read_token, "read")
+        if denied is not None:  # what the route would answer, without a slot
+            status, detail, extra = denied
+            fields = [(k.encode(), v.encode()) for k, v in extra.items()]
+            await self.answer(send, status, detail, fields)
+            return
+        tokens = [t for t in (state.settings.read_token, state.settings.operator_token) if t]
         client = scope.get("client")
-        who = client_of(
-            headers.get(b"authorization", b"").decode("latin-1"), client[0] if client else ""
-        )
+        who = client_of(authorization, client[0] if client else "", tokens)
         deadline = time.monotonic() + SLOT_WAIT
         while (refused := budget.take(who, kind)) is not None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)  # the connection stays open meanwhile, at no cost

@@ -3,7 +3,8 @@ the conversions between the API's values and the store's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -19,7 +20,7 @@ from zeal.protocol import EPSILON_MAX, PAYLOAD_BITS
 from zeal.wire import MAX_TIMESTAMP
 from zeal_server import store
 from zeal_server.api.auth import operator, reader
-from zeal_server.api.costs import STATEMENT_SECONDS
+from zeal_server.api.costs import SQLITE_STEPS, STATEMENT_SECONDS
 from zeal_server.api.schemas import EstimateOut, StreamOut
 from zeal_server.store.models import Stream
 
@@ -219,18 +220,18 @@ def devices_in(session: Session, stream: Stream, group: str | None) -> store.Dev
 
 
 def session(request: Request) -> Iterator[Session]:
-    """A request's database session. A heavy read's (zeal_server.api.costs) statements time out
-    after STATEMENT_SECONDS on PostgreSQL: a 503 that says so."""
+    """A request's database session. A costly read's (zeal_server.api.costs) statements time
+    out after STATEMENT_SECONDS: a 503 that says so."""
     heavy = getattr(request.state, "heavy", None)
     with request.app.state.sessions() as session:
-        if heavy is None or session.get_bind().dialect.name != "postgresql":
+        if heavy is None:
             yield session
             return
-        session.execute(text(f"SET LOCAL statement_timeout = '{STATEMENT_SECONDS}s'"))
+        lift = _time_limit(session)
         try:
             yield session
         except OperationalError as exc:
-            if "statement timeout" not in str(exc):
+            if not any(w in str(exc) for w in ("statement timeout", "interrupted")):
                 raise
             session.rollback()
             raise HTTPException(
@@ -238,6 +239,25 @@ def session(request: Request) -> Iterator[Session]:
                 f"the query ({heavy}) ran longer than {STATEMENT_SECONDS} s and was cancelled: "
                 "ask for a shorter window or a longer interval",
             ) from None
+        finally:
+            lift()
+
+
+def _time_limit(session: Session) -> Callable[[], None]:
+    """Limit the session's statements to STATEMENT_SECONDS from now; returns what lifts it.
+    PostgreSQL cancels a statement past its ``statement_timeout`` (for this transaction);
+    SQLite has none, so a progress handler, called every few thousand steps of a query,
+    interrupts it once the time is up ("interrupted")."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        session.execute(text(f"SET LOCAL statement_timeout = '{STATEMENT_SECONDS}s'"))
+        return lambda: None
+    if dialect != "sqlite":
+        return lambda: None
+    raw = session.connection().connection.dbapi_connection
+    deadline = time.monotonic() + STATEMENT_SECONDS
+    raw.set_progress_handler(lambda: int(time.monotonic() > deadline), SQLITE_STEPS)  # type: ignore[union-attr]
+    return lambda: raw.set_progress_handler(None, 0)  # type: ignore[union-attr]
 
 
 Db = Annotated[Session, Depends(session)]
