@@ -87,6 +87,9 @@ COLLECTOR_REASONS: Final[Mapping[str, str]] = MappingProxyType(
         "reads (not an UplinkEvent in JSON or protobuf, or without its time)",
         "bad_device_name": "a LoRaWAN device's ChirpStack name is not a valid Zeal device name "
         "(its binding names devices by device_name)",
+        "transport_mismatch": "the device name belongs to a device that sends another way on "
+        "this stream (an MQTT device named like a LoRaWAN DevEUI or ChirpStack name, or the "
+        "other way round): refused, never merged into it",
         "undecodable": "reading the message raised an error the server did not expect (a "
         "server bug, logged with its traceback); the message is counted and acknowledged, "
         "and ingest goes on",

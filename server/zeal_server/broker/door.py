@@ -11,7 +11,7 @@ import threading
 import time
 
 from zeal import ParameterError
-from zeal.protocol import check_name
+from zeal.protocol import REJECT_REASONS, check_name
 from zeal.topics import MAX_TOPIC_LENGTH, parse_data_topic
 from zeal.wire import MAX_PAYLOAD_BYTES
 from zeal_server.ingest.bounded import MAX_KEYS, Bounded
@@ -113,9 +113,10 @@ class LogThrottle:
         key = (reason, f"{stream[:64]}/{device[:64]}")
         if self.ready(key, time.monotonic()):
             log.warning(
-                "rejected a message from %s: %s (logged once a minute per reason and device)",
+                "rejected a message from %s: %s, %s (logged once a minute per reason and device)",
                 key[1],
                 key[0],
+                REJECT_REASONS.get(reason, "?"),
             )
 
     def ready(self, key: tuple[str, str], now: float) -> bool:

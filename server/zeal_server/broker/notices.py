@@ -46,6 +46,9 @@ NOTICES = {
     "policy (its max_epsilon_per_day, counted per UTC day of the readings' timestamps): "
     "nothing of it was stored; the agent's ledger should have held it back (was its outbox "
     "reset, or does another agent use this device id?)",
+    "transport_mismatch": "device {device} of stream {stream} is a LoRaWAN device on this "
+    "server (ChirpStack delivers its frames): a batch under its name over MQTT is refused; "
+    "give this device another name",
     "sequence_reset": "stored; but this server had already stored sequence {sequence} of "
     "device {device} with other content (its highest stored sequence is {last}): the "
     "device's outbox is new (reinstalled?), or another agent uses this device id",

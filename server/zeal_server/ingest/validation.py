@@ -40,7 +40,7 @@ from zeal_server.ingest.rejectkeys import MAX_REJECT_ROWS, RejectKeys, check_rea
 from zeal_server.ingest.settle import Round
 from zeal_server.ingest.undecodable import decode_contained
 from zeal_server.store.dedup import payload_digests
-from zeal_server.store.fleet import add_devices, device_ids
+from zeal_server.store.fleet import LORAWAN, MQTT, add_devices, device_ids, set_transports
 from zeal_server.store.models import Stream
 from zeal_server.store.rawsql import Raw
 from zeal_server.store.streams import params_of, stream_by_name
@@ -64,6 +64,15 @@ class Original(NamedTuple):
 
     identity: bytes
     size: int
+
+
+#: The reject of a message that arrived by another transport than its device's.
+TRANSPORT_MISMATCH = "transport_mismatch"
+
+
+def _transport(originals: Sequence[Original | None] | None, i: int) -> int:
+    """How message `i` arrived: translated from a LoRaWAN uplink, or over MQTT."""
+    return LORAWAN if originals is not None and originals[i] is not None else MQTT
 
 
 class Decoded(NamedTuple):
@@ -101,8 +110,9 @@ class Ingest:
         self.max_future_ms, self.max_age_ms = max_future_ms, max_age_ms
         self.backfill_ms, self.max_buckets = backfill_ms, max_buckets
         self._streams: dict[str, StreamEntry | None] = {}
-        #: Device ids by (stream id, name), the most recently used DEVICE_IDS of them.
-        self._devices: Bounded[tuple[int, str], int] = Bounded(DEVICE_IDS)
+        #: Device ids and transports (store.fleet) by (stream id, name), the most recently
+        #: used DEVICE_IDS of them.
+        self._devices: Bounded[tuple[int, str], tuple[int, int | None]] = Bounded(DEVICE_IDS)
         self._topics: dict[str, tuple[str, str] | None] = {}
         self._rejects = RejectKeys()
         self._statements: dict[tuple[str, str], Any] = {}
@@ -193,25 +203,39 @@ class Ingest:
             self._statements[key] = query.with_for_update(read=True)
         entry.horizon_ms = session.scalar(self._statements[key], {"sid": entry.id})
 
-    def _look_up(self, session: Session, stream_id: int, names: list[str]) -> dict[str, int]:
-        """The ids of those of `names` that are devices of the stream (cached)."""
-        found = {n: i for n in names if (i := self._devices.find((stream_id, n))) is not None}
+    def _look_up(
+        self, session: Session, stream_id: int, names: list[str]
+    ) -> dict[str, tuple[int, int | None]]:
+        """The ids and transports of those of `names` that are devices of the stream
+        (cached)."""
+        found = {n: e for n in names if (e := self._devices.find((stream_id, n))) is not None}
         missing = [n for n in names if n not in found]
-        for name, device_id in device_ids(session, stream_id, missing).items():
-            self._devices[(stream_id, name)] = device_id
-            found[name] = device_id
+        for name, known in device_ids(session, stream_id, missing).items():
+            self._devices[(stream_id, name)] = known
+            found[name] = known
         return found
 
     def _devices_of(
-        self, session: Session, stream_id: int, first_seen: dict[str, int]
-    ) -> dict[str, int]:
-        """The ids of the devices named in `first_seen`, creating the new ones."""
-        ids = self._look_up(session, stream_id, list(first_seen))
-        new = {n: t for n, t in first_seen.items() if n not in ids}
+        self,
+        session: Session,
+        stream_id: int,
+        first_seen: dict[str, int],
+        transports: dict[str, int],
+    ) -> dict[str, tuple[int, int]]:
+        """The ids and transports of the devices named in `first_seen`, creating the new ones
+        (with the transport of their first message, `transports`); a device whose transport
+        is not known yet gets that one."""
+        known = self._look_up(session, stream_id, list(first_seen))
+        new = {n: t for n, t in first_seen.items() if n not in known}
         if new:
-            add_devices(session, stream_id, new)
-            ids |= self._look_up(session, stream_id, list(new))
-        return ids
+            add_devices(session, stream_id, new, transports)
+            known |= self._look_up(session, stream_id, list(new))
+        unset = {n: transports[n] for n, (_, way) in known.items() if way is None}
+        if unset:
+            set_transports(session, {known[n][0]: way for n, way in unset.items()})
+            for name, way in unset.items():
+                self._devices[(stream_id, name)] = known[name] = (known[name][0], way)
+        return {n: (i, way if way is not None else transports[n]) for n, (i, way) in known.items()}
 
     def _names(self, topic: str) -> tuple[str, str] | None:
         """(stream, device) of a data topic whose names are valid, else None (cached)."""
@@ -406,6 +430,35 @@ class Ingest:
             entry, members = changed, members[cut:]
         return parts
 
+    def _transports(
+        self,
+        session: Session,
+        stream_id: int,
+        members: list[tuple[int, str]],
+        keep: np.ndarray,
+        *,
+        messages: list[tuple[str, bytes, int]],
+        originals: Sequence[Original | None] | None,
+    ) -> tuple[dict[str, tuple[int, int]], list[str | None]]:
+        """The devices of the kept messages (created as needed, each with the transport of
+        its first message) and, message for message, ``transport_mismatch`` where one came
+        by another transport than its device's: an MQTT device named like a LoRaWAN
+        DevEUI, or the other way round, is another device, never merged into it."""
+        first_seen: dict[str, int] = {}
+        ways: dict[str, int] = {}
+        kept = np.flatnonzero(keep).tolist()
+        for k in kept:
+            i, device = members[k]
+            first_seen.setdefault(device, messages[i][2])
+            ways.setdefault(device, _transport(originals, i))
+        known = self._devices_of(session, stream_id, first_seen, ways)
+        mismatch: list[str | None] = [None] * len(members)
+        for k in kept:
+            i, device = members[k]
+            if known[device][1] != _transport(originals, i):
+                mismatch[k] = TRANSPORT_MISMATCH
+        return known, mismatch
+
     def _plausible(
         self,
         session: Session,
@@ -417,7 +470,8 @@ class Ingest:
         originals: Sequence[Original | None] | None = None,
     ) -> Group:
         """The decoded messages whose times are plausible (``_implausible``) and whose
-        device may send (enrolment), with their devices' ids."""
+        device may send (enrolment) and sends the way it always did (its transport), with
+        their devices' ids."""
         entry, name, members, batches = part
         received = np.array([messages[i][2] for i, _ in members], dtype=np.int64)
         self._horizon(session, entry)
@@ -428,26 +482,32 @@ class Ingest:
             for k, (_, device) in enumerate(members):
                 if reasons[k] is None and (entry.id, device) not in self._devices:
                     reasons[k] = "not_enrolled"
-        for k, reason in enumerate(reasons):
-            if reason is None:
-                continue
-            i, device = members[k]
-            outcomes[i] = self._refuse(
-                session,
-                writes,
-                (name, device),
-                reason,
-                when=messages[i][2],
-                sequence=int(batches.sequences[k]),
-            )
-            keep[k] = False
+
+        def drop(reasons: Sequence[str | None]) -> None:
+            """Refuse each message with a reason (counted in `writes`); out of `keep`."""
+            for k, reason in enumerate(reasons):
+                if reason is None:
+                    continue
+                i, device = members[k]
+                outcomes[i] = self._refuse(
+                    session,
+                    writes,
+                    (name, device),
+                    reason,
+                    when=messages[i][2],
+                    sequence=int(batches.sequences[k]),
+                )
+                keep[k] = False
+
+        drop(reasons)
+        known, mismatch = self._transports(
+            session, entry.id, members, keep, messages=messages, originals=originals
+        )
+        drop(mismatch)
         if not keep.all():
             members = [m for m, ok in zip(members, keep.tolist(), strict=True) if ok]
             received = received[keep]
-        first_seen: dict[str, int] = {}
-        for (_, device), when in zip(members, received.tolist(), strict=True):
-            first_seen.setdefault(device, when)
-        ids = self._devices_of(session, entry.id, first_seen)
+        ids = {device: device_id for device, (device_id, _) in known.items()}
         payloads = [messages[i][1] for i, _ in members]
         sizes = list(map(len, payloads))
         if originals is not None:  # translated messages: their own content and size

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, delete, func, insert, select
+from sqlalchemy import Select, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from zeal import ParameterError
@@ -21,9 +21,11 @@ from zeal_server.store.streams import insert_for, now_ms
 
 __all__ = [
     "DEVICE_ORDER",
+    "LORAWAN",
     "MAX_TAGS",
     "MAX_TAG_KEY",
     "MAX_TAG_VALUE",
+    "MQTT",
     "StreamTotals",
     "add_devices",
     "check_tags",
@@ -37,12 +39,20 @@ __all__ = [
     "groups",
     "new_device_row",
     "set_tags",
+    "set_transports",
     "stream_totals",
     "streams_at_a_glance",
 ]
 
 
-def new_device_row(stream_id: int, name: str, when: int) -> dict[str, Any]:
+#: How a device's data arrive (``Device.transport``): MQTT (or JetStream, which devices
+#: reach over MQTT too), or LoRaWAN uplinks from ChirpStack.
+MQTT, LORAWAN = 0, 1
+
+
+def new_device_row(
+    stream_id: int, name: str, when: int, transport: int | None = None
+) -> dict[str, Any]:
     """The columns of a device row that has sent nothing yet."""
     counters = dict.fromkeys(("readings", "batches", "bytes", "duplicates", "sequence_resets"), 0)
     return {
@@ -51,29 +61,50 @@ def new_device_row(stream_id: int, name: str, when: int) -> dict[str, Any]:
         "tags": "{}",
         "first_seen_ms": when,
         "last_seen_ms": when,
+        "transport": transport,
         **counters,
     }
 
 
-def device_ids(session: Session, stream_id: int, names: list[str]) -> dict[str, int]:
-    """The ids of those of `names` that are devices of the stream (a query per 500)."""
-    found: dict[str, int] = {}
+def device_ids(
+    session: Session, stream_id: int, names: list[str]
+) -> dict[str, tuple[int, int | None]]:
+    """The ids and transports of those of `names` that are devices of the stream (a query
+    per 500)."""
+    found: dict[str, tuple[int, int | None]] = {}
     for first in range(0, len(names), 500):
         chosen = names[first : first + 500]
-        query = select(Device.name, Device.id).where(
+        query = select(Device.name, Device.id, Device.transport).where(
             Device.stream_id == stream_id, Device.name.in_(chosen)
         )
-        found.update((name, device_id) for name, device_id in session.execute(query))
+        found.update((name, (device_id, way)) for name, device_id, way in session.execute(query))
     return found
 
 
-def add_devices(session: Session, stream_id: int, first_seen: dict[str, int]) -> None:
-    """Create the devices named in `first_seen` (first seen at the times it gives) that do
-    not exist yet, in name order: every collector locks new rows in one order."""
+def add_devices(
+    session: Session, stream_id: int, first_seen: dict[str, int], transports: dict[str, int]
+) -> None:
+    """Create the devices named in `first_seen` (first seen at the times it gives, by the
+    transports `transports` gives) that do not exist yet, in name order: every collector
+    locks new rows in one order."""
     session.execute(
         insert_for(session)(Device).on_conflict_do_nothing(),
-        [new_device_row(stream_id, n, first_seen[n]) for n in sorted(first_seen)],
+        [
+            new_device_row(stream_id, n, first_seen[n], transports.get(n))
+            for n in sorted(first_seen)
+        ],
     )
+
+
+def set_transports(session: Session, transports: dict[int, int]) -> None:
+    """Record how devices (by id) send, where it is not known yet (devices from before
+    revision 0011, or enrolled before their first message)."""
+    for device_id, transport in sorted(transports.items()):
+        session.execute(
+            update(Device)
+            .where(Device.id == device_id, Device.transport.is_(None))
+            .values(transport=transport)
+        )
 
 
 def devices_of(session: Session, stream: Stream) -> list[Device]:

@@ -103,6 +103,10 @@ class Device(Base):
     #: Batches stored although their sequence number was taken by other content: the
     #: device's outbox was reset (or two agents share its id).
     sequence_resets: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: How its data arrive, from its first message on (store.fleet: MQTT 0, LoRaWAN 1; None
+    #: for a device not heard from since revision 0011): a message by the other way under
+    #: its name is refused (transport_mismatch), never merged into it.
+    transport: Mapped[int | None] = mapped_column(SmallInteger, nullable=True, default=None)
 
 
 class DevicePeriod(Base):

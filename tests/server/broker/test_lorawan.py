@@ -6,6 +6,7 @@ subscribes to (ZEAL_CHIRPSTACK_URL); bound to a stream through the API."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import uuid
 from pathlib import Path
@@ -394,3 +395,52 @@ def test_no_uplink_event_stops_the_writer_and_mqtt_ingest_goes_on(
         by_name = {d["name"]: d for d in listed["devices"]}
         assert by_name["mqtt-1"]["readings"] == 150
         assert (client.get("/readyz").status_code, client.get("/livez").status_code) == (200, 200)
+
+
+def test_an_mqtt_device_named_like_a_deveui_is_never_merged_into_that_lorawan_device(
+    database_url: str, broker: Mosquitto, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A LoRaWAN device's frames first, then an MQTT device publishing under its DevEUI: the
+    MQTT batches are refused (transport_mismatch, counted on the device, logged with what
+    it means), the LoRaWAN device keeps its readings and has no sequence reset. The other
+    way round (an MQTT device first, then that DevEUI's frames), the frames are refused.
+    Before: the two merged into one device (10 sequence resets, no warning)."""
+    rng = np.random.default_rng(6)
+    with TestClient(lorawan_app(database_url, broker)) as client:
+        params = start(client)
+        now = store.now_ms()
+        first, second = dev_eui(0), dev_eui(1)
+
+        def uplink(device: str, f_cnt: int) -> tuple[str, bytes]:
+            codes = frame_codes(params, rng, 40.0)
+            data = frame(params, device, codes)
+            up = event(data, device=device, f_cnt=f_cnt, time_ms=now + f_cnt,
+                       dev_addr="26000001", dedup=str(uuid.uuid4()))  # fmt: skip
+            return topic(up), marshal(up, "protobuf")
+
+        def mqtt_batch(device: str, sequence: int) -> tuple[str, bytes]:
+            codes = params.perturb(np.full(3, 50.0), rng=rng)
+            times = [now - 3000 + sequence, now - 2000 + sequence, now - 1000 + sequence]
+            payload = encode_batch(params, stream="temps", device=device, sequence=sequence,
+                                   timestamps=times, codes=codes)  # fmt: skip
+            return f"zeal/v1/temps/{device}/up", payload
+
+        with caplog.at_level(logging.WARNING, logger="zeal_server.broker.door"):
+            publish_all(broker.port, [uplink(first, k) for k in range(3)])
+            publish_all(broker.port, [mqtt_batch(second, k) for k in range(3)])
+            collector = client.app.state.collector  # type: ignore[attr-defined]
+            wait_until(lambda: collector.counts["stored"] == 6, 30, "both devices' first data")
+            publish_all(broker.port, [mqtt_batch(first, k) for k in range(5)])
+            publish_all(broker.port, [uplink(second, k) for k in range(4)])
+            wait_until(lambda: collector.rejected_by["transport_mismatch"] == 9, 30, "the refusals")
+        listed = client.get("/api/v1/streams/temps/devices").json()["devices"]
+        by_name = {d["name"]: d for d in listed}
+        lorawan, mqtt_device = by_name[first], by_name[second]
+        assert (lorawan["readings"], lorawan["sequence_resets"]) == (3 * PER_FRAME, 0)
+        assert lorawan["rejects"] == {"transport_mismatch": 5}
+        assert (mqtt_device["readings"], mqtt_device["sequence_resets"]) == (9, 0)
+        assert mqtt_device["rejects"] == {"transport_mismatch": 4}
+        said = [r.getMessage() for r in caplog.records]
+        assert any(
+            f"from temps/{first}: transport_mismatch, the device name belongs" in m for m in said
+        )

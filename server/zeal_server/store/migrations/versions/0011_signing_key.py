@@ -1,4 +1,5 @@
-"""the installation's signing key; a stream's release of the agents halted on it
+"""the installation's signing key; a stream's release of the agents halted on it; a
+device's transport
 
 Revision ID: 0011
 Revises: 0010
@@ -7,6 +8,8 @@ The server signs what agents act on (configurations, tombstones, notices) with a
 key made here, once per database: its 32-byte seed, in hex, on the installation row. A
 database restored from a backup keeps it, so its agents keep trusting it. ``released_ms``:
 when the operator released the agents halted on a stream (``zeal-server streams release``).
+``devices.transport``: how a device's data arrive (MQTT 0, LoRaWAN 1), set at its first
+message from now on: a message by the other way under its name is refused, not merged.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("streams") as streams:
         streams.add_column(sa.Column("released_ms", sa.BigInteger(), nullable=True))
+    with op.batch_alter_table("devices") as devices:
+        devices.add_column(sa.Column("transport", sa.SmallInteger(), nullable=True))
 
 
 def downgrade() -> None:
