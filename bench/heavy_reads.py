@@ -151,8 +151,12 @@ class Device:
         honest.disconnect()
 
 
-def attackers(port: int, start: str, end: str) -> list[Loop]:
-    """The combined attack (module docstring), all with the read token alone."""
+GROUPS = ("heavy", "exports", "costly", "planners")
+
+
+def attackers(port: int, start: str, end: str, groups: tuple[str, ...] = GROUPS) -> list[Loop]:
+    """The combined attack (module docstring), all with the read token alone: the groups
+    named in `groups`."""
     window = f"start={start}&end={end}"
     stream = "/api/v1/streams/temps"
     heavy = [
@@ -174,17 +178,22 @@ def attackers(port: int, start: str, end: str) -> list[Loop]:
     ]
     bearer = [f"Bearer{' ' * (1 + k)}{READ_TOKEN}" for k in range(8)]  # one token, 8 spellings
     plain = f"Bearer {READ_TOKEN}"
-    return [
-        *(Loop(port, "127.0.0.10", heavy, bearer[k]) for k in range(8)),
-        *(Loop(port, f"127.0.0.{20 + k}", [f"{stream}/export?{window}"], plain) for k in range(4)),
-        *(Loop(port, f"127.0.0.{30 + k}", costly, plain) for k in range(8)),
-        *(Loop(port, f"127.0.0.{40 + k}", planner, plain) for k in range(16)),
-    ]
+    loops = {
+        "heavy": [Loop(port, "127.0.0.10", heavy, bearer[k]) for k in range(8)],
+        "exports": [
+            Loop(port, f"127.0.0.{20 + k}", [f"{stream}/export?{window}"], plain) for k in range(4)
+        ],
+        "costly": [Loop(port, f"127.0.0.{30 + k}", costly, plain) for k in range(8)],
+        "planners": [Loop(port, f"127.0.0.{40 + k}", planner, plain) for k in range(16)],
+    }
+    return [loop for group in groups for loop in loops[group]]
 
 
-def phase(port: int, seconds: float, loaded: bool, start: str, end: str) -> dict[str, Any]:
+def phase(
+    port: int, seconds: float, start: str, end: str, groups: tuple[str, ...] = ()
+) -> dict[str, Any]:
     light = Loop(port, "127.0.0.200", ["/api/v1/streams"], f"Bearer {READ_TOKEN}")
-    loops = [light, *(attackers(port, start, end) if loaded else [])]
+    loops = [light, *attackers(port, start, end, groups)]
     for loop in loops:
         loop.thread.start()
     time.sleep(seconds)
@@ -211,7 +220,7 @@ def phase(port: int, seconds: float, loaded: bool, start: str, end: str) -> dict
     }
 
 
-def trial(database: str, seconds: float) -> dict[str, Any]:
+def trial(database: str, seconds: float, groups: tuple[str, ...]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         name = f"zeal_bench_{uuid.uuid4().hex[:10]}"
@@ -239,8 +248,9 @@ def trial(database: str, seconds: float) -> dict[str, Any]:
         iso = lambda ms: np.datetime64(ms, "ms").astype(str) + "Z"  # noqa: E731
         first = now // HOUR * HOUR - DAYS * DAY
         try:
-            quiet = phase(server.port, seconds, False, iso(first), iso(first + DAYS * DAY))
-            loaded = phase(server.port, seconds, True, iso(first), iso(first + DAYS * DAY))
+            window = iso(first), iso(first + DAYS * DAY)
+            quiet = phase(server.port, seconds, *window)
+            loaded = phase(server.port, seconds, *window, groups)
         finally:
             device.stop.set()
             device.thread.join(30)
@@ -256,12 +266,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--database", choices=("sqlite", "postgresql", "both"), default="both")
+    parser.add_argument(
+        "--attack",
+        default=",".join(GROUPS),
+        help=f"the groups of attacking clients, of {','.join(GROUPS)} (default: all)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args(argv)
+    groups = tuple(g for g in args.attack.split(",") if g)
+    if not groups or set(groups) - set(GROUPS):
+        parser.error(f"--attack takes groups of {','.join(GROUPS)}")
     databases = ("sqlite", "postgresql") if args.database == "both" else (args.database,)
     results, missed = [], []
     for database in databases:
-        found = trial(database, args.seconds)
+        found = trial(database, args.seconds, groups)
         quiet, loaded = found["quiet"], found["loaded"]
         light = loaded["light_median_ms"] / quiet["light_median_ms"]
         lag = (loaded["commit_lag_p50_ms"] or 0) / max(quiet["commit_lag_p50_ms"] or 1, 1)

@@ -93,7 +93,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "ZEAL_MAX_BUCKETS_PER_BATCH": ("1440", "reject a batch spanning more time buckets"),
     "ZEAL_HEAVY_READS": (
         "half the CPUs, at least 1",
-        "heavy reads (planners, comparisons, fine series, ...) at once; more get 429",
+        "costly reads (of a stream's data: averages, series, exports, devices, ...) at once; "
+        "more wait up to 2 s, then get 429",
     ),
     "ZEAL_HTTP_CONNECTIONS_PER_PEER": (
         "64",

@@ -19,7 +19,10 @@ then is answered 429 with ``Retry-After`` and counted by kind (:data:`REFUSED`,
 server has one) is refused (401, 403) before it takes a slot. Its statements get a time
 limit of ``STATEMENT_SECONDS``: PostgreSQL's ``statement_timeout``, and on SQLite a progress
 handler that interrupts the query; one that runs longer is answered 503 with the reason.
-Exports hold a slot for as long as they stream, and have their own limit too (4 at once).
+Exports hold a slot for as long as they stream, and have their own limit too (4 at once);
+an export is made at most ``EXPORT_BUSY`` of the time (:func:`paced`): reading and
+formatting a chunk is Python work that holds the interpreter, and an export made flat out
+slowed the collector's commits by half on PostgreSQL (bench/heavy_reads.py).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -39,6 +42,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from zeal_server.api.auth import refusal
 
 __all__ = [
+    "EXPORT_BUSY",
     "REFUSED",
     "RETRY_AFTER",
     "SQLITE_STEPS",
@@ -47,6 +51,7 @@ __all__ = [
     "ReadBudget",
     "client_of",
     "heavy_kind",
+    "paced",
 ]
 
 #: Seconds a costly read's statements may run (PostgreSQL's statement_timeout; on SQLite
@@ -60,6 +65,8 @@ RETRY_AFTER = "2"
 SLOT_WAIT = 2.0
 #: Heavy reads answered 429, by kind (this process).
 REFUSED: Counter[str] = Counter()
+#: The share of its time an export spends making its chunks; it waits the rest.
+EXPORT_BUSY = 0.5
 
 
 #: A stream's data: /api/v1/streams/{name}/{what}.
@@ -99,6 +106,20 @@ def _window_kind(what: str, query: Mapping[str, str]) -> str:
     if what == "series" and not (interval.isdigit() and int(interval) >= 3600):
         return "fine series"
     return what
+
+
+def paced(chunks: Iterator[str], busy: float = EXPORT_BUSY) -> Iterator[str]:
+    """`chunks`, each made at most `busy` of the time: after one that took t seconds to
+    make, the next is not begun for t (1 - busy) / busy seconds (the thread that makes
+    them sleeps, holding nothing but its slot)."""
+    while True:
+        began = time.monotonic()
+        chunk = next(chunks, None)
+        if chunk is None:
+            return
+        spent = time.monotonic() - began
+        yield chunk
+        time.sleep(spent * (1 - busy) / busy)
 
 
 class ReadBudget:

@@ -4,6 +4,7 @@ figures are in docs/reliability.md, "Hostile input")."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -230,11 +231,14 @@ def test_clean_start_takeovers_of_the_collectors_session_lose_no_reading(
             )
         codes = [agent.end() for agent in agents]
         fed = sum(agent.fed for agent in agents)
-        wait_until(lambda: stats(server)["readings"] == fed, 60, f"all {fed} readings stored")
+        with contextlib.suppress(AssertionError):  # said below, with the figures
+            wait_until(lambda: stats(server)["readings"] == fed, 60, "every reading stored")
+        stored = stats(server)["readings"]
+        print(f"5 clean-start takeovers: {fed} readings read by the agents, {stored} stored")
+        assert stored == fed, f"{fed - stored} of {fed} readings lost"
         assert codes == [0, 0], [agent.said()[-2000:] for agent in agents]
         for agent in agents:
             assert "the broker has no subscriber for batch" in agent.said()
-        assert stats(server)["readings"] == fed
     finally:
         for agent in agents:
             agent.kill()

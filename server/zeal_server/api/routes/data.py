@@ -11,6 +11,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 
 from zeal_server import store
+from zeal_server.api.costs import paced
 from zeal_server.api.deps import (
     API,
     MAX_EXPORTS,
@@ -99,7 +100,8 @@ def export(name: str, request: Request, start: Start = None, end: End = None) ->
     """Decoded per-reading estimates (timestamp, device, estimate) read from the segments.
     Each is one privatized reading: unbiased but noisy, so values outside the stream's
     range are expected (the Zeal-Estimates header says so too). Streamed in chunks, each
-    read in a short database session of its own; at most MAX_EXPORTS run at once."""
+    read in a short database session of its own, and made at most half the time (the rest
+    is left to ingestion and other reads); at most MAX_EXPORTS run at once."""
     with request.app.state.sessions() as db:
         stream = stream_or_404(db, name)
         first, stop = window(stream, start, end)
@@ -119,7 +121,8 @@ def export(name: str, request: Request, start: Start = None, end: End = None) ->
 
     def rows() -> Iterator[str]:
         try:
-            yield from store.export_chunks(request.app.state.sessions, stream, first, stop)
+            chunks = store.export_chunks(request.app.state.sessions, stream, first, stop)
+            yield from paced(chunks)
         finally:
             release()
 
