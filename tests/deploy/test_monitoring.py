@@ -25,6 +25,14 @@ pytestmark = pytest.mark.integration  # real brokers, servers or outside tools
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "zeal.json"
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
+ALERT_TESTS = ROOT / "deploy" / "prometheus" / "alerts.test.yml"
+
+
+def alerts() -> dict[str, str]:
+    """Every shipped alert: its name and expression."""
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    return {r["alert"]: r["expr"] for g in groups for r in g["rules"]}
 
 
 def queries() -> list[str]:
@@ -67,10 +75,36 @@ def test_promtool_accepts_the_prometheus_config(tmp_path: Path) -> None:
     token.write_text(READ)
     config = tmp_path / "prometheus.yml"
     config.write_text(PROMETHEUS.read_text().replace("/prometheus/read_token", str(token)))
+    (tmp_path / "alerts.yml").write_text(ALERTS.read_text())
     checked = subprocess.run(
         ["promtool", "check", "config", str(config)], capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 4 rules found" in checked.stdout
+
+
+def test_every_alert_fires_in_its_promtool_test_and_stays_quiet_when_healthy() -> None:
+    """`promtool test rules` passes, and the test file has, for every shipped alert, a time
+    when it fires and one when it does not."""
+    tested = subprocess.run(
+        ["promtool", "test", "rules", ALERT_TESTS.name],
+        cwd=ALERT_TESTS.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    cases = [
+        c for t in yaml.safe_load(ALERT_TESTS.read_text())["tests"] for c in t["alert_rule_test"]
+    ]
+    assert set(alerts()) == {
+        "ZealCollectorDown",
+        "ZealCommitLag",
+        "ZealRejectsRising",
+        "ZealDeviceSilent",
+    }
+    for name in alerts():
+        outcomes = {bool(c["exp_alerts"]) for c in cases if c["alertname"] == name}
+        assert outcomes == {True, False}, name
 
 
 def _query(prometheus: httpx.Client, expr: str) -> list[dict[str, Any]]:
@@ -123,6 +157,7 @@ def test_prometheus_scrapes_the_server_and_every_dashboard_query_evaluates(
         token.write_text(READ)
         scrape = yaml.safe_load(PROMETHEUS.read_text())
         scrape["global"]["scrape_interval"] = "1s"
+        (tmp_path / "alerts.yml").write_text(ALERTS.read_text())
         job = scrape["scrape_configs"][0]
         job["authorization"]["credentials_file"] = str(token)
         job["static_configs"][0]["targets"] = [f"127.0.0.1:{server.port}"]
@@ -153,6 +188,13 @@ def test_prometheus_scrapes_the_server_and_every_dashboard_query_evaluates(
 
         wait_until(scraped_twice, 30, "three scrapes")
         assert [r["value"][1] for r in _query(prometheus, 'up{job="zeal"}')] == ["1"]
+        rules = prometheus.get("/api/v1/rules").json()["data"]["groups"]
+        assert {r["name"] for g in rules for r in g["rules"]} == set(alerts())
+        assert all(r["health"] != "err" for g in rules for r in g["rules"]), rules
+        for expr in alerts().values():
+            for name in re.findall(r"\bzeal_[a-z_]+", expr):
+                base = re.sub(r"_bucket$", "", name)
+                assert name in names or f"{base}_count" in names, (name, expr)
         for expr in queries():
             for name in re.findall(r"\bzeal_[a-z_]+", expr):
                 assert name in names, (name, expr)

@@ -213,6 +213,76 @@ def run_agent(
     )
 
 
+class StdinAgent:
+    """`zeal-edge run` of stream `stream` on the broker at `url` under the device's own
+    login, fed a reading every 0.05 s on its standard input until ``end()``; its log in a
+    file. Its exit status 0 says every batch it made was confirmed by the broker."""
+
+    def __init__(
+        self,
+        url: str,
+        tmp_path: Path,
+        device: str,
+        password: str,
+        stream: str = "temps",
+        *extra: str,
+        username: str | None = None,
+    ) -> None:
+        self.log = tmp_path / f"agent-{device}.log"
+        self._output = self.log.open("w")
+        env = {**os.environ, "ZEAL_MQTT_PASSWORD": password}
+        self.process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "zeal_edge", "run", "--stream", stream),
+                *("--device", device, "--username", username or device, "--source", "stdin"),
+                *("--broker", url, "--data-dir", str(tmp_path / f"edge-{device}")),
+                *("--batch", "5", "--batch-seconds", "0.5", "--max-epsilon-per-day", "1e6"),
+                *extra,
+            ],
+            stdin=subprocess.PIPE,
+            stderr=self._output,
+            text=True,
+            env=env,
+        )
+        self.fed = 0
+        self.feeding = threading.Event()
+        self.feeding.set()
+        self._stop = threading.Event()
+        self._feeder = threading.Thread(target=self._feed, daemon=True)
+        self._feeder.start()
+
+    def _feed(self) -> None:
+        assert self.process.stdin is not None
+        while not self._stop.wait(0.05):
+            if not self.feeding.is_set():
+                continue
+            try:
+                self.process.stdin.write("50\n")
+                self.process.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                return  # the agent ended (its failure is the test's to report)
+            self.fed += 1
+
+    def end(self, timeout: float = 180) -> int:
+        """Stop feeding, end its source; its exit status once all it read is confirmed."""
+        self._stop.set()
+        self._feeder.join()
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        return self.process.wait(timeout)
+
+    def said(self) -> str:
+        return self.log.read_text()
+
+    def kill(self) -> None:
+        self._stop.set()
+        self.process.kill()
+        self.process.wait(10)
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self._output.close()
+
+
 def agent_status_text(data_dir: Path, *extra: str) -> str:
     """`zeal-edge status` of an agent's data directory, as printed."""
     return subprocess.run(

@@ -220,6 +220,12 @@ class _DatabaseFigures(PrometheusCollector):
             "Devices known per stream (from the database).",
             labels=["stream"],
         )
+        seen = GaugeMetricFamily(
+            "zeal_device_last_seen_timestamp_seconds",
+            "When each device's last message arrived, Unix seconds (from the database; "
+            "one series per device and stream: the alert ZealDeviceSilent).",
+            labels=["stream", "device"],
+        )
         average = GaugeMetricFamily(
             "zeal_stream_average_last_hour",
             "The debiased average AVG* of the stream's buckets of the last hour (from the "
@@ -243,6 +249,8 @@ class _DatabaseFigures(PrometheusCollector):
             for name, total, known in store.streams_at_a_glance(db):
                 readings.add_metric([name], total)
                 devices.add_metric([name], known)
+            for stream_name, device, last_ms in store.last_seen_per_device(db):
+                seen.add_metric([stream_name, device], last_ms / 1000)
             for stream in store.list_streams(db):
                 first, stop = store.bucket_bounds(stream, store.now_ms() - 3_600_000, None)
                 sums = store.window_sums(db, stream, first, stop)
@@ -257,7 +265,7 @@ class _DatabaseFigures(PrometheusCollector):
                 ):
                     bands.add_metric([stream.name, band, "lower"], low)
                     bands.add_metric([stream.name, band, "upper"], high)
-        yield from (rejects, readings, devices, average, count, bands)
+        yield from (rejects, readings, devices, seen, average, count, bands)
 
 
 def build_registry(collector: Running | None, sessions: Callable[[], Session]) -> CollectorRegistry:

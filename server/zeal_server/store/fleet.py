@@ -259,6 +259,17 @@ def streams_at_a_glance(session: Session) -> list[tuple[str, int, int]]:
     return [(str(name), int(total), int(known)) for name, total, known in rows]
 
 
+def last_seen_per_device(session: Session) -> list[tuple[str, str, int]]:
+    """(stream name, device name, when its last message arrived, ms) of every device, in one
+    statement (/metrics)."""
+    rows = session.execute(
+        select(Stream.name, Device.name, Device.last_seen_ms)
+        .join(Stream, Device.stream_id == Stream.id)
+        .order_by(Stream.name, Device.name)
+    ).all()
+    return [(str(stream), str(device), int(last)) for stream, device, last in rows]
+
+
 def stream_totals(session: Session, stream: Stream) -> StreamTotals:
     """The stream's devices' counters summed (what was received and stored, whatever
     retention deleted since)."""

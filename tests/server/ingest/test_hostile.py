@@ -25,7 +25,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.helpers import signed
-from tools.testbed.broker import Mosquitto
+from tools.testbed.broker import Mosquitto, StdinAgent
 from tools.testbed.server import (
     FLOOD,
     READ,
@@ -119,65 +119,6 @@ def test_a_device_cannot_take_the_collectors_session_over(
         server.stop()
 
 
-class StdinAgent:
-    """`zeal-edge run` on the deploy broker as a password-file device login, fed a reading
-    every 0.05 s on its standard input until ``end()``; its log in a file."""
-
-    def __init__(self, broker: DeployBroker, tmp_path: Path, device: str) -> None:
-        self.log = tmp_path / f"agent-{device}.log"
-        self._output = self.log.open("w")
-        env = {**os.environ, "ZEAL_MQTT_PASSWORD": f"pw-{device}"}
-        self.process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "zeal_edge", "run", "--stream", "temps"),
-                *("--device", device, "--username", device, "--source", "stdin"),
-                *("--broker", broker.url, "--data-dir", str(tmp_path / f"edge-{device}")),
-                *("--batch", "5", "--batch-seconds", "0.5", "--max-epsilon-per-day", "1e6"),
-            ],
-            stdin=subprocess.PIPE,
-            stderr=self._output,
-            text=True,
-            env=env,
-        )
-        self.fed = 0
-        self.feeding = threading.Event()
-        self.feeding.set()
-        self._stop = threading.Event()
-        self._feeder = threading.Thread(target=self._feed, daemon=True)
-        self._feeder.start()
-
-    def _feed(self) -> None:
-        assert self.process.stdin is not None
-        while not self._stop.wait(0.05):
-            if not self.feeding.is_set():
-                continue
-            try:
-                self.process.stdin.write("50\n")
-                self.process.stdin.flush()
-            except (BrokenPipeError, ValueError):
-                return  # the agent ended (its failure is the test's to report)
-            self.fed += 1
-
-    def end(self, timeout: float = 180) -> int:
-        """Stop feeding, end its source; its exit status once all it read is confirmed."""
-        self._stop.set()
-        self._feeder.join()
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        return self.process.wait(timeout)
-
-    def said(self) -> str:
-        return self.log.read_text()
-
-    def kill(self) -> None:
-        self._stop.set()
-        self.process.kill()
-        self.process.wait(10)
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        self._output.close()
-
-
 def collector_figures(server: Server) -> dict[str, Any]:
     figures: dict[str, Any] = server.http.get("/healthz").json()["collector"]
     return figures
@@ -218,7 +159,7 @@ def test_clean_start_takeovers_of_the_collectors_session_lose_no_reading(
         create(server)
         own_id = collector_figures(server)["client_id"]
         assert own_id == "zeal-collector:zs-hostile"  # its own, under its login
-        agents = [StdinAgent(deploy_broker, tmp_path, d) for d in ("dev1", "evil")]
+        agents = [StdinAgent(deploy_broker.url, tmp_path, d, f"pw-{d}") for d in ("dev1", "evil")]
         for round_ in range(5):
             stored = stats(server)["readings"]
             wait_until(lambda n=stored: stats(server)["readings"] > n + 20, 60, "readings stored")
@@ -259,7 +200,7 @@ def test_an_agent_keeps_what_a_broker_without_the_collectors_session_drops(
     agent = None
     try:
         create(server)
-        agent = StdinAgent(deploy_broker, tmp_path, "dev1")
+        agent = StdinAgent(deploy_broker.url, tmp_path, "dev1", "pw-dev1")
         wait_until(lambda: stats(server)["readings"] >= 20, 60, "the agent's first readings")
         agent.feeding.clear()
         wait_until(lambda: stats(server)["readings"] == agent.fed, 60, "the agent's readings")

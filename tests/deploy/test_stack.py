@@ -1,0 +1,587 @@
+"""The Compose stack built and run: deploy/README.md's path followed as written (secrets,
+password file, `mosquitto_ctrl dynsec init`, `up -d --build`, a stream, a device), on
+Docker where a daemon answers and else on Podman (tools.testbed.containers), then:
+provisioned agents stored and served exactly, a device login's attacks, restarts of every
+service while agents send, the monitoring and cluster profiles, and an upgrade.
+
+Serial: it builds five images and runs a dozen containers. The stack's ports are published
+on free ports (ZEAL_PUBLISH_*), so services of the host (its Mosquitto on 1883) stay up."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from tools.testbed.broker import StdinAgent, free_port
+from tools.testbed.containers import Engine, engine
+from tools.testbed.nats import nats_server
+from tools.testbed.server import batches, wait_until
+from zeal import Zeal
+from zeal.streamconfig import params_from_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The release the upgrade starts from: the last one before migration 0011 (signing keys,
+#: transports), so the rebuilt server must migrate a populated database at start.
+UPGRADE_FROM = "b35d8a7^"
+#: Where a Debian host keeps the CA certificates it added (a TLS-intercepting proxy's).
+HOST_CAS = Path("/usr/local/share/ca-certificates")
+SECRETS = ("deploy/.env", "deploy/mosquitto/passwd", "deploy/mosquitto/dynsec")
+
+
+def readme_block() -> str:
+    text = (ROOT / "deploy" / "README.md").read_text()
+    section = text.split("## From nothing to a running stack", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)```", section, flags=re.S)[0]
+
+
+def stage(directory: Path, sources: Path = ROOT) -> Path:
+    """The repository's files as a fresh clone has them, without the operator's secrets;
+    the host's added CA certificates in deploy/ca (README: behind a TLS proxy)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=sources,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    for relative in listed:
+        if relative.startswith(SECRETS) or relative.endswith(".crt"):
+            continue
+        source = sources / relative
+        if source.is_file():
+            target = directory / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    for cert in sorted(HOST_CAS.glob("*.crt")) if HOST_CAS.is_dir() else []:
+        shutil.copy(cert, directory / "deploy" / "ca" / cert.name)
+    return directory
+
+
+def _health_checks(engine_: Engine, stop: threading.Event) -> None:
+    """Podman runs health checks from systemd timers; with no systemd (a container, CI)
+    nothing runs them, and `depends_on: service_healthy` would wait for ever. This stands
+    in for the timer: every 2 s, each running Compose container's check, once."""
+    while not stop.wait(2):
+        with contextlib.suppress(Exception):
+            names = engine_.run(
+                *("ps", "--filter", "label=com.docker.compose.project"),
+                *("--format", "{{.Names}}"),
+                timeout=30,
+            ).split()
+            for name in names:
+                subprocess.run(
+                    ["podman", "healthcheck", "run", name],
+                    capture_output=True,
+                    timeout=30,
+                    check=False,
+                )
+
+
+@dataclass
+class Stack:
+    directory: Path
+    engine: Engine
+    env: dict[str, str]
+    ports: dict[str, int]
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def compose(self, *args: str, timeout: float = 900, directory: Path | None = None) -> str:
+        done = subprocess.run(
+            ["docker-compose", *args],
+            cwd=directory or self.directory,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert done.returncode == 0, f"docker-compose {' '.join(args)}:\n{done.stderr[-4000:]}"
+        return done.stdout
+
+    def zeal_server(self, *args: str) -> str:
+        return self.compose("exec", "-T", "server", "zeal-server", *args, timeout=120)
+
+    def provision(self, device: str) -> str:
+        said = self.zeal_server("devices", "provision", device)
+        found = re.search(r"^password: (\S+)$", said, flags=re.M)
+        assert found, said
+        return found.group(1)
+
+    @property
+    def settings(self) -> dict[str, str]:
+        lines = (self.directory / "deploy" / ".env").read_text().splitlines()
+        return dict(
+            line.split("=", 1) for line in lines if "=" in line and not line.startswith("#")
+        )
+
+    def http(self) -> httpx.Client:
+        token = self.settings["ZEAL_READ_TOKEN"]
+        return httpx.Client(
+            base_url=f"http://127.0.0.1:{self.ports['HTTP']}",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+
+    @property
+    def mqtt_url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.ports['MQTT']}"
+
+    def ready(self, timeout: float = 300) -> None:
+        def answers() -> bool:
+            with contextlib.suppress(httpx.HTTPError), self.http() as http:
+                return http.get("/readyz").status_code == 200
+            return False
+
+        wait_until(answers, timeout, "the server ready")
+
+    def readings(self, stream: str) -> int:
+        with self.http() as http:
+            answer = http.get(f"/api/v1/streams/{stream}/stats", params={"efficiency": "false"})
+        assert answer.status_code == 200, answer.text
+        return int(answer.json()["readings"])
+
+    def health(self, service: str, *options: str) -> str:
+        """What the engine's health check says of the service's (first) container."""
+        container = self.compose(*options, "ps", "-q", service).split()[0]
+        return self.engine.run("inspect", "--format", "{{.State.Health.Status}}", container).strip()
+
+    def broker_rss_mb(self) -> float:
+        status = self.compose("exec", "-T", "mosquitto", "cat", "/proc/1/status", timeout=60)
+        found = re.search(r"^VmRSS:\s+(\d+) kB", status, flags=re.M)
+        assert found, status
+        return int(found.group(1)) / 1024
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """deploy/README.md's block run as written, in one shell, in a staged copy; the
+    stack left running for the tests of this module, and taken down with its volumes."""
+    base = tmp_path_factory.mktemp("stack")
+    project = f"zealstack{os.getpid()}"
+    ports = {
+        name: free_port() for name in ("MQTT", "HTTP", "PROMETHEUS", "NATS1", "NATS2", "NATS3")
+    }
+    with engine(base) as engine_:
+        env = {
+            **{k: v for k, v in engine_.env.items() if not k.startswith(("ZEAL_", "POSTGRES_"))},
+            **{f"ZEAL_PUBLISH_{name}": str(port) for name, port in ports.items()},
+            "COMPOSE_PROJECT_NAME": project,
+        }
+        stack_ = Stack(stage(base / "zeal"), engine_, env, ports)
+        stop = threading.Event()
+        checker = None
+        if engine_.cli == "podman":
+            checker = threading.Thread(target=_health_checks, args=(engine_, stop), daemon=True)
+            checker.start()
+        try:
+            started = time.monotonic()
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", readme_block()],
+                cwd=stack_.directory,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
+            stack_.figures["readme_seconds"] = round(time.monotonic() - started)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+            found = re.search(r"^password: (\S+)$", done.stdout, flags=re.M)
+            assert found, done.stdout
+            stack_.figures["kitchen-1"] = found.group(1)
+            images = {
+                service: engine_.image_bytes(f"zeal/{service}:local") / 1e6
+                for service in ("server", "mosquitto", "postgres")
+            }
+            print(f"README block: {stack_.figures['readme_seconds']} s; images (MB): {images}")
+            yield stack_
+        finally:
+            with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
+                logs = stack_.compose("logs", "--no-color", "--tail=200", timeout=120)
+                (base / "compose.log").write_text(logs)
+            with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
+                stack_.compose(
+                    *("--profile", "cluster", "--profile", "monitoring"),
+                    *("down", "--volumes", "--remove-orphans"),
+                    timeout=600,
+                )
+            stop.set()
+            if checker is not None:
+                checker.join(60)
+
+
+def version(said: str) -> str:
+    found = re.search(r"\bv?(\d+\.\d+\.\d+)", said)
+    assert found, said
+    return found.group(1)
+
+
+def host_version(*command: str) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    return version(done.stdout + done.stderr)
+
+
+def test_the_broker_and_database_images_run_the_versions_the_tests_run(stack: Stack) -> None:
+    """The broker in its image is the mosquitto the other tests run (Debian's), with both
+    plugins loaded; PostgreSQL is Debian's; the containers run unprivileged."""
+    said = stack.compose("exec", "-T", "mosquitto", "sh", "-c", "mosquitto -h; true")
+    assert version(said) == host_version("mosquitto", "-h")
+    maps = stack.compose("exec", "-T", "mosquitto", "cat", "/proc/1/maps")
+    assert "/mosquitto/plugins/zeal_retain.so" in maps
+    assert "mosquitto_dynamic_security.so" in maps
+    postgres = stack.compose("exec", "-T", "postgres", "postgres", "--version")
+    for service in ("postgres", "server"):
+        wait_until(lambda s=service: stack.health(s) == "healthy", 120, f"{service} healthy")
+    for service in ("mosquitto", "postgres", "server"):
+        assert stack.compose("exec", "-T", service, "id", "-u").strip() != "0", service
+    print(f"broker {version(said)}, {postgres.strip()}")
+
+
+def create_load_stream(stack: Stack, name: str) -> None:
+    """A stream whose operator raised the privacy policy knowingly (many readings a day)."""
+    stack.zeal_server(
+        *("streams", "create", name, "--lower", "0", "--upper", "110", "--epsilon", "1"),
+        *("--bucket-seconds", "1", "--max-epsilon-per-day", "1000000"),
+    )
+
+
+def test_provisioned_agents_are_stored_and_served_exactly(stack: Stack, tmp_path: Path) -> None:
+    """Two real `zeal-edge` agents with their provisioned logins (kitchen-1 of the README,
+    kitchen-2 provisioned here) each read 100 readings and exit 0 (all confirmed): the
+    stack stores every one, and its average is, to the last bit, the library's estimate
+    over the codes behind the stream's /export."""
+    create_load_stream(stack, "kitchens")
+    stack.figures["kitchen-2"] = stack.provision("kitchen-2")
+    passwords = {d: stack.figures[d] for d in ("kitchen-1", "kitchen-2")}
+    agents = [
+        StdinAgent(stack.mqtt_url, tmp_path, device, password, stream="kitchens")
+        for device, password in passwords.items()
+    ]
+    try:
+        wait_until(lambda: min(a.fed for a in agents) >= 100, 120, "100 readings each")
+        codes = [agent.end() for agent in agents]
+        assert codes == [0, 0], [agent.said()[-2000:] for agent in agents]
+        fed = sum(agent.fed for agent in agents)
+        wait_until(lambda: stack.readings("kitchens") == fed, 120, f"{fed} readings stored")
+    finally:
+        for agent in agents:
+            agent.kill()
+    with stack.http() as http:
+        config = http.get("/api/v1/streams/kitchens/config").text
+        average = http.get("/api/v1/streams/kitchens/average").json()
+        exported = http.get("/api/v1/streams/kitchens/export").text
+    params = params_from_config(config, stream="kitchens")
+    estimates = np.array([float(r["estimate"]) for r in csv.DictReader(io.StringIO(exported))])
+    codes_ = codes_of(params, estimates)
+    assert np.array_equal(params.decode(codes_), estimates)  # the export is the codes
+    library = params.estimate_mean(codes_)
+    print(f"agents: {fed} readings read, {average['n']} stored; mean {average['estimate']}")
+    assert average["n"] == fed == len(estimates)
+    assert average["estimate"]["mean"] == library.mean
+    assert average["estimate"]["std_error"] == pytest.approx(library.std_error, rel=1e-12)
+
+
+def codes_of(params: Zeal, estimates: np.ndarray) -> np.ndarray:
+    """The codes whose decoded values are `estimates` (Zeal.decode inverted)."""
+    highest = (1 << params.payload_bits) - 2
+    depth = np.rint((params.ebar + params.C - estimates) / params.grid_step).astype(np.int64)
+    return (highest - depth).astype(np.uint64)
+
+
+def _client(stack: Stack, user: str, password: str, client_id: str) -> mqtt.Client:
+    client = mqtt.Client(
+        CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
+    )
+    client.username_pw_set(user, password)
+    connected = threading.Event()
+    client.on_connect = lambda *_: connected.set()
+    client.connect("127.0.0.1", stack.ports["MQTT"])
+    client.loop_start()
+    assert connected.wait(30), f"{user} could not connect"
+    return client
+
+
+def test_a_device_login_cannot_fill_the_broker_nor_read_other_devices(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """kitchen-1's login subscribes to `#` and `$SYS/#` while kitchen-2 sends: it gets
+    nothing of kitchen-2 (nor of the broker). It then leaves 300 retained 100 KB presences
+    under invented streams: the broker's memory grows by at most 20 MB (the zeal_retain
+    plugin refuses them; without it, the broker holds 30 MB and more, and without the
+    plugin in the image the broker does not start at all)."""
+    password = stack.figures["kitchen-1"]
+    heard: list[str] = []
+    spy = _client(stack, "kitchen-1", password, "kitchen-1:spy")
+    spy.on_message = lambda _c, _u, message: heard.append(message.topic)
+    spy.subscribe([("#", 1), ("$SYS/#", 1)])
+    before = stack.readings("kitchens")
+    publisher = _client(stack, "kitchen-2", stack.figures["kitchen-2"], "kitchen-2:t")
+    params = kitchens_params(stack)
+    for payload in batches(params, "kitchens", "kitchen-2", 20, first=10_000):
+        publisher.publish("zeal/v1/kitchens/kitchen-2/up", payload, qos=1).wait_for_publish(30)
+    publisher.disconnect()
+    publisher.loop_stop()
+    wait_until(lambda: stack.readings("kitchens") >= before + 200, 60, "kitchen-2's batches")
+    foreign = [t for t in heard if "kitchen-2" in t or t.startswith("$SYS")]
+    print(f"a device login subscribed to # and $SYS/#: {len(heard)} messages, foreign {foreign}")
+    assert foreign == []
+
+    rss = stack.broker_rss_mb()
+    filler = _client(stack, "kitchen-1", password, "kitchen-1:fill")
+    blob = os.urandom(100_000)
+    for i in range(300):
+        filler.publish(f"zeal/v1/invented{i}/kitchen-1/presence", blob, qos=1, retain=True)
+    # A last message through the same connection: the 300 before it have been handled.
+    filler.publish("zeal/v1/kitchens/kitchen-1/presence", b"{}", qos=1).wait_for_publish(120)
+    filler.disconnect()
+    filler.loop_stop()
+    spy.disconnect()
+    spy.loop_stop()
+    grown = stack.broker_rss_mb() - rss
+    stack.figures["broker_growth_mb"] = round(grown, 1)
+    print(f"300 retained 100 KB presences under invented streams: broker +{grown:.1f} MB")
+    assert grown <= 20
+
+
+def kitchens_params(stack: Stack) -> Zeal:
+    with stack.http() as http:
+        return params_from_config(
+            http.get("/api/v1/streams/kitchens/config").text, stream="kitchens"
+        )
+
+
+def test_restarts_of_every_service_and_down_up_lose_no_acknowledged_reading(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Two agents send all along while the broker, the server and PostgreSQL are each
+    restarted (`docker-compose restart`), then the stack goes `down` and `up` again (its
+    volumes kept): ingest resumes after each, the agents exit 0 (every batch confirmed by
+    the broker), and every reading they read is stored once."""
+    create_load_stream(stack, "restarts")
+    agents = [
+        StdinAgent(stack.mqtt_url, tmp_path, device, stack.figures[device], "restarts")
+        for device in ("kitchen-1", "kitchen-2")
+    ]
+    steps: list[str] = []
+
+    def resumed(after: str) -> None:
+        stack.ready()
+        mark = stack.readings("restarts")
+        wait_until(lambda: stack.readings("restarts") >= mark + 40, 300, f"ingest after {after}")
+        fed = sum(agent.fed for agent in agents)
+        steps.append(f"{after}: {fed} read, {stack.readings('restarts')} stored")
+
+    try:
+        resumed("start")
+        for service in ("mosquitto", "server", "postgres"):
+            stack.compose("restart", service, timeout=300)
+            resumed(f"restart {service}")
+        stack.compose("down", timeout=300)
+        stack.compose("up", "-d", timeout=600)
+        resumed("down and up")
+        codes = [agent.end() for agent in agents]
+        fed = sum(agent.fed for agent in agents)
+        with contextlib.suppress(AssertionError):  # said below, with the figures
+            wait_until(lambda: stack.readings("restarts") == fed, 120, "every reading stored")
+        stored = stack.readings("restarts")
+        print("restarts:", "; ".join(steps), f"; end: {fed} read, {stored} stored")
+        assert codes == [0, 0], [agent.said()[-2000:] for agent in agents]
+        assert stored == fed
+        with stack.http() as http:
+            assert http.get("/api/v1/streams/restarts/average").json()["n"] == fed
+    finally:
+        for agent in agents:
+            agent.kill()
+
+
+def test_monitoring_profile_scrapes_the_server_and_loads_the_alert_rules(stack: Stack) -> None:
+    """Prometheus of the monitoring profile (Grafana, the one upstream image, is not
+    started): it scrapes the server with the read token (a real query answers the stored
+    readings), its four alert rules load, and promtool in its image checks and tests them."""
+    stack.compose("--profile", "monitoring", "up", "-d", "--build", "prometheus")
+    said = stack.compose("exec", "-T", "prometheus", "prometheus", "--version")
+    wait_until(
+        lambda: stack.health("prometheus", "--profile", "monitoring") == "healthy",
+        120,
+        "Prometheus healthy",
+    )
+    assert version(said) == host_version("prometheus", "--version")
+    stored = stack.readings("kitchens")
+    with httpx.Client(base_url=f"http://127.0.0.1:{stack.ports['PROMETHEUS']}") as prometheus:
+
+        def scraped() -> bool:
+            with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                result = prometheus.get(
+                    "/api/v1/query",
+                    params={"query": 'zeal_stream_readings_total{stream="kitchens"}'},
+                ).json()["data"]["result"]
+                return bool(result) and float(result[0]["value"][1]) == stored
+            return False
+
+        wait_until(scraped, 180, "Prometheus's scrape of the stored readings")
+        up = prometheus.get("/api/v1/query", params={"query": 'up{job="zeal"}'}).json()
+        assert [r["value"][1] for r in up["data"]["result"]] == ["1"]
+        groups = prometheus.get("/api/v1/rules").json()["data"]["groups"]
+    rules = {r["name"]: r["health"] for g in groups for r in g["rules"]}
+    assert set(rules) == {
+        "ZealCollectorDown",
+        "ZealCommitLag",
+        "ZealRejectsRising",
+        "ZealDeviceSilent",
+    }
+    assert "err" not in rules.values(), rules
+    checked = stack.compose(
+        "exec", "-T", "prometheus", "promtool", "check", "rules", "/etc/prometheus/alerts.yml"
+    )
+    assert "SUCCESS: 4 rules found" in checked
+    tested = stack.compose(
+        *("exec", "-T", "--workdir", "/etc/prometheus", "prometheus"),
+        *("promtool", "test", "rules", "alerts.test.yml"),
+    )
+    assert "SUCCESS" in tested
+    size = stack.engine.image_bytes("zeal/prometheus:local") / 1e6
+    print(f"monitoring: Prometheus scraped {stored} readings; rules {sorted(rules)}; {size:.0f} MB")
+
+
+def test_the_cluster_profile_loses_nothing_when_a_node_is_killed(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """deploy/SCALING.md's cluster: three NATS nodes and two collectors (`--scale
+    collector=2`) on the stack's database. A device (MQTT 3.1.1, its NATS login) sends
+    through node 1 while node 2 is killed and started again: the agent exits 0, and every
+    reading it read is stored once."""
+    create_load_stream(stack, "cluster")
+    users = stack.directory / "deploy" / "nats" / "users.conf"
+    device_password = os.urandom(12).hex()
+    users.write_text(
+        (stack.directory / "deploy" / "nats" / "users.conf.example")
+        .read_text()
+        .replace("change-me-collector", stack.settings["ZEAL_MQTT_PASSWORD"])
+        .replace("change-me-dev1", device_password)
+    )
+    stack.compose("--profile", "cluster", "up", "-d", "--build", "--scale", "collector=2")
+
+    def pulling() -> bool:
+        said = stack.compose("--profile", "cluster", "logs", "--no-color", "collector")
+        return said.count("pulls from JetStream") >= 2
+
+    wait_until(pulling, 180, "two collectors pulling from JetStream")
+    said = stack.compose("--profile", "cluster", "exec", "-T", "nats1", "nats-server", "--version")
+    assert version(said) == host_version(nats_server(), "--version")
+    print(f"nats image: {stack.engine.image_bytes('zeal/nats:local') / 1e6:.0f} MB")
+    wait_until(
+        lambda: stack.health("nats1", "--profile", "cluster") == "healthy",
+        120,
+        "NATS node 1 healthy",
+    )
+    agent = StdinAgent(
+        f"mqtt://127.0.0.1:{stack.ports['NATS1']}",
+        tmp_path,
+        "dev1",
+        device_password,
+        "cluster",
+        *("--protocol", "3.1.1"),
+    )
+    try:
+        wait_until(lambda: stack.readings("cluster") >= 40, 180, "readings through the cluster")
+        stack.compose("--profile", "cluster", "kill", "nats2", timeout=120)
+        mark = stack.readings("cluster")
+        wait_until(lambda: stack.readings("cluster") >= mark + 40, 180, "ingest on two nodes")
+        stack.compose("--profile", "cluster", "start", "nats2", timeout=120)
+        mark = stack.readings("cluster")
+        wait_until(lambda: stack.readings("cluster") >= mark + 40, 180, "ingest on three")
+        code = agent.end()
+        fed = agent.fed
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: stack.readings("cluster") == fed, 180, "every reading stored")
+        stored = stack.readings("cluster")
+        print(f"cluster, node 2 killed and back: {fed} read, {stored} stored")
+        assert code == 0, agent.said()[-2000:]
+        assert stored == fed
+    finally:
+        agent.kill()
+        stack.compose("--profile", "cluster", "stop", "collector", "nats1", "nats2", "nats3")
+
+
+def test_an_upgrade_migrates_a_populated_database_and_serves_the_same_figures(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A stack of the release before migration 0011 (its server built from that commit's
+    sources with this commit's Dockerfiles), holding a stream with 300 readings; then
+    `docker-compose up -d --build` from this commit on the same volumes: the server
+    upgrades the schema at start and serves the same average, stats and export."""
+    new = tmp_path / "new"
+    shutil.copytree(stack.directory, new, symlinks=True)
+    old = tmp_path / "old"
+    shutil.copytree(new, old, symlinks=True)
+    for part in ("shared", "edge", "server"):
+        shutil.rmtree(old / part)
+    archive = subprocess.run(
+        ["git", "archive", UPGRADE_FROM, "shared", "edge", "server", "constraints.txt"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    ports = {"MQTT": free_port(), "HTTP": free_port()}
+    env = {
+        **stack.env,
+        "COMPOSE_PROJECT_NAME": f"zealupgrade{os.getpid()}",
+        "ZEAL_PUBLISH_MQTT": str(ports["MQTT"]),
+        "ZEAL_PUBLISH_HTTP": str(ports["HTTP"]),
+    }
+    upgrade = Stack(old, stack.engine, env, ports)
+    try:
+        upgrade.compose("up", "-d", "--build", "server")
+        upgrade.ready()
+        create_load_stream(upgrade, "upgrade")
+        password = upgrade.provision("up-1")
+        with upgrade.http() as http:
+            config = http.get("/api/v1/streams/upgrade/config").text
+        params = params_from_config(config, stream="upgrade")
+        device = _client(upgrade, "up-1", password, "up-1:t")
+        for payload in batches(params, "upgrade", "up-1", 30):
+            device.publish("zeal/v1/upgrade/up-1/up", payload, qos=1).wait_for_publish(30)
+        device.disconnect()
+        device.loop_stop()
+        wait_until(lambda: upgrade.readings("upgrade") == 300, 120, "300 readings stored")
+        before = served(upgrade)
+        upgrade.compose("up", "-d", "--build", "server", directory=new)
+        upgrade.ready()
+        after = served(upgrade)
+        logs = upgrade.compose("logs", "--no-color", "server")
+        migrated = re.findall(r"database schema upgraded from (\S+) to revision (\S+)", logs)
+        print(f"upgrade from {UPGRADE_FROM}: schema {migrated}; 300 readings served alike")
+        assert any(not start.startswith(("empty", "0011")) for start, _ in migrated), logs
+        assert after == before
+    finally:
+        with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
+            upgrade.compose("down", "--volumes", "--remove-orphans", timeout=300)
+
+
+def served(stack: Stack) -> dict[str, Any]:
+    with stack.http() as http:
+        stats = http.get("/api/v1/streams/upgrade/stats", params={"efficiency": "false"}).json()
+        return {
+            "average": http.get("/api/v1/streams/upgrade/average").json(),
+            "readings": stats["readings"],
+            "devices": stats["devices"],
+            "export": http.get("/api/v1/streams/upgrade/export").text,
+        }
