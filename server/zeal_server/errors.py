@@ -6,8 +6,11 @@ ServerError
 │                                    duplicate stream, bad parameters, a lost race)
 ├── ProvisioningError (ValueError)   a device login could not be made or removed (kind)
 ├── IdentityError (RuntimeError)     no collector id slot is free in the data directory
-└── UndecodableError (ValueError)    decoding one message off a wire raised an unexpected
-                                     error (a bug; the message is refused, ingest goes on)
+├── UndecodableError (ValueError)    decoding one message off a wire raised an unexpected
+│                                    error (a bug; the message is refused, ingest goes on)
+├── ChirpStackError (ValueError)     a ChirpStack event that is not a usable uplink (reason)
+└── RemoteError                      the running server could not be asked, or refused
+                                     (the CLI's remote commands)
 
 Database and broker errors keep their own types (SQLAlchemy's, paho's) and are translated
 where they reach a user: the HTTP layer answers 503, the CLI prints one line. This module
@@ -19,14 +22,20 @@ from __future__ import annotations
 from typing import Literal
 
 __all__ = [
+    "ChirpStackError",
+    "EventReason",
     "IdentityError",
     "ProvisioningError",
     "ProvisioningKind",
+    "RemoteError",
     "ServerError",
     "SettingsError",
     "StoreError",
     "UndecodableError",
 ]
+
+#: Why a ChirpStack event gives no uplink (counted as a reject of that reason).
+EventReason = Literal["bad_event", "no_time", "no_data"]
 
 #: Why a device login could not be made or removed.
 ProvisioningKind = Literal["invalid", "exists", "unknown", "off", "unavailable"]
@@ -61,3 +70,15 @@ class UndecodableError(ServerError, ValueError):
     the message is refused as ``undecodable``."""
 
     reason = "undecodable"
+
+
+class ChirpStackError(ServerError, ValueError):
+    """A ChirpStack event that is not a usable uplink; ``reason`` says why."""
+
+    def __init__(self, reason: EventReason, message: str) -> None:
+        super().__init__(message)
+        self.reason: EventReason = reason
+
+
+class RemoteError(ServerError):
+    """The running server could not be asked, or refused; the message says which and why."""

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from http.client import HTTPResponse
 from typing import Any
 
+from zeal_server.errors import RemoteError
+
 __all__ = [
     "COMMANDS",
     "CREATE_FIELDS",
@@ -65,10 +67,6 @@ UNLESS_LOCAL = frozenset(
         ("export", None),
     }
 )
-
-
-class RemoteError(Exception):
-    """The server could not be asked, or refused; the message says which and why."""
 
 
 def add_server_argument(parser: argparse.ArgumentParser) -> None:

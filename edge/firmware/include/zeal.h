@@ -24,7 +24,7 @@ extern "C" {
 /* Error codes: 0 is success; every failure is negative and leaves outputs unwritten. */
 enum zeal_status {
     ZEAL_OK = 0,
-    ZEAL_E_PROFILE_LENGTH = -1,   /* not 96 bytes, or its length byte disagrees */
+    ZEAL_E_PROFILE_LENGTH = -1,   /* not ZEAL_PROFILE_BYTES long, or its length byte disagrees */
     ZEAL_E_PROFILE_MAGIC = -2,    /* does not start with "ZF" */
     ZEAL_E_PROFILE_VERSION = -3,  /* a profile version this library does not know */
     ZEAL_E_PROFILE_CHECKSUM = -4, /* CRC-32 mismatch: corrupted in storage or transit */

@@ -17,24 +17,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from zeal.lorawan import decode_lorawan
 from zeal.wire import WireParams, encode_batch
+from zeal_server.errors import ChirpStackError
 
 __all__ = ["ChirpStackError", "Uplink", "parse_uplink", "to_batch"]
 
-EventReason = Literal["bad_event", "no_time", "no_data"]
 #: LoRaWAN's FPort is one byte.
 MAX_F_PORT = 255
-
-
-class ChirpStackError(ValueError):
-    """An event that is not a usable uplink; ``reason`` says why."""
-
-    def __init__(self, reason: EventReason, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)

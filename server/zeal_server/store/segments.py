@@ -17,7 +17,8 @@ little-endian length and the bytes. Three encodings (``Segment.encoding``):
   one type byte first, then zstandard (level 19) when that is smaller. A device reading at a
   steady rate leaves only its clock's jitter (0 to 4 for 1,000 +- 2 ms at 1 Hz): one byte a
   reading, which zstandard's entropy coder takes down to about its entropy; codes are coded
-  within 3 % of their empirical entropy, where packing their bits first costs more.
+  within 2 % of their empirical entropy (1.5 % measured, docs/server.md), where packing
+  their bits first costs more.
 
 The sums: ``limb_sums`` gives, per group of readings, the count and the sums of codes and of
 squared codes as 24-bit limbs (``models.LIMB_BITS``): every limb sum stays below 2**63 for

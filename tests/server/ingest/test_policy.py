@@ -35,9 +35,19 @@ from zeal_server.settings import ServerSettings
 
 pytestmark = pytest.mark.integration
 
-DAY = day_of(int(time.time() * 1000)) - 1  # yesterday (UTC): every reading is in the past
-START = DAY * DAY_MS
+#: The simulated day: yesterday (UTC) when the test runs, so that every reading is in the
+#: past; set by `yesterday` before each test, never when the module is imported (a module
+#: imported before midnight and run after it would send readings of two days ago).
+DAY = 0
+START = 0
 SECONDS = 86_400
+
+
+@pytest.fixture(autouse=True)
+def yesterday() -> None:
+    global DAY, START  # the simulated day of this test, read by the helpers
+    DAY = day_of(int(time.time() * 1000)) - 1
+    START = DAY * DAY_MS
 
 
 def day_of_readings(seconds: int = SECONDS) -> str:
@@ -48,12 +58,13 @@ def day_of_readings(seconds: int = SECONDS) -> str:
 
 @pytest.fixture
 def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
-    """The real server on the broker; readings of yesterday are accepted (backfill 2 days)."""
+    """The real server on the broker; readings of yesterday are accepted (backfill 3 days:
+    yesterday's first reading is still inside it when the test runs past midnight)."""
     settings = ServerSettings.from_env(
         {
             "ZEAL_DATABASE_URL": database_url,
             "ZEAL_MQTT_URL": broker.url,
-            "ZEAL_BACKFILL_SECONDS": str(2 * 86_400),
+            "ZEAL_BACKFILL_SECONDS": str(3 * 86_400),
         }
     )
     with TestClient(create_app(settings)) as c:

@@ -1,5 +1,5 @@
 """Routes by resource, each a top-level function on an ``APIRouter`` (read and tested
-alone); ``zeal_server.app.create_app`` includes them."""
+alone); ``zeal_server.api.application`` includes them."""
 
 from __future__ import annotations
 
