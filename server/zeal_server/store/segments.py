@@ -1,4 +1,5 @@
-"""How a segment row holds its readings (``Segment.data``), and their exact limb sums.
+"""How a segment row holds its readings (``Segment.data``), and their exact limb sums
+(byte diagrams and test vectors: docs/store-format.md).
 
 A segment row holds readings of one stream: codes, millisecond timestamps and device ids.
 Its ``data`` is a few *sections*, each a one-byte flag (bit 0: zstandard frame), a 4-byte
