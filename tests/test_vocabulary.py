@@ -10,7 +10,7 @@ from pathlib import Path
 
 from zeal_edge.cli import _parser as edge_parser
 from zeal_server.api.vocabulary import RENAMED
-from zeal_server.cli import _parser as server_parser
+from zeal_server.cli import parser as server_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("concept", "api", "server", "edge", "old")

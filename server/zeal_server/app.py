@@ -25,6 +25,6 @@ def _start_collector(settings: ServerSettings, sessions: sessionmaker[Session]) 
 def create_app(settings: ServerSettings | None = None, *, collector: bool = True) -> FastAPI:
     """The FastAPI application of a server; settings from the environment unless given.
     Without `collector` the server answers HTTP only, even with a broker configured."""
-    return application.create_app(
+    return application.build_app(
         settings, collector=_start_collector if collector else None, logins_for=admin_for
     )

@@ -15,7 +15,7 @@ import pytest
 
 from tests.server.helpers import zeal_server
 from tools.testbed.broker import free_port
-from zeal_server.cli import _parser
+from zeal_server.cli import parser as _parser
 from zeal_server.settings import VARIABLES
 
 UNREACHABLE = "postgresql+psycopg://zeal:hunter2-secret@127.0.0.1:{port}/zeal"

@@ -50,7 +50,7 @@ from zeal_server.errors import ProvisioningError
 from zeal_server.settings import ServerSettings
 from zeal_server.store.db import make_engine, migrate, session_factory
 
-__all__ = ["create_app"]
+__all__ = ["build_app"]
 
 log = logging.getLogger(__name__)
 #: Request bodies larger than this are refused (413) before they are read; the largest
@@ -183,15 +183,16 @@ def _no_logins(_settings: ServerSettings) -> Logins:
     raise ProvisioningError("off", "this server was built without a broker admin")
 
 
-def create_app(
+def build_app(
     settings: ServerSettings | None = None,
     *,
     collector: StartCollector | None = None,
     logins_for: LoginsFor | None = None,
 ) -> FastAPI:
-    """The FastAPI application; settings from the environment unless given. With
-    `collector`, a server with a broker also starts the collector it builds; `logins_for` gives
-    the routes of device logins their broker admin (``zeal_server.app`` passes both)."""
+    """The FastAPI application of the API layer alone; settings from the environment unless
+    given. With `collector`, a server with a broker also starts the collector it builds;
+    `logins_for` gives the routes of device logins their broker admin. The server's one
+    ``create_app`` (``zeal_server.app``) passes both; this layer may not import them."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -1,13 +1,13 @@
-"""``zeal-server devices ...``: device logins in the broker (zeal_server.broker.provisioning) from
-the command line. Errors are ProvisioningError, which the CLI prints in one line."""
+"""``zeal-server devices ...``: device logins in the broker (zeal_server.broker.provisioning)
+from the command line. Errors are ProvisioningError, printed in one line."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import Any
 
 from zeal_server.broker.provisioning import admin_for
+from zeal_server.cli.common import Commands, command, fail
+from zeal_server.errors import ProvisioningError
 from zeal_server.settings import ServerSettings
 
 __all__ = ["add_parsers", "run"]
@@ -15,8 +15,8 @@ __all__ = ["add_parsers", "run"]
 BROKER = ("ZEAL_MQTT_URL", "ZEAL_MQTT_ADMIN_USERNAME", "ZEAL_MQTT_ADMIN_PASSWORD")
 
 
-def add_parsers(commands: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
-    """The ``devices`` command and its actions (`command`: the CLI's parser maker)."""
+def add_parsers(commands: Commands) -> None:
+    """The ``devices`` command and its actions."""
     devices = command(
         commands,
         "devices",
@@ -51,8 +51,17 @@ def add_parsers(commands: Any, command: Callable[..., argparse.ArgumentParser]) 
     )
 
 
-def run(settings: ServerSettings, args: argparse.Namespace) -> None:
-    """Carry out one ``devices`` action, printing its result."""
+def run(settings: ServerSettings, args: argparse.Namespace) -> int:
+    """Carry out one ``devices`` action, printing its result; exit status 0, or 2 with the
+    reason in one line."""
+    try:
+        _carry_out(settings, args)
+    except ProvisioningError as exc:
+        return fail(str(exc))
+    return 0
+
+
+def _carry_out(settings: ServerSettings, args: argparse.Namespace) -> None:
     admin = admin_for(settings)
     if args.action == "list":
         for name in admin.provisioned():

@@ -1,0 +1,282 @@
+"""``zeal-server`` commands carried out by the running server over HTTP: ``streams show``,
+``streams devices``, ``average``, ``series`` and ``tail`` read it, ``streams release``,
+``enroll`` and ``policy set`` change it; ``streams create|list|delete|retention|
+delete-device`` and ``export`` do too unless given ``--local`` (zeal_server.cli.local)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+from zeal.vocabulary import renamed
+from zeal_server.cli.asking import Handler, ask, base, get, open_server, stream_path
+from zeal_server.cli.common import (
+    CREATE_FIELDS,
+    OVER_HTTP,
+    Commands,
+    add_server_argument,
+    command,
+    stream_line,
+    unconfirmed,
+)
+from zeal_server.errors import RemoteError
+
+__all__ = ["HANDLERS", "add_parsers"]
+
+
+def add_parsers(commands: Commands, streams: Commands) -> None:
+    """The commands that only ask the running server; `streams`: the streams command's
+    actions (zeal_server.cli.local makes the command)."""
+    over_http = OVER_HTTP
+    show = command(streams, "show", "a stream's parameters" + over_http, variables=())
+    show.add_argument("name", help="the stream")
+    released = command(
+        streams,
+        "release",
+        "release the agents halted on a stream (deleted or created anew under them, a policy "
+        "above their ceiling) that wait for their server: its signed configuration says so, "
+        "and they adopt it (asks the running server: --server or ZEAL_SERVER_URL, the "
+        "operator token)",
+        variables=(),
+    )
+    released.add_argument("name", help="the stream")
+    listed = command(streams, "devices", "a stream's devices" + over_http, variables=())
+    listed.add_argument("name", help="the stream")
+    listed.add_argument("--limit", type=int, default=100, help="devices shown [100]")
+    for name, text in (
+        ("average", "the debiased average over a window, with its interval"),
+        ("series", "the average per interval, on the clock"),
+        ("tail", "the readings stored and the average, again every few seconds (Ctrl-C ends)"),
+    ):
+        p = command(commands, name, text + over_http, variables=())
+        p.add_argument("stream", help="the stream")
+        if name == "tail":
+            p.add_argument("--every", type=float, default=5.0, help="seconds between lines [5]")
+            p.add_argument("--count", type=int, help="stop after this many lines [never]")
+            add_server_argument(p)
+            continue
+        p.add_argument("--start", help="window start, ISO 8601 (UTC if no zone)")
+        p.add_argument("--end", help="window end, exclusive")
+        p.add_argument("--group", help="devices with this tag, key:value")
+        p.add_argument("--device", help="one device")
+        if name == "series":
+            p.add_argument(
+                "--interval-seconds",
+                dest="interval",
+                type=int,
+                help="seconds per point [the bucket]",
+            )
+            renamed(p, "--interval", "--interval-seconds", "interval")
+        add_server_argument(p)
+    enroll = command(
+        commands, "enroll", "let a device send to an enrolled-only stream" + over_http, ()
+    )
+    enroll.add_argument("stream", help="the stream")
+    enroll.add_argument("device", help="the device")
+    policy = command(commands, "policy", "a stream's privacy policy" + over_http, ())
+    setting = command(
+        policy.add_subparsers(dest="action", required=True, metavar="ACTION"),
+        "set",
+        "set the epsilon one device may spend per UTC day (a new fingerprint: agents take the "
+        "new configuration by themselves)" + over_http,
+        (),
+    )
+    setting.add_argument("stream", help="the stream")
+    setting.add_argument("epsilon", type=float, help="epsilon per device per UTC day")
+    for p in (show, released, listed, enroll, setting):
+        add_server_argument(p)
+
+
+def _estimate(out: Mapping[str, Any]) -> str:
+    estimate = out.get("estimate")
+    if not estimate:
+        return "no readings"
+    low, high = estimate["ci"]
+    return (
+        f"{estimate['mean']:.4g} ± {estimate['std_error']:.2g} "
+        f"({out['confidence']:.0%} CI [{low:.4g}, {high:.4g}])"
+    )
+
+
+def _show(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    s = get(args, env, stream_path(args.name))
+    unit = f" {s['unit']}" if s["unit"] else ""
+    print(f"{s['name']}: readings in [{s['lower']:g}, {s['upper']:g}]{unit}")
+    print(
+        f"  privacy        epsilon {s['epsilon']:g} per reading, policy "
+        f"{s['max_epsilon_per_day']:g} per device per UTC day"
+    )
+    print(
+        f"  bits           {s['payload_bits']} per reading on the wire, buckets of "
+        f"{s['bucket_seconds']} s"
+    )
+    keep = "everything" if s["retention_days"] is None else f"{s['retention_days']} days"
+    print(
+        f"  retention      {keep}; enrolled devices only: {'yes' if s['enrolled_only'] else 'no'}"
+    )
+    print(f"  fingerprint    {s['fingerprint']} (created {s['created']})")
+
+
+def _devices(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    out = get(args, env, f"{stream_path(args.name)}/devices", limit=args.limit)
+    for d in out["devices"]:
+        tags = ",".join(f"{k}:{v}" for k, v in sorted(d["tags"].items()))
+        flags = f"  [{', '.join(d['flags'])}]" if d["flags"] else ""
+        print(
+            f"{d['name']:<24} {d['readings']:>10,} readings  epsilon today "
+            f"{d['epsilon_today']:g}  last seen {d['last_seen']}  {tags}{flags}"
+        )
+    print(f"{len(out['devices'])} of {out['total']} devices")
+
+
+def _window(args: argparse.Namespace) -> dict[str, Any]:
+    return {"start": args.start, "end": args.end, "group": args.group, "device": args.device}
+
+
+def _average(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    out = get(args, env, f"{stream_path(args.stream)}/average", **_window(args))
+    print(f"{args.stream}: {_estimate(out)} over {out['n']:,} readings")
+
+
+def _series(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    out = get(
+        args,
+        env,
+        f"{stream_path(args.stream)}/series",
+        interval_seconds=args.interval,
+        **_window(args),
+    )
+    for point in out["points"]:
+        print(f"{point['start']}  {point['n']:>8,}  {_estimate({**out, **point})}")
+
+
+def _tail(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    shown = 0
+    while args.count is None or shown < args.count:
+        if shown:
+            time.sleep(args.every)
+        stats = get(args, env, f"{stream_path(args.stream)}/stats", efficiency="false")
+        average = get(args, env, f"{stream_path(args.stream)}/average")
+        print(
+            f"{time.strftime('%H:%M:%S')}  readings {stats['readings']:,}  devices "
+            f"{stats['devices']}  average {_estimate(average)}",
+            flush=True,
+        )
+        shown += 1
+
+
+def _enroll(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    path = f"{stream_path(args.stream)}/devices/{urllib.parse.quote(args.device, safe='')}"
+    ask(args, env, "PUT", path, None)
+    print(f"{args.device} is enrolled on stream {args.stream}")
+
+
+def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    out = ask(args, env, "PATCH", stream_path(args.stream), {"max_epsilon_per_day": args.epsilon})
+    print(
+        f"stream {args.stream}: at most {out['max_epsilon_per_day']:g} epsilon per device per "
+        f"UTC day ({out['readings_per_day']} readings), fingerprint {out['fingerprint']}: "
+        "agents take the new configuration by themselves"
+    )
+
+
+def _create(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    body = {k: getattr(args, k) for k in CREATE_FIELDS}
+    s = ask(args, env, "POST", "/streams", {k: v for k, v in body.items() if v is not None})
+    print(
+        f"created stream {s['name']} on {base(args, env)}: {s['payload_bits']} payload bits, "
+        f"at most {s['max_epsilon_per_day']:g} epsilon per device per day, fingerprint "
+        f"{s['fingerprint']} (the server retains its configuration on the broker within "
+        "seconds)"
+    )
+
+
+def _list(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    streams = get(args, env, "/streams")
+    if args.json:
+        print(json.dumps([s["name"] for s in streams]))
+        return
+    for s in streams:
+        print(stream_line(s))
+    if not streams:
+        print("no streams yet (zeal-server streams create --help)")
+
+
+def _delete(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    get(args, env, stream_path(args.name))  # a missing stream is said before a confirmation
+    if (refused := unconfirmed(args.confirm, args.name)) is not None:
+        raise RemoteError(
+            f"deleting stream {args.name!r} removes every reading stored for it; {refused}"
+        )
+    out = ask(args, env, "DELETE", stream_path(args.name), None, confirm=args.name)
+    print(
+        f"deleted stream {args.name} and its {out['readings']} readings (the server "
+        "retains its signed tombstone on the broker within seconds: its agents halt)"
+    )
+
+
+def _retention(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    ask(args, env, "PATCH", stream_path(args.name), {"retention_days": args.days})
+    kept = "everything" if args.days is None else f"the last {args.days} days"
+    print(f"stream {args.name} keeps {kept} (the collector applies it within a minute)")
+
+
+def _release(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    out = ask(args, env, "POST", f"{stream_path(args.name)}/release", None)
+    print(
+        f"released the agents halted on stream {args.name} at {out['released']}: those that "
+        "wait for their server adopt its configuration within seconds (docs/edge-agent.md)"
+    )
+
+
+def _delete_device(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    path = f"{stream_path(args.name)}/devices/{urllib.parse.quote(args.device, safe='')}"
+    get(args, env, stream_path(args.name))
+    if (refused := unconfirmed(args.confirm, args.device)) is not None:
+        raise RemoteError(
+            f"deleting device {args.device!r} removes every reading it sent to "
+            f"{args.name!r}; {refused}"
+        )
+    out = ask(args, env, "DELETE", path, None, confirm=args.device)
+    print(f"deleted device {args.device} of stream {args.name} and its {out['readings']} readings")
+
+
+def _export(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    window = {
+        "start": None if args.start is None else args.start.isoformat(),
+        "end": None if args.end is None else args.end.isoformat(),
+    }
+    with open_server(
+        args, env, "GET", f"{stream_path(args.stream)}/export", None, **window
+    ) as response:
+        if note := response.headers.get("Zeal-Estimates"):
+            print(f"zeal-server: {note}", file=sys.stderr)
+        sys.stdout.flush()
+        while chunk := response.read(1 << 16):
+            sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+
+
+#: (command, action) -> its handler: every command of this family, listed once. Those of
+#: them given --local are carried out on the database instead (zeal_server.cli.local).
+HANDLERS: dict[tuple[str, str | None], Handler] = {
+    ("streams", "show"): _show,
+    ("streams", "devices"): _devices,
+    ("streams", "release"): _release,
+    ("streams", "create"): _create,
+    ("streams", "list"): _list,
+    ("streams", "delete"): _delete,
+    ("streams", "retention"): _retention,
+    ("streams", "delete-device"): _delete_device,
+    ("average", None): _average,
+    ("series", None): _series,
+    ("tail", None): _tail,
+    ("enroll", None): _enroll,
+    ("policy", "set"): _policy,
+    ("export", None): _export,
+}
