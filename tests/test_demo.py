@@ -18,6 +18,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tools.testbed.broker import Mosquitto, free_port
+from tools.testbed.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = re.compile(r"dashboard: (http://\S+/)")
@@ -63,18 +64,15 @@ def test_make_demo_from_a_fresh_clone(fresh_clone: Path) -> None:
     reader.start()
     started = time.monotonic()
     try:
-        while time.monotonic() - started < 180 and not any(SERVED.search(line) for line in lines):
-            assert demo.poll() is None, "".join(lines[-30:])
-            time.sleep(1)
-        assert any(SERVED.search(line) for line in lines), "".join(lines[-30:])
+        wait_until(lambda: serving(demo, lines), 180, "the demo serving")
         assert any("started mosquitto" in line for line in lines)
         url = next(m.group(1) for line in lines if (m := DASHBOARD.search(line)))
         with urllib.request.urlopen(url, timeout=10) as response:
             assert b"/dashboard/app.js" in response.read()
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         demo.wait(timeout=SHUTDOWN_SECONDS)
-        time.sleep(2)
-        assert processes_mentioning(str(clone)) == []
+        gone = lambda: processes_mentioning(str(clone)) == []  # noqa: E731
+        wait_until(gone, 30, f"no process of the demo left: {processes_mentioning(str(clone))}")
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
@@ -125,12 +123,16 @@ def run_demo_until_serving(clone: Path, broker_url: str) -> tuple[subprocess.Pop
         daemon=True,
     )
     _readers[demo.pid].start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any(SERVED.search(line) for line in lines):
-        assert demo.poll() is None, "".join(lines[-30:])
-        time.sleep(0.5)
-    assert any(SERVED.search(line) for line in lines), "".join(lines[-30:])
+    wait_until(lambda: serving(demo, lines), 120, "the demo serving")
     return demo, lines
+
+
+def serving(demo: subprocess.Popen[str], lines: list[str]) -> bool:
+    """The demo said it serves (and has not ended before)."""
+    if any(SERVED.search(line) for line in lines):
+        return True
+    assert demo.poll() is None, "".join(lines[-30:])
+    return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
@@ -149,9 +151,11 @@ def test_the_demo_stops_everything_it_started_on_sighup_and_sigterm(
     try:
         os.killpg(demo.pid, sig)
         demo.wait(timeout=SHUTDOWN_SECONDS)
-        time.sleep(2)
-        assert processes_mentioning(str(clone)) == []
-        assert processes_mentioning(f"--port {port}") == []
+
+        def gone() -> bool:
+            return processes_mentioning(str(clone)) + processes_mentioning(f"--port {port}") == []
+
+        wait_until(gone, 30, "no process of the demo left")
         assert any("stopping the demo" in line for line in lines), "".join(lines[-20:])
     finally:
         if demo.poll() is None:
@@ -184,17 +188,24 @@ def test_the_demo_withdraws_its_configuration_from_a_broker_that_outlives_it(
         broker.stop()
 
 
-def retained(port: int, topic: str, wait: float = 2.0) -> bytes:
-    """The retained message of a topic (b"" when there is none)."""
-    got: list[bytes] = []
+def retained(port: int, topic: str) -> bytes:
+    """The retained message of a topic (b"" when there is none). The broker sends it while
+    it handles the subscription; a sentinel published after the SUBACK comes behind it."""
+    got: list[tuple[str, bytes]] = []
+    sentinel = f"test/sentinel/{os.getpid()}/{time.monotonic_ns()}"
+    subscribed = threading.Event()
     client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
-    client.on_message = lambda c, u, m: got.append(bytes(m.payload))
+    client.on_message = lambda c, u, m: got.append((m.topic, bytes(m.payload)))
+    client.on_subscribe = lambda *_: subscribed.set()
     client.connect("127.0.0.1", port)
-    client.subscribe(topic, qos=1)
     client.loop_start()
-    deadline = time.monotonic() + wait
-    while not got and time.monotonic() < deadline:
-        time.sleep(0.05)
-    client.disconnect()
-    client.loop_stop()
-    return got[0] if got else b""
+    try:
+        client.subscribe([(topic, 1), (sentinel, 1)])
+        assert subscribed.wait(30), "no SUBACK"
+        client.publish(sentinel, b"", qos=1).wait_for_publish(30)
+        wait_until(lambda: any(t == sentinel for t, _ in got), 30, "the sentinel")
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    payloads = [p for t, p in got if t != sentinel]
+    return payloads[0] if payloads else b""

@@ -8,12 +8,12 @@ import re
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tools.testbed.broker import Mosquitto
+from tools.testbed.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 # One worker runs both files: they share fresh_clone's environment (and port 8000).
@@ -118,38 +118,37 @@ def test_the_readme_walkthrough_works_as_written(tmp_path: Path, fresh_clone: Pa
 
 
 def wait_for_server(process: subprocess.Popen[str], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         assert process.poll() is None, process.communicate()[0][-3000:]
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", 8000)) == 0:
-                return
-        time.sleep(0.2)
-    raise AssertionError("the server did not listen on port 8000")
+            return s.connect_ex(("127.0.0.1", 8000)) == 0
+
+    wait_until(listening, timeout, "the server listening on port 8000")
 
 
 def wait_for_average(command: str, clone: Path, env: dict[str, str], timeout: float = 90) -> str:
     """Run the README's curl until the average covers readings of both agents."""
-    deadline = time.monotonic() + timeout
-    out = ""
-    while time.monotonic() < deadline:
-        out = subprocess.run(
+    answered = [""]
+
+    def covered() -> bool:
+        out = answered[0] = subprocess.run(
             ["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True, check=False
         ).stdout
         try:
             body = json.loads(out)
         except json.JSONDecodeError:
             body = {}
-        if body.get("estimate") and body.get("n", 0) >= 20:
-            devices = subprocess.run(
-                ["bash", "-c", command.replace("/average", "/devices")],
-                cwd=clone,
-                env=env,
-                capture_output=True,
-                text=True,
-                check=False,
-            ).stdout
-            if {"kitchen-1", "kitchen-2"} <= {d["name"] for d in json.loads(devices)["devices"]}:
-                return out
-        time.sleep(1)
-    raise AssertionError(f"no average from both agents within {timeout} s: {out}")
+        if not (body.get("estimate") and body.get("n", 0) >= 20):
+            return False
+        devices = subprocess.run(
+            ["bash", "-c", command.replace("/average", "/devices")],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        return {"kitchen-1", "kitchen-2"} <= {d["name"] for d in json.loads(devices)["devices"]}
+
+    wait_until(covered, timeout, "an average covering both agents")
+    return answered[0]

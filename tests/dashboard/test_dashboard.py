@@ -28,6 +28,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tools.testbed.broker import Mosquitto, fleet_command, free_port, wait_for_port
 from tools.testbed.server import stream_body
+from tools.testbed.wait import wait_until
 from zeal import encode_batch
 from zeal.streamconfig import params_from_config
 
@@ -64,21 +65,12 @@ class Server:
                 # docs/server.md ("Heavy reads") tells clients to.
                 if exc.code != 429 or attempt == 9:
                     raise
-                time.sleep(float(exc.headers.get("Retry-After", "2")))
+                time.sleep(float(exc.headers.get("Retry-After", "2")))  # the server's word
         raise AssertionError("unreachable")
 
     def get(self, path: str, **params: Any) -> Any:
         query = urllib.parse.urlencode({k: v for k, v in params.items() if v not in (None, "")})
         return self.call(f"{path}?{query}" if query else path)
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")

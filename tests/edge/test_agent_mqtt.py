@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -28,6 +29,7 @@ from tools.testbed.broker import (
     free_port,
     publish_retained,
 )
+from tools.testbed.wait import wait_until
 from zeal import Zeal, decode_batch
 from zeal.streamconfig import config_document
 from zeal_edge.agent import UNSERVED_WAIT
@@ -114,6 +116,27 @@ def start_agent(
     return proc
 
 
+def read_until(agent: subprocess.Popen[str], text: str) -> str:
+    """The agent's log up to and including its first line holding `text` (read as it comes:
+    the agent is waited for, not the clock)."""
+    assert agent.stderr is not None
+    said: list[str] = []
+    for line in iter(agent.stderr.readline, ""):
+        said.append(line)
+        if text in line:
+            return "".join(said)
+    raise AssertionError(f"the agent ended without saying {text!r}: {''.join(said)[-3000:]}")
+
+
+def unconfirmed(data_dir: Path) -> int:
+    """Batches in the agent's outbox (a confirmed one is deleted); 0 before it exists."""
+    try:
+        with sqlite3.connect(data_dir / "outbox.sqlite") as conn:
+            return int(conn.execute("SELECT count(*) FROM batches").fetchone()[0])
+    except sqlite3.OperationalError:  # not made yet, or the agent is making its tables
+        return 0
+
+
 def batches_by_sequence(messages: list[tuple[str, bytes]]) -> dict[int, list[bytes]]:
     out: dict[int, list[bytes]] = {}
     for topic, payload in messages:
@@ -145,15 +168,15 @@ def test_replay_of_1000_readings_arrives_exactly(tmp_path: Path, broker: Mosquit
         "--batch-seconds",
         "1",
     )
-    time.sleep(1.5)
-    assert agent.poll() is None
-    assert not sub.snapshot()
+    said = read_until(agent, "waiting for stream parameters")
+    assert not sub.settled()  # nothing leaves before a configuration
     publish_retained(
         broker.port,
         "zeal/v1/temps/config",
         json.dumps(signed(config_document("temps", PARAMS))).encode(),
     )
     _, err = agent.communicate(timeout=60)
+    err = said + err
     assert agent.returncode == 0, err
     assert "waiting for stream parameters on zeal/v1/temps/config" in err
     got = sub.wait_for(lambda m: codes_received(m) >= 1000)
@@ -192,9 +215,10 @@ def test_broker_outage_loses_nothing_and_resends_the_same_bytes(
         "--params",
         str(params_file),
     )
-    time.sleep(1.5)
+    sub.wait_for(lambda m: len(m) >= 1)  # the first batch arrived before the outage
     broker.stop()
-    time.sleep(2.5)  # the source keeps producing; batches pile up in the outbox
+    # The source keeps producing: batches pile up in the outbox while no broker answers.
+    wait_until(lambda: unconfirmed(tmp_path / "agent") >= 5, 60, "batches piled up")
     broker.start()
     _, err = agent.communicate(timeout=90)
     assert agent.returncode == 0, err
@@ -233,20 +257,12 @@ def test_sigkill_with_unsent_batches_then_restart_sends_each_once(
         "--params",
         str(params_file),
     )
-    db = data_dir / "outbox.sqlite"
-    deadline = time.monotonic() + 30
-    stored: dict[int, bytes] = {}
-    while time.monotonic() < deadline and len(stored) < 10:
-        time.sleep(0.2)
-        if db.exists():
-            with sqlite3.connect(db) as conn:
-                try:
-                    rows = conn.execute("SELECT sequence, payload FROM batches").fetchall()
-                except sqlite3.OperationalError:  # the agent is still creating its tables
-                    continue
-                stored = {s: bytes(p) for s, p in rows}
+    wait_until(lambda: unconfirmed(data_dir) >= 10, 30, "10 batches in the outbox")
     agent.send_signal(signal.SIGKILL)
     agent.wait(timeout=10)
+    with sqlite3.connect(data_dir / "outbox.sqlite") as conn:
+        rows = conn.execute("SELECT sequence, payload FROM batches").fetchall()
+    stored = {s: bytes(p) for s, p in rows}
     assert len(stored) == 10, (stored.keys(), agent.stderr.read() if agent.stderr else "")
 
     broker = Mosquitto(tmp_path / "broker", port=port).start()
@@ -264,9 +280,7 @@ def test_sigkill_with_unsent_batches_then_restart_sends_each_once(
         )
         _, err = again.communicate(timeout=60)
         assert again.returncode == 0, err
-        got = sub.wait_for(lambda m: len(m) >= 10, timeout=15)
-        time.sleep(1.0)
-        got = sub.snapshot()
+        got = sub.settled()  # all it sent, and nothing sent twice after
         sub.close()
     finally:
         broker.stop()
@@ -302,10 +316,9 @@ def test_budget_cap_stops_the_eleventh_reading(
     _, err = agent.communicate("\n".join(["50.0"] * 11) + "\n", timeout=60)
     assert agent.returncode == 0, err
     assert "privacy budget cap reached" in err
-    got = sub.wait_for(lambda m: len(m) >= 10, timeout=10)
-    time.sleep(0.5)
+    got = sub.settled()  # the agent has exited: all it sent is before the sentinel
     sub.close()
-    assert codes_received(sub.snapshot()) == 10
+    assert codes_received(got) == 10
     assert len(got) == 10
     status = agent_status_text(data_dir)
     assert "10.000000 epsilon spent in the last 86400 s (cap 10.000000" in status
@@ -403,7 +416,7 @@ def test_a_second_agent_with_the_same_device_id_gets_a_clear_error(
         str(params_file),
         stdin=subprocess.PIPE,
     )
-    time.sleep(2.0)
+    read_until(first, "connected to")
     second = start_agent(
         tmp_path / "two",
         broker.url,
@@ -504,9 +517,11 @@ def test_an_unreachable_broker_is_said_and_unconfirmed_batches_are_reported_on_e
     assert agent.stdin is not None
     agent.stdin.write("50\n" * 5)
     agent.stdin.flush()
-    time.sleep(7)  # the presence check gives the broker 5 s, then the agent goes on offline
+    # The presence check gives the broker 5 s, then the agent goes on offline and queues.
+    said = read_until(agent, "queued (1 batch awaiting the broker")
     agent.send_signal(signal.SIGINT)
     _, err = agent.communicate(timeout=30)
+    err = said + err
     assert agent.returncode == 0, err
     assert (
         f"cannot connect to the broker at mqtt://127.0.0.1:{port}: [Errno 111] Connection refused"
@@ -538,7 +553,7 @@ def test_an_agent_whose_client_id_is_used_twice_says_so_and_stops_fighting(
         target=lambda: lines.extend(iter(agent.stderr.readline, "")),  # type: ignore[union-attr]
         daemon=True,
     ).start()
-    time.sleep(2.0)
+    wait_until(lambda: any("connected to" in line for line in lines), 30, "the agent connected")
     with sqlite3.connect(tmp_path / "agent" / "outbox.sqlite") as db:
         (instance,) = db.execute("SELECT instance FROM namespaces").fetchone()
     twin = mqtt.Client(
@@ -550,15 +565,17 @@ def test_an_agent_whose_client_id_is_used_twice_says_so_and_stops_fighting(
     twin.connect("127.0.0.1", broker.port)
     twin.loop_start()
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any("3 times" in line for line in lines):
-            time.sleep(0.2)
+        said = lambda: any("3 times" in line for line in lines)  # noqa: E731
+        with contextlib.suppress(AssertionError):  # said below, with the log
+            wait_until(said, 30, "the agent's word on the twin")
         assert any(
             "closed this agent's connection 3 times within a minute" in line
             and "is a copy of this data directory running elsewhere" in line
             for line in lines
         ), "".join(lines[-20:])
         connected = sum("connected to" in line for line in lines)
+        # Time is what is tested: the agent holds off 60 s after the third lost connection,
+        # so within these 5 s (the twin reconnects every second) it must not connect again.
         time.sleep(5)
         assert sum("connected to" in line for line in lines) == connected  # no fight
     finally:

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tools.testbed.broker import Mosquitto, fleet_command
+from tools.testbed.wait import wait_until as wait_until  # the one wait (re-exported)
 from zeal import Zeal, encode_batch
 from zeal_server.app import create_app
 from zeal_server.ingest import Ingest
@@ -108,15 +109,6 @@ def server_app(
     )
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def create_stream(client: TestClient, **extra: Any) -> Zeal:
     body = {
         "name": "temps",
@@ -162,7 +154,7 @@ def stalled(database_url: str, seconds: float) -> Iterator[threading.Event]:
             lite = sqlite3.connect(database_url.removeprefix("sqlite:///"), isolation_level=None)
             lite.execute("BEGIN EXCLUSIVE")
             held.set()
-            time.sleep(seconds)
+            time.sleep(seconds)  # time is the scenario: a database that stalls this long
             lite.execute("COMMIT")
             lite.close()
         else:
@@ -170,7 +162,7 @@ def stalled(database_url: str, seconds: float) -> Iterator[threading.Event]:
             with psycopg.connect(url) as conn:
                 conn.execute("LOCK TABLE batches IN ACCESS EXCLUSIVE MODE")
                 held.set()
-                time.sleep(seconds)
+                time.sleep(seconds)  # time is the scenario: a database that stalls this long
         held.clear()
 
     thread = threading.Thread(target=hold)

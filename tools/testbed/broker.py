@@ -19,6 +19,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from tools.testbed.wait import wait_until
+
 #: Ports a test server may listen on: below Linux's ephemeral range (32768-60999), so no
 #: outgoing connection of the busy machine can take one between its choice and its use (a
 #: NATS node died so: "bind: address already in use").
@@ -95,6 +97,10 @@ class Mosquitto:
             self.process = None
 
 
+#: The topic of `Subscriber.settled`'s sentinel (under its filter, under no stream's name).
+SENTINEL = "zeal/v1/_sentinel/_sentinel/up"
+
+
 @dataclass
 class Subscriber:
     """Collects every message on a filter, with a persistent session (survives restarts)."""
@@ -133,6 +139,29 @@ class Subscriber:
             self.messages.append((message.topic, bytes(message.payload)))
 
     def snapshot(self) -> list[tuple[str, bytes]]:
+        with self._lock:
+            return [m for m in self.messages if m[0] != SENTINEL]
+
+    def settled(self, timeout: float = 30.0) -> list[tuple[str, bytes]]:
+        """Every message the broker handled before this call, and nothing later: a sentinel
+        published now reaches this one subscriber behind them (Mosquitto delivers a
+        subscriber's QoS 1 messages in the order it handled them). An absence check waits
+        for this event, never for a time: what has not come before the sentinel, from a
+        publisher whose publishes were acknowledged before it, will not come."""
+        token = os.urandom(8)
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+        client.connect("127.0.0.1", self.port)
+        client.loop_start()
+        try:
+            client.publish(SENTINEL, token, qos=1).wait_for_publish(timeout)
+        finally:
+            client.disconnect()
+            client.loop_stop()
+        wait_until(lambda: (SENTINEL, token) in self._all(), timeout, "the sentinel")
+        got = self._all()
+        return [m for m in got[: got.index((SENTINEL, token))] if m[0] != SENTINEL]
+
+    def _all(self) -> list[tuple[str, bytes]]:
         with self._lock:
             return list(self.messages)
 

@@ -26,6 +26,7 @@ from tools.testbed.broker import (
     fleet_command,
     free_port,
 )
+from tools.testbed.wait import wait_until as wait_until  # the one wait (re-exported)
 from zeal import Zeal, encode_batch
 from zeal.streamconfig import params_from_config
 
@@ -280,15 +281,6 @@ def stats(server: Server, name: str = "temps", token: str | None = None) -> dict
     got = server.http.get(f"/api/v1/streams/{name}/stats?efficiency=false", headers=headers)
     assert got.status_code == 200, got.text
     return got.json()
-
-
-def wait_until(check: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 FLOOD = r"""

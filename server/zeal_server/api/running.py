@@ -4,6 +4,7 @@ Protocols that ``zeal_server.broker`` satisfies. The API never imports the broke
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -73,6 +74,7 @@ class Running(Protocol):
     counts: Counter[str]
     rejected_by: Counter[str]
     broker_connected: bool
+    subscribed: threading.Event  # set by the SUBACK of the data topics
     database_ok: bool
     last_error: str | None
     writer_error: str | None

@@ -259,6 +259,7 @@ class Collector:
         elif self.broker_connected and not self._stop.is_set():
             log.warning("collector disconnected (%s); reconnecting", reason)
         self.broker_connected = False
+        self.subscribed.clear()  # set again by the SUBACK after the next connection
 
     def _on_message(self, client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
         try:

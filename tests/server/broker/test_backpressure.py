@@ -64,6 +64,8 @@ def test_a_database_stall_longer_than_the_keepalive_leaves_the_backlog_at_the_br
                 10,
                 "the collector to hold its quota",
             )
+            # Time is what is tested: late in the stall, the collector still holds no more
+            # than its quota (the broker keeps the rest).
             time.sleep(max(0.0, began + STALL - 2 - time.monotonic()))
             during = metrics(server)
         after = wait_for(server, {"messages": len(messages), "readings": 10 * len(messages)})
@@ -150,10 +152,15 @@ def test_qos_0_data_are_stored_and_never_acknowledged(broker: Mosquitto, tmp_pat
         client.disconnect()
         client.loop_stop()
         stored = wait_for(server, {"messages": 20, "readings": 200}, timeout=20)
-        time.sleep(1)
+        # Two QoS 1 sentinels after: had the collector answered a QoS 0 message with a
+        # PUBACK, the broker would have closed its connection before it took the second.
+        for sequence in (20, 21):
+            (payload,) = batches(params, "temps", "d0", 1, first=sequence)
+            publish_all(broker.port, [(data_topic("temps", "d0"), payload)])
+            wait_for(server, {"messages": sequence + 1, "readings": 10 * (sequence + 1)})
         final = metrics(server)
     finally:
         server.stop()
-    assert stored == {"messages": 20, "readings": 200}
+    assert stored == {"messages": 20, "readings": 200}  # at QoS 0
     assert final["zeal_collector_connects_total"] == 1, server.log.read_text()[-2000:]
     assert final["zeal_collector_unacknowledged_messages"] == 0

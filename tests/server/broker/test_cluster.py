@@ -54,7 +54,9 @@ DEVICES = (34, 33, 33)  # 100 devices, each simulator publishing to its own node
 # about 16 s in, and its first JetStream request can then time out once (5 s, 4 of 20
 # trials on NATS 2.15.1, the cluster still recovering the killed node) before it pulls.
 SECONDS = 32
-KILL_AT, DOWN_FOR = 8.0, 5.0
+#: The kill comes once this many readings are stored (a quarter of the run), the killed
+#: node and collector stay down DOWN_FOR seconds.
+KILL_AFTER, DOWN_FOR = 4_000, 5.0
 KILLED = 2  # the node killed (and the simulator publishing to it)
 CONSUMER = "zeal-collectors"
 BUGGY = Path(__file__).with_name("ack_before_commit.py")
@@ -84,12 +86,18 @@ def stall(database_url: str, seconds: float) -> threading.Thread:
         with psycopg.connect(url) as conn:
             conn.execute("LOCK TABLE batches IN ACCESS EXCLUSIVE MODE")
             held.set()
-            time.sleep(seconds)
+            time.sleep(seconds)  # time is the scenario: a database that stalls this long
 
     thread = threading.Thread(target=hold)
     thread.start()
     assert held.wait(10)
     return thread
+
+
+def holding(server: Server) -> bool:
+    """The collector holds fetched messages it has not stored (and so not acknowledged)."""
+    samples = metric_samples(server.http.get("/metrics").text)
+    return samples.get(("zeal_collector_unacknowledged_messages", ()), 0) > 0
 
 
 def run_trial(postgres_url: str, tmp_path: Path, *, buggy_second: bool = False) -> Trial:
@@ -140,13 +148,13 @@ def run_trial(postgres_url: str, tmp_path: Path, *, buggy_second: bool = False) 
                     text=True,
                 )
             )
-        time.sleep(KILL_AT)
+        wait_until(lambda: stats(servers[0])["readings"] >= KILL_AFTER, 120, "the run under way")
         locked = stall(postgres_url, 2.0)
-        time.sleep(1.0)  # the collectors have fetched and hold messages they cannot store
+        wait_until(lambda: holding(servers[1]), 10, "messages fetched and not stored")
         cluster.kill_node(KILLED)
         servers[1].kill()
         locked.join()
-        time.sleep(DOWN_FOR)
+        time.sleep(DOWN_FOR)  # time is the scenario: how long the node and collector stay down
         cluster.start_node(KILLED)
         servers[1].start()
         published = batches = 0
@@ -168,7 +176,9 @@ def run_trial(postgres_url: str, tmp_path: Path, *, buggy_second: bool = False) 
 
         with contextlib.suppress(AssertionError):  # the assertions below say what is missing
             wait_until(settled, 60, "all stored, or no message left unacknowledged")
-        time.sleep(8)  # longer than the ack wait: a redelivery would show as a duplicate
+        # Time is what is tested: longer than the ack wait, a redelivery would show as a
+        # duplicate.
+        time.sleep(8)
         final = stats(servers[0])
         metrics = [metric_samples(s.http.get("/metrics").text) for s in servers]
         shares = [m[("zeal_collector_readings_total", ())] for m in metrics]
@@ -331,6 +341,8 @@ def test_a_database_stall_longer_than_the_ack_wait_costs_no_redelivery(tmp_path:
         ]
         with stalled(database, 14.0):
             publish_all(cluster.mqtt_ports[1], messages, protocol=MQTTProtocolVersion.MQTTv311)
+            # Time is what is tested: the database stalls past two ack waits (5 s) while the
+            # collector holds the messages; none may come again.
             time.sleep(12)
         wait_until(lambda: stats(server)["messages"] == len(messages), 30, "all stored")
         samples = metric_samples(server.http.get("/metrics").text)

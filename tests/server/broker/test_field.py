@@ -185,7 +185,7 @@ def test_an_agent_stops_within_one_batch_once_its_stream_is_deleted(
                         agent.stdin.flush()  # type: ignore[union-attr]
                     except (BrokenPipeError, ValueError, OSError):
                         return
-                    time.sleep(1.0)
+                    time.sleep(1.0)  # time is the scenario: a sensor read once a second
 
             threading.Thread(target=feed, daemon=True).start()
             err = agent.stderr.read() if agent.stderr else ""  # until the agent exits
@@ -254,6 +254,7 @@ def test_two_servers_on_one_machine_run_side_by_side(broker: Mosquitto, tmp_path
                 return int(server.http.get(path).json()["readings"])
 
             wait_until(lambda readings=readings: readings() == 30, timeout=20, what=name)
+        # Time is what is tested: 10 s in, no collector has knocked another off the broker.
         time.sleep(max(0.0, began + 10 - time.monotonic()))
         for server in servers:
             health = server.http.get("/healthz").json()

@@ -3,6 +3,7 @@ a full disk under the SQLite store, and tokens on every route and never in the l
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -12,13 +13,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.server.metrics_check import metric_samples
 from tools.testbed.broker import Mosquitto, Subscriber
 from tools.testbed.flood import FLOOD_MESSAGES, flood_trial, limit_packet_size
 from tools.testbed.server import Server, create_temps, start_fleet, stream_body, verify, wait_for
+from tools.testbed.wait import wait_until
 from zeal import Zeal, decode_batch, encode_batch
 from zeal_server import store
 from zeal_server.app import create_app
@@ -119,7 +123,7 @@ class Readings:
         for i in range(300):
             if i == 150:
                 self.clock.back = 120.0
-            time.sleep(0.005)
+            time.sleep(0.005)  # time is the scenario: a sensor read every 5 ms by the clock
             yield Reading(40.0 + i % 30, None, i + 1)
 
 
@@ -177,13 +181,14 @@ def PARAMS_OF(config: dict[str, Any]) -> Zeal:
 
 
 def wait_for_stats(client: TestClient, readings: int, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
     body: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        body = client.get("/api/v1/streams/temps/stats").json()
-        if body["readings"] >= readings:
-            return body
-        time.sleep(0.1)
+
+    def reached() -> bool:
+        body.update(client.get("/api/v1/streams/temps/stats").json())
+        return bool(body["readings"] >= readings)
+
+    with contextlib.suppress(AssertionError):  # the caller says what is missing
+        wait_until(reached, timeout, f"{readings} readings")
     return body
 
 
@@ -231,18 +236,22 @@ def test_sqlite_disk_full_is_reported_and_nothing_unstored_is_acknowledged(
         create_temps(server)
         filler = fill(small_disk)
         fleet = start_fleet(broker, tmp_path, 50, 300)  # 5 batches of 60 per device, 15 s
-        deadline, health = time.monotonic() + 30, None
-        while time.monotonic() < deadline:
-            response = server.http.get("/healthz")
-            if response.status_code == 503:
-                health = response.json()
-                break
-            time.sleep(0.2)
-        assert health is not None, "the full disk never showed in /healthz"
+        answers: list[httpx.Response] = []
+
+        def failing() -> bool:
+            answers.append(server.http.get("/healthz"))
+            return answers[-1].status_code == 503
+
+        with contextlib.suppress(AssertionError):
+            wait_until(failing, 30, "a 503")
+        assert answers[-1].status_code == 503, "the full disk never showed in /healthz"
+        health = answers[-1].json()
         assert health["database"] == "failing in the collector"
         assert "full" in (health["collector"]["last_error"] or "")
         stored_while_full = server.stats()
-        time.sleep(3)
+        held = unacknowledged(server)
+        # Messages keep arriving and are held, unacknowledged: none of them is stored.
+        wait_until(lambda: unacknowledged(server) >= held + 10, 60, "more messages held")
         assert server.stats() == stored_while_full  # nothing more stored, so nothing acked
         os.remove(filler)
         _out, err = fleet.communicate(timeout=180)
@@ -255,6 +264,11 @@ def test_sqlite_disk_full_is_reported_and_nothing_unstored_is_acknowledged(
     log = server.log.read_text()
     assert "database or disk is full" in log
     assert "verify: OK" in verify(url)
+
+
+def unacknowledged(server: Server) -> float:
+    samples = metric_samples(server.http.get("/metrics").text)
+    return samples.get(("zeal_collector_unacknowledged_messages", ()), 0.0)
 
 
 OPERATOR = "operator-token-for-reliability-0001"

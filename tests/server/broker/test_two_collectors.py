@@ -132,6 +132,7 @@ def test_two_transactions_meeting_the_same_devices_in_opposite_orders_do_not_dea
             return (data_topic("temps", device), payload, now)
 
         b_started = threading.Event()
+        a_paused = threading.Event()
         outcomes: dict[str, Any] = {}
 
         class Paused(rawsql.Raw):
@@ -143,6 +144,7 @@ def test_two_transactions_meeting_the_same_devices_in_opposite_orders_do_not_dea
                 done = super()._run(session, sql, values)
                 if "device_periods" in sql and not self.waited:
                     self.waited = True
+                    a_paused.set()
                     b_started.wait(3)
                 return done
 
@@ -178,7 +180,7 @@ def test_two_transactions_meeting_the_same_devices_in_opposite_orders_do_not_dea
             target=run, args=("A", collector(Paused()), [message("dev1", 0), message("dev2", 0)])
         )
         first.start()
-        time.sleep(0.5)  # A holds dev1's rows and waits
+        assert a_paused.wait(30)  # A holds dev1's rows and waits
         second = threading.Thread(
             target=run,
             args=("B", collector(Signalling()), [message("dev2", 1), message("dev1", 1)]),

@@ -223,8 +223,20 @@ def test_the_simulator_keeps_the_policy_too(
         result.stdout
     )
     wait_until(lambda: stats(client)["readings"] == sent, what="one round of 2 per device")
-    time.sleep(1)
-    assert stats(client)["readings"] == sent
+    # The simulator has exited, every batch acknowledged: a sentinel batch of another
+    # device published now is stored after anything more it could have sent.
+    params = params_from_config(save_config(client, tmp_path / "params.json").read_text())
+    sentinel = encode_batch(
+        params,
+        stream="temps",
+        device="sentinel",
+        sequence=0,
+        timestamps=[int(time.time() * 1000)],
+        codes=params.perturb([50.0]),
+    )
+    publish_all(broker.port, [("zeal/v1/temps/sentinel/up", sentinel)])
+    wait_until(lambda: stats(client)["devices"] == 4, what="the sentinel's batch")
+    assert stats(client)["readings"] == sent + 1
     assert stats(client)["rejects"] == {}
 
 

@@ -3,23 +3,34 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import numpy as np
+from sqlalchemy.engine import Engine
 
+from tools.testbed.wait import wait_until
 from zeal import encode_batch
 from zeal_server import store
 from zeal_server.ingest import Ingest
 from zeal_server.store.db import make_engine, migrate, session_factory
 
 
+def waiting_on_a_lock(engine: Engine) -> bool:
+    """A session of this database waits for a lock (PostgreSQL's pg_stat_activity)."""
+    with engine.connect() as conn:
+        waiting = conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).scalar()
+    return bool(waiting)
+
+
 def test_two_collectors_compacting_one_bucket_at_once_merge_its_parts_once(
     postgres_url: str,
 ) -> None:
-    """Collector A merges a bucket's parts and holds its transaction open for 2 s; collector
-    B compacts the same bucket meanwhile. B waits for A's locks, finds the parts A merged
-    gone, and merges nothing: every reading is in the segments once (before the parts
+    """Collector A merges a bucket's parts and holds its transaction open until collector B,
+    compacting the same bucket meanwhile, waits for A's locks. B then finds the parts A
+    merged gone, and merges nothing: every reading is in the segments once (before the parts
     were locked, B merged them a second time, and every reading of the bucket was in its
     segments twice: found by the two-collector test's verify)."""
     engine = make_engine(postgres_url)
@@ -59,7 +70,7 @@ def test_two_collectors_compacting_one_bucket_at_once_merge_its_parts_once(
         merged["A"] = store.compact(session, row)
         other = threading.Thread(target=collector_b)
         other.start()
-        time.sleep(2)  # B reads and waits meanwhile
+        wait_until(lambda: waiting_on_a_lock(engine), 30, "B waiting for A's lock")
     other.join(30)
     with sessions() as session:
         row = store.stream_by_name(session, "temps")

@@ -45,6 +45,7 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
         body["writer"] = "down" if coll.writer_error is not None else "ok"
         body["collector"] = {
             "client_id": coll.client_id,
+            "subscribed": coll.subscribed.is_set(),
             "queue": coll.queue.qsize(),
             "commit_lag_ms": coll.lags.summary(),
             "database_ok": coll.database_ok,
