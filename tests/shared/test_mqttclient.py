@@ -15,7 +15,7 @@ import pytest
 from tools.testbed.broker import Mosquitto
 from tools.testbed.wait import wait_until
 from zeal.brokerurl import parse_broker_url
-from zeal.mqttclient import acknowledge, connect_persistent, make_client
+from zeal.mqttclient import acknowledge, connect_persistent, flush, make_client
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,9 @@ def test_acknowledging_a_batch_from_another_thread_reaches_the_broker(
     wake = client._sockpairW
     acknowledge(client, [(m.mid, m.qos) for m in received])
     assert client._sockpairW is wake
-    # paho writes its packet queue in order: the PUBACKs leave before the DISCONNECT.
+    # The broker answers an unsubscription only after the packets before it: once it has,
+    # it has read the PUBACKs (zeal.mqttclient.flush, as the collector does before leaving).
+    assert flush(client, "test-unused/#", timeout=30)
     client.disconnect()
     client.loop_stop()
     again: list[mqtt.MQTTMessage] = []
