@@ -10,12 +10,13 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from tools.testbed.wait import wait_until
 
 BASE_IMAGE = "docker.io/library/debian:bookworm-slim"
 #: What a Debian host's containers need (deploy/README.md): runc, and rlimits the host allows.
@@ -104,15 +105,16 @@ def engine(directory: Path) -> Iterator[Engine]:
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 60
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), timeout=5) as http:
-            while True:
+
+            def answers() -> bool:
+                if service.poll() is not None:
+                    raise RuntimeError(f"podman system service ended; see {log.name}")
                 with contextlib.suppress(httpx.TransportError):
-                    if http.get("http://d/_ping").text == "OK":
-                        break
-                if service.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"podman system service did not answer on {socket}")
-                time.sleep(0.2)
+                    return http.get("http://d/_ping").text == "OK"
+                return False
+
+            wait_until(answers, 60, f"podman system service on {socket}")
         yield Engine(env={**env, "DOCKER_HOST": f"unix://{socket}"}, cli="podman", _service=service)
     finally:
         service.terminate()

@@ -56,20 +56,27 @@ def test_what_counts_as_costly(path: str, query: dict[str, str], kind: str | Non
     assert heavy_kind(path, query) == kind
 
 
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
+def served(tmp_path: Path, **tokens: str) -> Iterator[TestClient]:
+    """A server with one slot per heavy kind (ZEAL_HEAVY_READS=1), the operator token and
+    `tokens`, and a stream `temps`."""
     settings = ServerSettings.from_env(
         {
             "ZEAL_DATABASE_URL": f"sqlite:///{tmp_path / 'zeal.sqlite'}",
             "ZEAL_MQTT_URL": "off",
             "ZEAL_HEAVY_READS": "1",
             "ZEAL_OPERATOR_TOKEN": TOKEN,
+            **tokens,
         }
     )
     with TestClient(create_app(settings)) as c:
         body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
         assert c.post("/api/v1/streams", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
         yield c
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    yield from served(tmp_path)
 
 
 def test_past_the_slots_a_heavy_read_gets_429_and_a_light_one_is_served(
@@ -121,19 +128,7 @@ def test_a_heavy_read_waits_for_a_slot_that_frees_meanwhile(client: TestClient) 
 @pytest.fixture
 def guarded(tmp_path: Path) -> Iterator[TestClient]:
     """A server with a read token (and ZEAL_HEAVY_READS=1)."""
-    settings = ServerSettings.from_env(
-        {
-            "ZEAL_DATABASE_URL": f"sqlite:///{tmp_path / 'zeal.sqlite'}",
-            "ZEAL_MQTT_URL": "off",
-            "ZEAL_HEAVY_READS": "1",
-            "ZEAL_OPERATOR_TOKEN": TOKEN,
-            "ZEAL_READ_TOKEN": READ,
-        }
-    )
-    with TestClient(create_app(settings)) as c:
-        body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
-        assert c.post("/api/v1/streams", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
-        yield c
+    yield from served(tmp_path, ZEAL_READ_TOKEN=READ)
 
 
 def test_one_token_spelt_with_other_white_space_is_one_client(guarded: TestClient) -> None:
