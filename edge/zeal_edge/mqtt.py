@@ -61,6 +61,7 @@ class Connection:
         client_id: str,
         subscriptions: list[str],
         will: tuple[str, bytes] | None = None,
+        client: Any = None,
     ) -> None:
         self.settings, self.client_id = settings, owned_client_id(settings.username, client_id)
         self.subscriptions = subscriptions
@@ -82,7 +83,8 @@ class Connection:
                 "by the collector; check that %s may write its data topic (docs/edge-agent.md)",
                 client_id,
             )
-        client = make_client(settings, client_id)
+        if client is None:  # unit tests hand in a fake one (tools/testbed/fakepaho.py)
+            client = make_client(settings, client_id)
         if will is not None:  # published (retained) by the broker if we vanish
             client.will_set(will[0], will[1], qos=1, retain=True)
         client.max_inflight_messages_set(100)

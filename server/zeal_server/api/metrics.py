@@ -61,7 +61,8 @@ class _ProcessFigures(PrometheusCollector):
 
     def collect(self) -> Iterator[Metric]:
         coll = self.collector
-        counts = dict(coll.counts) if coll else {}
+        now = coll.status() if coll is not None else None
+        counts = now.counts if now else {}
         messages = CounterMetricFamily(
             "zeal_collector_messages",
             "Messages the collector received, by outcome (this process; each message counts "
@@ -78,7 +79,7 @@ class _ProcessFigures(PrometheusCollector):
             'zeal_collector_messages_total{outcome="rejected"}).',
             labels=["reason"],
         )
-        for reason, count in sorted((coll.rejected_by if coll else {}).items()):
+        for reason, count in sorted((now.rejected_by if now else {}).items()):
             rejected.add_metric([reason], count)
         yield rejected
         for name, key, text in (
@@ -106,15 +107,15 @@ class _ProcessFigures(PrometheusCollector):
         yield GaugeMetricFamily(
             "zeal_collector_queue_messages",
             "Messages received and waiting to be stored (this process).",
-            value=coll.queue.qsize() if coll else 0,
+            value=now.queued if now else 0,
         )
         yield GaugeMetricFamily(
             "zeal_collector_unacknowledged_messages",
             "Data messages received and not yet acknowledged to the broker (this process; "
             "at most ZEAL_COLLECTOR_INFLIGHT while the broker honours Receive Maximum).",
-            value=coll.holding if coll else 0,
+            value=now.holding if now else 0,
         )
-        oldest = coll.oldest_ms if coll else None
+        oldest = now.oldest_ms if now else None
         yield GaugeMetricFamily(
             "zeal_collector_oldest_unacknowledged_seconds",
             "Age of the oldest message the writer is storing (0 when idle): grows through a "
@@ -124,9 +125,9 @@ class _ProcessFigures(PrometheusCollector):
         yield GaugeMetricFamily(
             "zeal_collector_broker_connected",
             "1 while the collector is connected to the broker (this process).",
-            value=int(bool(coll and coll.broker_connected)),
+            value=int(bool(now and now.broker_connected)),
         )
-        source = getattr(coll, "jetstream", None)
+        source = now.source("jetstream") if now else None
         yield GaugeMetricFamily(
             "zeal_collector_jetstream_connected",
             "1 while the collector pulls from NATS JetStream; 0 while it cannot (and when "
@@ -137,9 +138,9 @@ class _ProcessFigures(PrometheusCollector):
             "zeal_collector_jetstream_skipped",
             "Messages of NATS's $MQTT_msgs on other topics than the data topics (notices, "
             "presence), acknowledged and left alone (this process).",
-            value=source.skipped if source is not None else 0,
+            value=source.skipped.get("other_topic", 0) if source is not None else 0,
         )
-        chirpstack = getattr(coll, "chirpstack", None)
+        chirpstack = now.source("chirpstack") if now else None
         yield GaugeMetricFamily(
             "zeal_collector_chirpstack_connected",
             "1 while the collector is connected to ChirpStack's broker for LoRaWAN uplinks; "
@@ -153,14 +154,14 @@ class _ProcessFigures(PrometheusCollector):
             "and port) (this process).",
             labels=["reason"],
         )
-        counted = coll.uplinks.skipped if coll is not None else {}
+        counted = chirpstack.skipped if chirpstack is not None else {}
         for reason in ("no_data", "unbound"):
             skipped.add_metric([reason], counted.get(reason, 0))
         yield skipped
         yield GaugeMetricFamily(
             "zeal_collector_database_ok",
             "1 while the collector's last database write succeeded (this process).",
-            value=int(bool(coll is None or coll.database_ok)),
+            value=int(bool(now is None or now.database_ok)),
         )
         closed = CounterMetricFamily(
             "zeal_http_connections_closed",
@@ -181,7 +182,7 @@ class _ProcessFigures(PrometheusCollector):
             refused.add_metric([kind], count)
         yield refused
         if coll is not None:
-            yield from coll.lags.collect()
+            yield from coll.lag_metrics()
 
 
 class _DatabaseFigures(PrometheusCollector):

@@ -1,11 +1,11 @@
 """What the HTTP layer sees of a running collector and of the broker's login admin: the
 Protocols that ``zeal_server.broker`` satisfies. The API never imports the broker package;
-``zeal_server.app`` hands it the real ones (docs/architecture.md)."""
+``zeal_server.app`` hands it the real ones (docs/architecture.md). Of the collector it reads
+one status snapshot (``zeal_server.status``) and the commit-lag histogram, publishes through
+its configurations, and tells it what changed."""
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -13,49 +13,9 @@ from prometheus_client.metrics_core import Metric
 from sqlalchemy.orm import Session, sessionmaker
 
 from zeal_server.settings import ServerSettings
+from zeal_server.status import CollectorStatus
 
-__all__ = [
-    "Configs",
-    "Logins",
-    "LoginsFor",
-    "Queue",
-    "Running",
-    "Source",
-    "StartCollector",
-    "Subscriber",
-    "Uplinks",
-]
-
-
-class Queue(Protocol):
-    def qsize(self) -> int: ...
-
-
-class Lags(Protocol):
-    def collect(self) -> Iterator[Metric]: ...
-
-    def summary(self, window_s: float = 60.0) -> dict[str, float] | None: ...
-
-
-class Source(Protocol):
-    """The JetStream source, when the data come from NATS."""
-
-    connected: bool
-    last_error: str | None
-
-
-class Uplinks(Protocol):
-    """The LoRaWAN uplinks' translation, when the collector takes them from ChirpStack."""
-
-    skipped: Counter[str]
-
-
-class Subscriber(Protocol):
-    """The ChirpStack source, when LoRaWAN uplinks come from ChirpStack's broker."""
-
-    connected: bool
-    subscribed: bool
-    last_error: str | None
+__all__ = ["Configs", "Logins", "LoginsFor", "Running", "StartCollector"]
 
 
 class Configs(Protocol):
@@ -67,39 +27,16 @@ class Configs(Protocol):
 
 
 class Running(Protocol):
-    """A started collector: its figures for /metrics and /readyz, and what the routes tell
-    it (``zeal_server.broker.collector.Collector`` provides it)."""
-
-    client_id: str
-    counts: Counter[str]
-    rejected_by: Counter[str]
-    broker_connected: bool
-    subscribed: threading.Event  # set by the SUBACK of the data topics
-    database_ok: bool
-    last_error: str | None
-    writer_error: str | None
-    oldest_ms: int | None
-
-    @property
-    def queue(self) -> Queue: ...
-
-    @property
-    def lags(self) -> Lags: ...
+    """A started collector (``zeal_server.broker.collector.Collector`` provides it)."""
 
     @property
     def configs(self) -> Configs: ...
 
-    @property
-    def holding(self) -> int: ...
+    def status(self) -> CollectorStatus:
+        """Its figures and state now, for /readyz, /healthz and /metrics."""
 
-    @property
-    def jetstream(self) -> Source | None: ...
-
-    @property
-    def chirpstack(self) -> Subscriber | None: ...
-
-    @property
-    def uplinks(self) -> Uplinks: ...
+    def lag_metrics(self) -> Iterator[Metric]:
+        """The commit lag's histogram family."""
 
     def stop(self) -> None: ...
 

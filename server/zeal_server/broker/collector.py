@@ -1,57 +1,54 @@
-"""The MQTT collector: shared subscription, manual acknowledgement after commit.
+"""The collector: its sources, the door, and one writer that stores and acknowledges.
 
-Back-pressure is the broker's (MQTT v5 Receive Maximum = ``ZEAL_COLLECTOR_INFLIGHT``;
-docs/server.md says what happens when a broker sends more). With ``ZEAL_NATS_URL`` the data
-come from JetStream instead (``jetstream``), under the same limit. One writer thread takes
-up to ``batch_max`` messages at a time, stores them in one transaction, and only then
-acknowledges each (rejected ones too, so they do not loop). If the database fails, the
-transaction is rolled back, nothing is acknowledged, and the same messages are retried
-with backoff until it answers again.
+Messages come from sources (``sources``): Zeal's broker (``mqttsource``, the data unless
+JetStream carries them, and always the stream configurations), NATS JetStream
+(``jetstream``, with ``ZEAL_NATS_URL``) and ChirpStack's uplink events
+(``chirpstack.source``, with ``ZEAL_CHIRPSTACK_URL``). Each hands its messages to the door
+(``door``), which sheds what must not be decoded and queues the rest (``inbox``). One writer
+thread takes up to ``batch_max`` messages at a time, stores them in one transaction, and
+only then has their source acknowledge each (rejected ones too, so they do not loop). If
+the database fails, the transaction is rolled back, nothing is acknowledged, and the same
+messages are retried with backoff until it answers again.
 
 The writer also keeps the broker's retained stream configurations true to the database
-(``configsync``) and tells devices what needs their attention (``notices``).
+(``configsync``), tells devices what needs their attention (``notices``), and housekeeps
+(compaction, retention, pruning) between transactions. ``status()`` is what the HTTP layer
+reads of it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import compress
 from operator import attrgetter
 from typing import Any, Literal
 
-import paho.mqtt.client as mqtt
-from paho.mqtt.reasoncodes import ReasonCode
-from paho.mqtt.subscribeoptions import SubscribeOptions
+from prometheus_client.metrics_core import Metric
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from zeal.brokerurl import Flapping, why_unreachable
-from zeal.mqttclient import acknowledge, connect_persistent, flush, make_client
-from zeal.topics import (
-    CONFIG_FILTER,
-    DATA_FILTER,
-    FLUSH_FILTER,
-    MAX_TOPIC_LENGTH,
-    parse_config_topic,
-)
 from zeal_server import store
 from zeal_server.broker import door, identity
-from zeal_server.broker.chirpstacksource import ChirpStackSource
+from zeal_server.broker.chirpstack.source import ChirpStackSource
+from zeal_server.broker.chirpstack.uplinks import Translated, Uplinks
 from zeal_server.broker.configsync import ConfigSync
-from zeal_server.broker.inbox import CHIRPSTACK, Inbox, Received, Shed
+from zeal_server.broker.inbox import CHIRPSTACK, DATA, Inbox, Received, Shed
 from zeal_server.broker.jetstream import JetStreamSource
 from zeal_server.broker.lags import CommitLags
+from zeal_server.broker.mqttsource import MqttSource
 from zeal_server.broker.notices import Notifier
-from zeal_server.broker.uplinks import Translated, Uplinks
+from zeal_server.broker.sources import Source
 from zeal_server.ingest import Ingest, Original, Outcome
 from zeal_server.settings import ServerSettings
+from zeal_server.status import CollectorStatus, SourceStatus
 from zeal_server.store.db import error_text as db_error_text
 
-__all__ = ["Collector", "data_subscription", "subscriptions", "tally"]
+__all__ = ["Collector", "tally"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +61,8 @@ _STATUS, _READINGS, _RESET = attrgetter("status"), attrgetter("readings"), attrg
 
 
 class Collector:
-    """Subscribes, stores and acknowledges; ``start()``/``stop()`` from the app lifespan."""
+    """Takes from its sources, stores and acknowledges; ``start()``/``stop()`` from the app
+    lifespan."""
 
     def __init__(
         self,
@@ -74,18 +72,24 @@ class Collector:
         batch_max: int | None = None,
         compact_every: float = 30.0,
         sync_every: float = 2.0,
+        mqtt_client: Any = None,
     ) -> None:
-        assert settings.broker is not None
-        self.settings, self.sessions = settings, sessions
-        self.sync_every, self.queue = sync_every, Inbox(2 * settings.collector_inflight)
+        broker = settings.broker
+        assert broker is not None
+        self.settings = settings
+        self.sessions = sessions
+        self.sync_every = sync_every
+        self.queue = Inbox(2 * settings.collector_inflight)
         #: Data messages queued (network thread) and acknowledged (writer thread): their
         #: difference is what the collector holds unacknowledged.
-        self.received = self.acknowledged = 0
+        self.received = 0
+        self.acknowledged = 0
         #: When the oldest message the writer holds arrived (ms), None when it holds none.
         self.oldest_ms: int | None = None
         #: Messages stored in one transaction at most: by default all the broker may have
         #: in flight (Inbox.take gathers that many only under a heavy inflow).
-        self.batch_max, self.compact_every = batch_max or settings.collector_inflight, compact_every
+        self.batch_max = batch_max or settings.collector_inflight
+        self.compact_every = compact_every
         self.ingest = Ingest(
             max_future_ms=settings.max_future_seconds * 1000,
             max_age_ms=settings.max_age_seconds * 1000,
@@ -99,49 +103,58 @@ class Collector:
         self._forget_devices = threading.Event()
         self.budget = door.RejectBudget()
         self.shed = Shed()
-        self.broker_connected = False
-        self.subscribed = threading.Event()
         self.database_ok = True
+        #: The database's last error (the sources keep their own).
         self.last_error: str | None = None
         self._stop = threading.Event()
-        self._connect_logged = -1e18  # connection errors are logged once a minute
         self._log_rejects = door.LogThrottle()
-        self._flapping = Flapping()
-        broker = settings.broker
         self._identity, self.client_id = identity.collector_client_id(settings)
-        client = make_client(broker, self.client_id, manual_ack=True, persistent=True)
-        client.on_connect = self._on_connect
-        client.on_connect_fail = self._on_connect_fail
-        client.on_disconnect = self._on_disconnect
-        client.on_message = self._on_message
-        client.on_subscribe = lambda _c, _u, _mid, _codes, _p: self.subscribed.set()
-        self.client = client
-        self.configs = ConfigSync(
-            lambda topic, payload: client.publish(topic, payload, qos=1, retain=True), sessions
+        #: Zeal's broker: the data unless JetStream carries them, the configurations always.
+        self.mqtt = MqttSource(
+            broker,
+            client_id=self.client_id,
+            share_group=settings.share_group,
+            inflight=settings.collector_inflight,
+            data=not settings.nats_servers,
+            on_config=lambda stream, payload: self.configs.seen(stream, payload),
+            on_connect=lambda: self.configs.forget_broker(),
+            client=mqtt_client,
         )
-        self.notices = Notifier(lambda topic, payload: client.publish(topic, payload, qos=1))
-        self.jetstream: JetStreamSource | None = None
-        if settings.nats_servers:
-            self.jetstream = JetStreamSource(
-                list(settings.nats_servers),
-                consumer=settings.nats_consumer,
-                inflight=settings.collector_inflight,
-                ack_wait=settings.nats_ack_wait,
-                name=self.client_id,
-                login=(broker.username, broker.password) if broker.username else None,
-            )
-            self.jetstream.offer = self._offer
-            self.jetstream.room = lambda: settings.collector_inflight - self.holding
+        self.configs = ConfigSync(functools.partial(self.mqtt.publish, retain=True), sessions)
+        self.notices = Notifier(self.mqtt.publish)
+        self.jetstream = self._jetstream_source()
+        #: Where devices' batches come from (DATA), and ChirpStack's events (CHIRPSTACK).
+        self.data: Source = self.jetstream or self.mqtt
+        self.data.offer = self._offer
         #: LoRaWAN uplinks from ChirpStack's MQTT integration (ZEAL_CHIRPSTACK_URL).
-        self.uplinks, self._reload_bindings = Uplinks(), threading.Event()
+        self.uplinks = Uplinks()
+        self._reload_bindings = threading.Event()
         self.chirpstack = self._chirpstack_source()
+        self.sources: list[Source] = [self.mqtt]
+        self.sources += [s for s in (self.jetstream, self.chirpstack) if s is not None]
         # The writer thread's own state.
         self.writer_error: str | None = None
         self._synced_connects = 0
         self._last_sync = self._last_compact = time.monotonic()
-        self._backoff, self._retried = 0.5, False
+        self._backoff = 0.5
+        self._retried = False
         self._reload_streams = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="zeal-writer", daemon=True)
+
+    def _jetstream_source(self) -> JetStreamSource | None:
+        broker, settings = self.settings.broker, self.settings
+        if not settings.nats_servers or broker is None:
+            return None
+        source = JetStreamSource(
+            list(settings.nats_servers),
+            consumer=settings.nats_consumer,
+            inflight=settings.collector_inflight,
+            ack_wait=settings.nats_ack_wait,
+            name=self.client_id,
+            login=(broker.username, broker.password) if broker.username else None,
+        )
+        source.room = lambda: settings.collector_inflight - self.holding
+        return source
 
     def _chirpstack_source(self) -> ChirpStackSource | None:
         if self.settings.chirpstack is None:
@@ -160,32 +173,15 @@ class Collector:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        broker = self.settings.broker
-        assert broker is not None
-        connect_persistent(
-            self.client,
-            broker,
-            session_expiry=7 * 24 * 3600,
-            receive_maximum=self.settings.collector_inflight,
-        )
-        self.client.loop_start()
-        if self.jetstream is not None:
-            self.jetstream.start()
-        if self.chirpstack is not None:
-            self.chirpstack.start()
+        for source in self.sources:
+            source.start()
         self._writer.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._writer.join(timeout=30)
-        if self.jetstream is not None:
-            self.jetstream.stop()
-        if self.chirpstack is not None:
-            self.chirpstack.stop()
-        if self.broker_connected:  # the last acknowledgements first, or they come back
-            flush(self.client, FLUSH_FILTER)
-        self.client.disconnect()
-        self.client.loop_stop()
+        for source in reversed(self.sources):  # Zeal's broker last: it carries the notices
+            source.stop()
         if self._identity is not None:
             self._identity.release()
 
@@ -207,94 +203,72 @@ class Collector:
         write, rolls back, drops its caches and retries)."""
         self._forget_devices.set()
 
-    # -- paho callbacks (network thread) --------------------------------------------------
+    # -- what the HTTP layer reads ----------------------------------------------------------
 
-    def _on_connect(
-        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _properties: Any
-    ) -> None:
-        if reason.is_failure:
-            log.error("broker refused the collector: %s", reason)
-            return
-        self.broker_connected = True
-        self.counts["connects"] += 1
-        self._flapping.connected(time.monotonic())
-        client.reconnect_delay_set(min_delay=1, max_delay=30)
-        self.configs.forget_broker()
-        topic = data_subscription(self.settings.share_group)
-        log.info(
-            "collector %s connected to %s; subscribing to %s",
-            self.client_id,
-            self.settings.broker.url if self.settings.broker else "?",
-            topic,
-        )
-        client.subscribe(
-            subscriptions(topic, v311=client.protocol == mqtt.MQTTv311, data=self.jetstream is None)
-        )
+    @property
+    def broker_connected(self) -> bool:
+        """Connected to Zeal's broker."""
+        return self.mqtt.connected
 
-    def _on_connect_fail(self, _client: mqtt.Client, _userdata: Any) -> None:
-        broker = self.settings.broker
-        assert broker is not None
-        self.last_error = f"broker {broker.url}: {why_unreachable(broker)}"
-        now = time.monotonic()
-        if now - self._connect_logged >= 60:
-            self._connect_logged = now
-            log.error("cannot connect to the %s; retrying (logged once a minute)", self.last_error)
-
-    def _on_disconnect(
-        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _properties: Any
-    ) -> None:
-        flapping = self._flapping.lost(time.monotonic())
-        if getattr(reason, "value", None) == identity.SESSION_TAKEN_OVER or flapping:
-            self.counts["session_taken_over"] += 1
-            self.last_error = identity.takeover_text(self.client_id, flapping=flapping)
-            log.error(
-                "%s. Two collectors must never share ZEAL_COLLECTOR_ID (unset it and each "
-                "server claims its own); another connection under this collector's login "
-                "and id may hold its password. Taking the session back in %d s.",
-                self.last_error,
-                identity.TAKEOVER_RETRY,
-            )
-            retry = identity.TAKEOVER_RETRY
-            client.reconnect_delay_set(min_delay=retry, max_delay=retry)
-        elif self.broker_connected and not self._stop.is_set():
-            log.warning("collector disconnected (%s); reconnecting", reason)
-        self.broker_connected = False
-        self.subscribed.clear()  # set again by the SUBACK after the next connection
-
-    def _on_message(self, client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
-        try:
-            topic = message.topic
-        except UnicodeDecodeError:  # brokers check UTF-8; never trust that
-            topic = ""
-        data = topic.endswith("/up") or len(topic) > MAX_TOPIC_LENGTH  # configs end in /config
-        stream = None if data else parse_config_topic(topic)
-        if stream is not None:
-            self.configs.seen(stream, bytes(message.payload))
-            client.ack(message.mid, message.qos)
-            return
-        if not self._offer(  # shed: acknowledged, so that the broker does not resend it
-            topic, bytes(message.payload), message.mid, retained=message.retain, qos=message.qos
-        ):
-            client.ack(message.mid, message.qos)
+    @property
+    def subscribed(self) -> threading.Event:
+        """Set by the SUBACK of Zeal's broker after each connection."""
+        return self.mqtt.subscribed
 
     @property
     def holding(self) -> int:
         """Data messages received and not yet acknowledged."""
         return self.received - self.acknowledged
 
+    def status(self) -> CollectorStatus:
+        """The figures and state of this collector now (``zeal_server.status``)."""
+        counts = Counter(self.counts)
+        counts["connects"] = self.mqtt.connects
+        counts["session_taken_over"] = self.mqtt.takeovers
+        sources = tuple(
+            SourceStatus(s.name, s.connected, s.ready, s.last_error, self._skipped(s))
+            for s in self.sources
+        )
+        return CollectorStatus(
+            client_id=self.client_id,
+            counts=dict(+counts),
+            rejected_by=dict(self.rejected_by),
+            broker_connected=self.mqtt.connected,
+            subscribed=self.mqtt.subscribed.is_set(),
+            database_ok=self.database_ok,
+            last_error=self.last_error if not self.database_ok else self.mqtt.last_error,
+            writer_error=self.writer_error,
+            oldest_ms=self.oldest_ms,
+            holding=self.holding,
+            queued=self.queue.qsize(),
+            commit_lag_ms=self.lags.summary(),
+            sources=sources,
+        )
+
+    def _skipped(self, source: Source) -> dict[str, int]:
+        if source is self.jetstream:
+            return {"other_topic": self.jetstream.skipped}
+        if source is self.chirpstack:
+            return dict(self.uplinks.skipped)
+        return {}
+
+    def lag_metrics(self) -> Iterator[Metric]:
+        """The commit lag's histogram (``zeal_collector_commit_lag_seconds``)."""
+        return self.lags.collect()
+
+    # -- the door (the sources' network threads) -----------------------------------------
+
     def _offer(
-        self, topic: str, payload: bytes, token: int, *, retained: bool = False, qos: int = 1
+        self, topic: str, payload: bytes, token: int, qos: int = 1, retained: bool = False
     ) -> bool:
-        """The door (zeal_server.broker.door), for a data message from either source: False when it
-        is shed there (the source acknowledges it at once), True when it is queued for the
-        writer (`token` and `qos`: how to acknowledge it after the commit)."""
+        """The door (zeal_server.broker.door), for a device's batch from the data source:
+        False when it is shed there (the source acknowledges it at once), True when it is
+        queued for the writer (`token` and `qos`: how to acknowledge it after the commit)."""
         reason = door.refusal(topic, retained=retained, size=len(payload), budget=self.budget)
         if reason is not None:  # shed without decoding or queueing
             self.budget.spend(topic)
             self.shed.add(topic, reason)
-            self.counts["rejected"] += 1
-            self.counts[reason] += 1
-            self.rejected_by[reason] += 1
+            self._count_shed(reason)
             return False
         self.received += 1
         if not self.queue.put(Received(topic, payload, token, qos, int(time.time() * 1000))):
@@ -302,21 +276,24 @@ class Collector:
         return True
 
     def _offer_event(self, topic: str, payload: bytes, mid: int, qos: int, retained: bool) -> bool:
-        """The door for a ChirpStack uplink event (the network thread of its source): a
-        retained one, or one over the wire's size limit, is shed and counted; the rest are
-        queued for the writer, which translates them (zeal_server.broker.uplinks)."""
+        """The door for a ChirpStack uplink event: a retained one, or one over the wire's
+        size limit, is shed and counted; the rest are queued for the writer, which
+        translates them (zeal_server.broker.chirpstack.uplinks)."""
         reason = "retained" if retained else ("too_large" if len(payload) > MAX_EVENT else None)
         if reason is not None:
             self.shed.add("", reason)
-            self.counts["rejected"] += 1
-            self.counts[reason] += 1
-            self.rejected_by[reason] += 1
+            self._count_shed(reason)
             return False
         self.received += 1
         received = Received(topic, payload, mid, qos, int(time.time() * 1000), CHIRPSTACK)
         if not self.queue.put(received):
             self.counts["queue_full"] += 1
         return True
+
+    def _count_shed(self, reason: str) -> None:
+        self.counts["rejected"] += 1
+        self.counts[reason] += 1
+        self.rejected_by[reason] += 1
 
     # -- writer thread ----------------------------------------------------------------------
 
@@ -369,7 +346,7 @@ class Collector:
     def _keep_in_sync(self) -> None:
         """Sync the retained configurations when due (a new connection, a change, or every
         sync_every seconds), and drop cached device ids when asked."""
-        connects = self.counts["connects"]
+        connects = self.mqtt.connects
         due = (
             connects > self._synced_connects
             or self.configs.changed.is_set()
@@ -473,16 +450,13 @@ class Collector:
         """After the commit: acknowledge every message, count it, and tell devices what
         needs their attention."""
         committed = time.time() * 1000
-        main = pending
-        if self.chirpstack is not None:
-            main = [message for message in pending if message.source != CHIRPSTACK]
+        if self.chirpstack is None:
+            self.data.ack([(message.mid, message.qos) for message in pending])
+        else:
+            self.data.ack([(m.mid, m.qos) for m in pending if m.source == DATA])
             events = [(m.mid, m.qos) for m in pending if m.source == CHIRPSTACK]
             if events:
                 self.chirpstack.ack(events)
-        if self.jetstream is not None:
-            self.jetstream.ack([message.mid for message in main])
-        else:
-            acknowledge(self.client, [(message.mid, message.qos) for message in main])
         self.acknowledged += len(pending)
         statuses, lags, unusual = tally(pending, outcomes)
         for message, outcome in unusual:
@@ -550,36 +524,6 @@ class Collector:
             outcomes[k] = outcome
         assert all(o is not None for o in outcomes)
         return outcomes  # type: ignore[return-value]
-
-
-def data_subscription(share_group: str) -> str:
-    """What the collector subscribes to: every device's data, shared when a group is set.
-
-    One collector (the default) uses a plain subscription: Mosquitto drops what it queued
-    for a shared subscription while the collector was away (deploy/SCALING.md). Several
-    collectors need a group (ZEAL_SHARE_GROUP), on a broker whose shared subscriptions
-    survive restarts.
-    """
-    return f"$share/{share_group}/{DATA_FILTER}" if share_group else DATA_FILTER
-
-
-def subscriptions(data_topic: str, *, v311: bool, data: bool = True) -> list[tuple[str, Any]]:
-    """What the collector subscribes to: the data topic (unless the data come from
-    JetStream) and the stream configurations.
-
-    Under MQTT v5 our own configuration messages are not echoed back (no_local); the
-    retained ones of every stream arrive once, and other servers' changes as they happen.
-    Retained data messages are never sent at subscription (retainHandling 2): a batch
-    retained on a data topic would otherwise be replayed at every resubscribe. MQTT 3.1.1
-    has neither option: our own configurations come back (the sync finds them equal to
-    the database's and does nothing), and retained data messages are refused at the door.
-    """
-    if v311:
-        return [(data_topic, 1), (CONFIG_FILTER, 1)] if data else [(CONFIG_FILTER, 1)]
-    configs = (CONFIG_FILTER, SubscribeOptions(qos=1, noLocal=True))
-    if not data:
-        return [configs]
-    return [(data_topic, SubscribeOptions(qos=1, retainHandling=2)), configs]
 
 
 def tally(

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from zeal.topics import parse_data_topic
 
-__all__ = ["BUSY_RATE", "CHIRPSTACK", "STRETCH", "Inbox", "Received", "Shed"]
+__all__ = ["BUSY_RATE", "CHIRPSTACK", "DATA", "STRETCH", "Inbox", "Received", "Shed"]
 
 
 class Received(NamedTuple):
@@ -22,11 +22,14 @@ class Received(NamedTuple):
     mid: int
     qos: int
     received_ms: int
-    #: Where it came from: Zeal's broker or JetStream (0), ChirpStack's uplinks (CHIRPSTACK).
+    #: What it is: a device's batch (DATA, from Zeal's broker or JetStream), or an uplink
+    #: event (CHIRPSTACK): which source acknowledges it, and how the writer reads it.
     source: int = 0
 
 
-#: ``Received.source`` of a ChirpStack uplink event (zeal_server.broker.chirpstacksource).
+#: ``Received.source`` of a device's batch, from the collector's data source.
+DATA = 0
+#: ``Received.source`` of a ChirpStack uplink event (zeal_server.broker.chirpstack.source).
 CHIRPSTACK = 1
 
 

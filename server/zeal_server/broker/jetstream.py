@@ -45,6 +45,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from zeal.topics import parse_data_topic
+from zeal_server.broker.sources import Offer
 
 __all__ = ["MQTT_STREAM", "JetStreamSource", "topic_of"]
 
@@ -65,12 +66,8 @@ def topic_of(subject: str) -> str:
 
 
 class JetStreamSource:
-    """Pulls data messages for the collector and acknowledges them after its commits.
-
-    ``offer(topic, payload, token)`` is the collector's door: it returns False when the
-    message was refused there (it is then acknowledged at once), True when it was queued.
-    ``room()`` says how many more the collector can hold.
-    """
+    """Pulls data messages for the collector and acknowledges them after its commits (a
+    ``sources.Source``). ``room()`` says how many more the collector can hold."""
 
     def __init__(
         self,
@@ -83,7 +80,8 @@ class JetStreamSource:
         login: tuple[str, str | None] | None = None,
     ) -> None:
         self.servers, self.consumer = servers, consumer
-        self.inflight, self.name = inflight, name
+        self.inflight, self.client_name = inflight, name
+        self.name = "jetstream"
         self.ack_wait, self.login = ack_wait, login
         self.connected = False
         self.last_error: str | None = None
@@ -97,7 +95,7 @@ class JetStreamSource:
         self._task: asyncio.Task[None] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="zeal-jetstream", daemon=True)
-        self.offer: Callable[[str, bytes, int], bool] = lambda _t, _p, _k: False
+        self.offer: Offer = lambda *_: False
         self.room: Callable[[], int] = lambda: 0
 
     def start(self) -> None:
@@ -110,10 +108,14 @@ class JetStreamSource:
             loop.call_soon_threadsafe(task.cancel)
         self._thread.join(timeout=15)
 
-    def ack(self, tokens: list[int]) -> None:
-        """Acknowledge these messages (writer thread, after the commit)."""
+    @property
+    def ready(self) -> bool:
+        return self.connected
+
+    def ack(self, messages: list[tuple[int, int]]) -> None:
+        """Acknowledge these (token, qos) pairs (writer thread, after the commit)."""
         loop = self._loop
-        held = (self._held.pop(token, None) for token in tokens)
+        held = (self._held.pop(token, None) for token, _qos in messages)
         messages = [message for message, _fetched in filter(None, held)]
         if loop is None or not messages:
             return
@@ -157,7 +159,7 @@ class JetStreamSource:
             servers=self.servers,
             user=user,
             password=password,
-            name=self.name,
+            name=self.client_name,
             max_reconnect_attempts=-1,
             reconnect_time_wait=1,
             connect_timeout=5,
@@ -170,7 +172,7 @@ class JetStreamSource:
             await self._ensure(js)
             subscription = await js.pull_subscribe_bind(self.consumer, MQTT_STREAM)
             self.connected, self.last_error = True, None
-            log.info("collector %s pulls from JetStream %s", self.name, MQTT_STREAM)
+            log.info("collector %s pulls from JetStream %s", self.client_name, MQTT_STREAM)
             while not self._stop.is_set():
                 await self._still_working()
                 room = min(FETCH_MAX, self.room())
@@ -205,7 +207,7 @@ class JetStreamSource:
 
     async def _reconnected(self) -> None:
         self.connected, self.last_error = True, None
-        log.info("collector %s reconnected to NATS", self.name)
+        log.info("collector %s reconnected to NATS", self.client_name)
 
     async def _still_working(self) -> None:
         """Every third of the ack wait, tell JetStream that the messages held longer than
@@ -232,7 +234,7 @@ class JetStreamSource:
             return
         token = self._next_token = self._next_token + 1
         self._held[token] = (message, time.monotonic())
-        if not self.offer(topic, bytes(message.data), token):
+        if not self.offer(topic, bytes(message.data), token, 1, False):
             self._held.pop(token, None)
             self._refused.append(message)
 

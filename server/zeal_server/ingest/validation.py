@@ -314,9 +314,10 @@ class Ingest:
         """Validate messages and store the accepted ones, in the caller's transaction: the
         outcome of each, as if they were stored one at a time in topic order.
 
-        A message translated from another format (a LoRaWAN uplink, zeal_server.broker.uplinks)
-        has an `originals` entry: what identifies its content for dedup, and the bytes it
-        took on the air (counted instead of its payload's)."""
+        A message translated from another format (a LoRaWAN uplink,
+        zeal_server.broker.chirpstack.uplinks) has an `originals` entry: what identifies its
+        content for dedup, and the bytes it took on the air (counted instead of its
+        payload's)."""
         outcomes: list[Outcome | None] = [None] * len(messages)
         writes = Writes()
 

@@ -1,7 +1,7 @@
 """Which stream a LoRaWAN uplink goes to: ChirpStack applications and FPorts bound to
 streams (``models.LoRaWANBinding``), and how a device is named there.
 
-The collector's ChirpStack source (zeal_server.broker.uplinks) reads them all at once
+The collector's ChirpStack source (zeal_server.broker.chirpstack.uplinks) reads them all at once
 (:func:`binding_map`); the API and ``zeal-server lorawan`` change them.
 """
 

@@ -230,7 +230,7 @@ class Installation(Base):
 
 
 class LoRaWANBinding(Base):
-    """Where a ChirpStack application's uplinks go (zeal_server.broker.uplinks): those on
+    """Where a ChirpStack application's uplinks go (zeal_server.broker.chirpstack.uplinks): those on
     ``f_port`` (0: every port not bound on its own) go to the stream, under the device's
     DevEUI (``device_names`` "dev_eui", 16 hex digits) or its ChirpStack device name
     ("device_name"). Deleted with the stream."""

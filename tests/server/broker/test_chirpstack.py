@@ -12,7 +12,7 @@ from google.protobuf import json_format
 from tests.server.broker.uplink_limits import json_limits, limit_events, mutated
 from zeal import WireError, Zeal, decode_batch
 from zeal.lorawan import encode_lorawan
-from zeal_server.broker.chirpstack import ChirpStackError, parse_uplink, to_batch
+from zeal_server.broker.chirpstack.events import ChirpStackError, parse_uplink, to_batch
 
 PARAMS = Zeal(lower=0, upper=110, epsilon=1)
 RECEIVED_MS = 1_767_225_600_123

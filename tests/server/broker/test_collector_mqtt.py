@@ -246,11 +246,11 @@ def test_a_session_takeover_is_reported_and_the_session_taken_back_after_a_pause
         intruder.connect("127.0.0.1", broker.port)
         intruder.loop_start()
         try:
-            wait_until(lambda: collector.counts["session_taken_over"] == 1, 30, "the takeover")
-            taken_at, connects = time.monotonic(), collector.counts["connects"]
+            wait_until(lambda: collector.mqtt.takeovers == 1, 30, "the takeover")
+            taken_at, connects = time.monotonic(), collector.mqtt.connects
             health = client.get("/healthz").json()
             assert "probably uses its client id 'taken'" in health["collector"]["last_error"]
-            wait_until(lambda: collector.counts["connects"] > connects, 60, "the session back")
+            wait_until(lambda: collector.mqtt.connects > connects, 60, "the session back")
             assert time.monotonic() - taken_at >= TAKEOVER_RETRY - 2  # not at once (1 s)
             assert connects <= 4
         finally:

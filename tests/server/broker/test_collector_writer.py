@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
 from tests.server.helpers import settings
+from tools.testbed.fakepaho import FakeClient
 from zeal_server.app import create_app
-from zeal_server.broker import collector as collector_module
 from zeal_server.broker.collector import Collector, tally
 from zeal_server.broker.inbox import Inbox, Received
 from zeal_server.ingest.groups import Outcome
@@ -32,10 +32,9 @@ def client(tmp_path: Any) -> Iterator[TestClient]:
         yield c
 
 
-def writer(
-    client: TestClient, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Collector, list[int]]:
-    """A collector that is never started (no broker), one message queued, acks recorded."""
+def writer(client: TestClient, tmp_path: Any) -> tuple[Collector, FakeClient]:
+    """A collector that is never started, on a fake MQTT client that records its
+    acknowledgements; one message queued."""
     server = ServerSettings.from_env(
         {
             "ZEAL_DATABASE_URL": "sqlite://",
@@ -44,19 +43,22 @@ def writer(
             "ZEAL_COLLECTOR_ID": "zeal-collector-writer-test",  # no identity file to hold
         }
     )
-    collector = Collector(server, client.app.state.sessions)  # type: ignore[attr-defined]
-    acked: list[int] = []
-    monkeypatch.setattr(
-        collector_module, "acknowledge", lambda _client, pairs: acked.extend(m for m, _ in pairs)
-    )
+    fake = FakeClient()
+    sessions = client.app.state.sessions  # type: ignore[attr-defined]
+    collector = Collector(server, sessions, mqtt_client=fake)
     collector.queue.put(Received("zeal/v1/temps/a/up", b"\x02", 7, 1, 0))
-    return collector, acked
+    return collector, fake
+
+
+def acked(fake: FakeClient) -> list[int]:
+    """The mids the collector acknowledged to the (fake) broker."""
+    return [mid for mid, _qos in fake.acked]
 
 
 def test_a_bug_in_the_writer_stops_it_loudly_and_fails_liveness_and_readiness(
     client: TestClient, tmp_path: Any, caplog: pytest.LogCaptureFixture, monkeypatch: Any
 ) -> None:
-    collector, acked = writer(client, tmp_path, monkeypatch)
+    collector, fake = writer(client, tmp_path)
 
     def bug(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("a bug in ingest")
@@ -68,7 +70,7 @@ def test_a_bug_in_the_writer_stops_it_loudly_and_fails_liveness_and_readiness(
     with caplog.at_level(logging.ERROR, logger="zeal_server.broker.collector"):
         collector._write_loop()  # returns: the writer thread would end here
     assert collector.writer_error == "ZeroDivisionError: a bug in ingest"
-    assert acked == []  # the broker redelivers it to the restarted server
+    assert acked(fake) == []  # the broker redelivers it to the restarted server
     assert collector.database_ok  # not mistaken for a database outage
     record = next(r for r in caplog.records if "writer stopped" in r.getMessage())
     assert record.exc_info is not None  # with its traceback
@@ -82,7 +84,7 @@ def test_a_bug_in_the_writer_stops_it_loudly_and_fails_liveness_and_readiness(
 def test_a_database_error_is_retried_and_nothing_is_acknowledged_meanwhile(
     client: TestClient, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    collector, acked = writer(client, tmp_path, monkeypatch)
+    collector, fake = writer(client, tmp_path)
     real = collector.ingest.add_many
     failures = [OperationalError("INSERT …", {}, Exception("database is locked"))]
 
@@ -95,10 +97,10 @@ def test_a_database_error_is_retried_and_nothing_is_acknowledged_meanwhile(
     collector._backoff = 0.01
     pending = collector.queue.take(10)
     assert collector._commit(pending) == "retry"
-    assert (acked, collector.database_ok) == ([], False)
+    assert (acked(fake), collector.database_ok) == ([], False)
     assert collector.last_error == "database: Exception: database is locked"
     assert collector._commit(pending) == "stored"
-    assert (acked, collector.database_ok, collector.writer_error) == ([7], True, None)
+    assert (acked(fake), collector.database_ok, collector.writer_error) == ([7], True, None)
     assert collector.rejected_by == {"unknown_stream": 1}  # stored as a reject, acknowledged
 
 

@@ -17,9 +17,9 @@ from tests.server.helpers import PARAMS, T0
 from zeal import encode_batch
 from zeal.wirebatches import decode_many
 from zeal_server import store
-from zeal_server.broker import uplinks as uplinks_module
-from zeal_server.broker.chirpstack import Uplink
-from zeal_server.broker.uplinks import Translated, Uplinks
+from zeal_server.broker.chirpstack import uplinks as uplinks_module
+from zeal_server.broker.chirpstack.events import Uplink
+from zeal_server.broker.chirpstack.uplinks import Translated, Uplinks
 from zeal_server.ingest import Ingest
 from zeal_server.ingest import undecodable as undecodable_module
 from zeal_server.store.db import make_engine, migrate, session_factory

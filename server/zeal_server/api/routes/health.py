@@ -39,29 +39,32 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
     if coll is None:
         body["broker"] = "off"
     else:
-        body["broker"] = "ok" if coll.broker_connected else "down"
+        now = coll.status()
+        body["broker"] = "ok" if now.broker_connected else "down"
         # A writer stopped by a bug stores nothing more: not ready either (the Compose
         # health check asks /readyz), besides /livez's 503.
-        body["writer"] = "down" if coll.writer_error is not None else "ok"
+        body["writer"] = "down" if now.writer_error is not None else "ok"
         body["collector"] = {
-            "client_id": coll.client_id,
-            "subscribed": coll.subscribed.is_set(),
-            "queue": coll.queue.qsize(),
-            "commit_lag_ms": coll.lags.summary(),
-            "database_ok": coll.database_ok,
-            "last_error": coll.last_error,
-            "writer_error": coll.writer_error,
-            **dict(coll.counts),
+            "client_id": now.client_id,
+            "subscribed": now.subscribed,
+            "queue": now.queued,
+            "commit_lag_ms": now.commit_lag_ms,
+            "database_ok": now.database_ok,
+            "last_error": now.last_error,
+            "writer_error": now.writer_error,
+            **now.counts,
         }
-        if not coll.database_ok:
+        if not now.database_ok:
             body["database"] = "failing in the collector"
-        if coll.jetstream is not None:  # the data come from NATS JetStream
-            body["jetstream"] = "ok" if coll.jetstream.connected else "down"
-            body["collector"]["jetstream_error"] = coll.jetstream.last_error
-        if coll.chirpstack is not None:  # LoRaWAN uplinks from ChirpStack's broker
-            body["chirpstack"] = "ok" if coll.chirpstack.subscribed else "down"
-            body["collector"]["chirpstack_error"] = coll.chirpstack.last_error
-            body["collector"]["uplinks_skipped"] = dict(coll.uplinks.skipped)
+        jetstream = now.source("jetstream")
+        if jetstream is not None:  # the data come from NATS JetStream
+            body["jetstream"] = "ok" if jetstream.ready else "down"
+            body["collector"]["jetstream_error"] = jetstream.last_error
+        chirpstack = now.source("chirpstack")
+        if chirpstack is not None:  # LoRaWAN uplinks from ChirpStack's broker
+            body["chirpstack"] = "ok" if chirpstack.ready else "down"
+            body["collector"]["chirpstack_error"] = chirpstack.last_error
+            body["collector"]["uplinks_skipped"] = chirpstack.skipped
     parts = ("writer", "broker", "jetstream", "chirpstack")
     up = all(body.get(part) != "down" for part in parts)
     return body["database"] in ("ok", "busy") and up, body
@@ -91,7 +94,7 @@ def livez(request: Request) -> JSONResponse:
     A database or broker outage never fails it (the writer retries those), so such an
     outage never gets the server restarted; a writer stopped by a bug does."""
     coll: Running | None = request.app.state.collector
-    if coll is not None and coll.writer_error is not None:
+    if coll is not None and coll.status().writer_error is not None:
         return JSONResponse({"status": "writer stopped"}, status_code=503)
     return JSONResponse({"status": "live"})
 

@@ -1,7 +1,7 @@
 """The writer's side of the ChirpStack source: which stream and device an uplink is, and its
 readings as the batch that device would have sent over MQTT.
 
-Each uplink event (``zeal_server.broker.chirpstack``) is routed by its application and FPort
+Each uplink event (``zeal_server.broker.chirpstack.events``) is routed by its application and FPort
 through the bindings (``store.bindings``: the port's own binding, else the application's
 port 0), named by its DevEUI or ChirpStack device name as the binding says, decoded with
 its stream's parameters (the LoRaWAN profile, ``zeal.lorawan``) and re-encoded as a
@@ -36,7 +36,7 @@ from zeal import ParameterError, WireError, Zeal
 from zeal.protocol import check_name
 from zeal.topics import data_topic
 from zeal_server import store
-from zeal_server.broker.chirpstack import ChirpStackError, Uplink, parse_uplink, to_batch
+from zeal_server.broker.chirpstack.events import ChirpStackError, Uplink, parse_uplink, to_batch
 from zeal_server.errors import UndecodableError
 from zeal_server.ingest import Ingest, Original, Outcome
 from zeal_server.ingest.undecodable import UNDECODABLE, contained

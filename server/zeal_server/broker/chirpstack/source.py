@@ -7,7 +7,7 @@ with a client of its own, as it does on Zeal's broker: a persistent session (wha
 publishes while the collector is away waits for it, at QoS 1), Receive Maximum
 ``ZEAL_COLLECTOR_INFLIGHT``, and manual acknowledgement: an event is acknowledged only after
 the transaction that stored (or refused) its readings committed. The writer translates
-and stores them (``zeal_server.broker.uplinks``).
+and stores them (``zeal_server.broker.chirpstack.uplinks``).
 
 At-least-once delivery needs ChirpStack to publish at QoS 1 (``qos=1`` under
 ``[integration.mqtt]``; its default 0 loses what the broker cannot deliver). Several
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -27,6 +26,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from zeal.brokerurl import BrokerSettings, why_unreachable
 from zeal.mqttclient import acknowledge, connect_persistent, flush, make_client
+from zeal_server.broker.sources import Offer
 
 __all__ = ["ChirpStackSource", "event_subscription"]
 
@@ -58,6 +58,7 @@ class ChirpStackSource:
         share_group: str,
         inflight: int,
     ) -> None:
+        self.name = "chirpstack"
         self.broker, self.inflight = broker, inflight
         self.topic = event_subscription(topic, share_group)
         self.connected = False
@@ -65,7 +66,7 @@ class ChirpStackSource:
         self.last_error: str | None = None
         self._logged = -1e18  # connection errors are logged once a minute
         self._stopping = False
-        self.offer: Callable[[str, bytes, int, int, bool], bool] = lambda *_: False
+        self.offer: Offer = lambda *_: False
         client = make_client(broker, client_id, manual_ack=True, persistent=True)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
@@ -86,6 +87,10 @@ class ChirpStackSource:
             flush(self.client, _FLUSH_FILTER)
         self.client.disconnect()
         self.client.loop_stop()
+
+    @property
+    def ready(self) -> bool:
+        return self.subscribed
 
     def ack(self, messages: list[tuple[int, int]]) -> None:
         """Acknowledge (mid, qos) pairs (writer thread, after the commit)."""
