@@ -45,7 +45,7 @@ firmware:  # the C library's host tool: edge/firmware/build/zeal-host (docs/firm
 	$(MAKE) -C edge/firmware
 
 bench: install
-	$(BIN)/python -m zeal bench
+	$(BIN)/python bench/core_throughput.py
 	$(BIN)/python -m zeal_edge.bench
 	$(BIN)/python bench/simulate_throughput.py
 	$(BIN)/python bench/store_compression.py

@@ -44,7 +44,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion  # noqa: E40
 
 from tools.testbed.server import DeployBroker  # noqa: E402
 from tools.testbed.verdict import finish  # noqa: E402
-from zeal.brokerurl import parse_broker_url  # noqa: E402
+from zeal.mqtt.brokerurl import parse_broker_url  # noqa: E402
 from zeal_server.broker.provisioning import BrokerAdmin  # noqa: E402
 
 BIG = b"x" * 100_000

@@ -26,7 +26,7 @@ import numpy as np
 
 from zeal import Zeal
 from zeal.compare import Partitions, cluster_weighted, device_means, trimmed
-from zeal.plan import Plan, plan_comparison
+from zeal.planning.comparison import Plan, plan_comparison
 
 HERE = Path(__file__).resolve().parent
 UPPER = 100.0
@@ -243,7 +243,8 @@ def report(results: list[Result], seconds: float) -> str:
         lines.append(f"| {r.setting.name} | {' | '.join(cells)} |")
     lines += [
         "",
-        "Planner (`GET /preview/compare`, zeal.plan) against the same fleets: the population's",
+        "Planner (`GET /preview/compare`, zeal.planning.comparison) against the same fleets: "
+        "the population's",
         "moments (mean reading, spread of device means, spread within a device), the mean and",
         "coefficient of variation of readings per device, effect = the true difference;",
         "simulated: the default method (cluster) on the shifted fleets above.",

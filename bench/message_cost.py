@@ -44,7 +44,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from bench.server_bench import private_broker, stream_body  # noqa: E402
 from zeal import Zeal, encode_batch  # noqa: E402
-from zeal.streamconfig import read_config  # noqa: E402
+from zeal.mqtt.streamconfig import read_config  # noqa: E402
 from zeal_server.app import create_app  # noqa: E402
 from zeal_server.settings import ServerSettings  # noqa: E402
 

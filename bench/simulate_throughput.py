@@ -20,8 +20,8 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from zeal import Zeal
-from zeal.brokerurl import parse_broker_url
-from zeal.streamconfig import config_document
+from zeal.mqtt.brokerurl import parse_broker_url
+from zeal.mqtt.streamconfig import config_document
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from zeal import Zeal, encode_batch
 from zeal.baselines import PiecewiseFloat
-from zeal.topics import data_topic
+from zeal.mqtt.topics import data_topic
 from zeal_server import store
 from zeal_server.ingest import Ingest
 from zeal_server.store.db import make_engine, migrate, session_factory

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from tools.testbed.databases import postgres_database, table_bytes, vacuum  # noqa: E402
 from zeal import Zeal, encode_batch  # noqa: E402
-from zeal.topics import data_topic  # noqa: E402
+from zeal.mqtt.topics import data_topic  # noqa: E402
 from zeal_server import store  # noqa: E402
 from zeal_server.ingest import Ingest  # noqa: E402
 from zeal_server.store import retention  # noqa: E402

@@ -134,7 +134,7 @@ def _code_strings(path: Path) -> list[str]:
 
 
 def test_the_topic_layout_is_written_in_one_module() -> None:
-    """The MQTT topic prefix appears in the code of zeal.topics only; every other module
+    """The MQTT topic prefix appears in the code of zeal.mqtt.topics only; every other module
     builds, parses and filters topics through it (docstrings may describe the layout)."""
     offenders = sorted(
         str(path.relative_to(ROOT))
@@ -142,7 +142,7 @@ def test_the_topic_layout_is_written_in_one_module() -> None:
         for path in python_files(folder)
         if any("zeal/v1" in text for text in _code_strings(path))
     )
-    assert offenders == ["shared/zeal/topics.py"]
+    assert offenders == ["shared/zeal/mqtt/topics.py"]
 
 
 def test_the_topic_check_sees_code_and_skips_docstrings(tmp_path: Path) -> None:
@@ -225,23 +225,61 @@ def test_the_import_contracts_hold() -> None:
     """The layers of pyproject.toml's [tool.importlinter], checked by import-linter itself."""
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "5 kept, 0 broken" in result.stdout
+    assert "7 kept, 0 broken" in result.stdout
 
 
-def test_a_forbidden_import_breaks_the_contract(tmp_path: Path) -> None:
-    """The contract can fail: the store importing the API (a copy of the three packages
-    with one import added) is reported, with the import named."""
+def _copy_packages(tmp_path: Path) -> None:
+    """The three packages and the contracts, copied to `tmp_path` to be broken there."""
     for folder in PACKAGES.values():
         shutil.copytree(
             folder, tmp_path / folder.name, ignore=shutil.ignore_patterns("__pycache__")
         )
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+
+
+def test_a_forbidden_import_breaks_the_contract(tmp_path: Path) -> None:
+    """The contract can fail: the store importing the API (a copy of the three packages
+    with one import added) is reported, with the import named."""
+    _copy_packages(tmp_path)
     models = tmp_path / "zeal_server" / "store" / "models.py"
     models.write_text(models.read_text() + "\nfrom zeal_server.api import schemas  # noqa\n")
     result = _lint_imports(tmp_path)
     assert result.returncode != 0
     assert "zeal_server.store.models -> zeal_server.api.schemas" in result.stdout
-    assert "4 kept, 1 broken" in result.stdout
+    assert "6 kept, 1 broken" in result.stdout
+
+
+def test_paho_in_the_core_breaks_its_contracts(tmp_path: Path) -> None:
+    """Only zeal.mqtt.client may import paho: a core module importing paho, or that client,
+    is reported (a copy of the packages with two imports added)."""
+    _copy_packages(tmp_path)
+    wire = tmp_path / "zeal" / "wire.py"
+    wire.write_text(wire.read_text() + "\nimport paho.mqtt.client  # noqa\n")
+    plan = tmp_path / "zeal" / "planning" / "windows.py"
+    plan.write_text(plan.read_text() + "\nfrom zeal.mqtt import client  # noqa\n")
+    result = _lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "zeal.wire -> paho" in result.stdout
+    assert "zeal.planning.windows -> zeal.mqtt.client" in result.stdout
+    assert "The core imports no paho: only zeal.mqtt.client does (the mqtt extra) BROKEN" in (
+        result.stdout
+    )
+    assert (
+        "The core below zeal.mqtt: nothing outside the transport uses its paho client BROKEN"
+        in (result.stdout)
+    )
+
+
+def test_the_core_below_mqtt_contract_names_every_other_module() -> None:
+    """The contract keeping the core off the paho client lists every module and package of
+    zeal but mqtt: a new one is checked too."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    listed = next(c for c in contracts if c["id"] == "core-below-mqtt")["source_modules"]
+    folder = PACKAGES["zeal"]
+    names = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    names |= {p.parent.name for p in folder.glob("*/__init__.py")}
+    assert sorted(listed) == sorted(f"zeal.{name}" for name in names - {"mqtt"})
 
 
 def _server_layers() -> list[list[str]]:
@@ -323,6 +361,7 @@ def test_the_core_declares_its_public_modules() -> None:
     docstring names each of them."""
     folder = PACKAGES["zeal"]
     files = {p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")}
+    files |= {p.parent.name for p in folder.glob("*/__init__.py")}  # its packages
     assert set(zeal.PUBLIC_MODULES) == {name for name in files if not name.startswith("_")}
     doc = zeal.__doc__ or ""
     assert [m for m in zeal.PUBLIC_MODULES if not re.search(rf"\b{m}\b", doc)] == []

@@ -261,8 +261,8 @@ def withdraw_config(url: str) -> None:
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-    from zeal.brokerurl import parse_broker_url
-    from zeal.topics import config_topic
+    from zeal.mqtt.brokerurl import parse_broker_url
+    from zeal.mqtt.topics import config_topic
 
     broker = parse_broker_url(url)
     client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from zeal import ParameterError, Zeal
-from zeal.streamconfig import StreamConfig, is_tombstone
-from zeal.topics import (
+from zeal.mqtt.streamconfig import StreamConfig, is_tombstone
+from zeal.mqtt.topics import (
     CONFIG_FILTER,
     Presence,
     config_topic,

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from zeal import Zeal, encode_batch
-from zeal.topics import data_topic
+from zeal.mqtt.topics import data_topic
 
 __all__ = ["json_message", "publish_packet_size", "size_table"]
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from zeal import ParameterError
+from zeal.mqtt.streamconfig import StreamConfig, is_tombstone, read_config
 from zeal.signed import CONFIG_PURPOSE
-from zeal.streamconfig import StreamConfig, is_tombstone, read_config
 from zeal_edge.errors import UnverifiedError
 from zeal_edge.mqtt import Message
 from zeal_edge.options import AgentOptions, Throttle, screened, unpinned

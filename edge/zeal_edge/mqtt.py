@@ -20,8 +20,8 @@ from typing import Any, Literal, NamedTuple
 import paho.mqtt.client as mqtt
 from paho.mqtt.reasoncodes import ReasonCode
 
-from zeal.brokerurl import BrokerSettings, Flapping, parse_broker_url, why_unreachable
-from zeal.mqttclient import make_client, owned_client_id
+from zeal.mqtt.brokerurl import BrokerSettings, Flapping, parse_broker_url, why_unreachable
+from zeal.mqtt.client import make_client, owned_client_id
 from zeal_edge.errors import PublishError
 
 __all__ = ["Ack", "BrokerSettings", "Connection", "Message", "parse_broker_url"]

@@ -1,4 +1,4 @@
-"""What the agent does with the server's notices about its device (``zeal.topics``): a
+"""What the agent does with the server's notices about its device (``zeal.mqtt.topics``): a
 notice must verify under the server's key (``zeal_edge.trust``; else it is ignored and
 counted), notices from another server are ignored (logged), a sequence reset moves the
 outbox's sequence numbers past the server's, a rejection is counted (``zeal-edge status``)
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 
+from zeal.mqtt.streamconfig import StreamConfig
+from zeal.mqtt.topics import Notice, TopicError
 from zeal.signed import NOTICE_PURPOSE
-from zeal.streamconfig import StreamConfig
-from zeal.topics import Notice, TopicError
 from zeal_edge.configs import ConfigDesk
 from zeal_edge.mqtt import Message
 from zeal_edge.options import AgentOptions, Throttle

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zeal import ParameterError
+from zeal.mqtt.streamconfig import StreamConfig, read_config
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
 from zeal.protocol import EPSILON_CEILING
 from zeal.signed import CONFIG_PURPOSE
-from zeal.streamconfig import StreamConfig, read_config
 from zeal_edge.budget import BudgetPolicy
 from zeal_edge.errors import UnverifiedError
 from zeal_edge.records import Halt

@@ -108,7 +108,7 @@ class Outbox:
             )
 
     def origin(self, namespace: str) -> str | None:
-        """The server and creation time (``zeal.streamconfig.StreamConfig.origin``) of the
+        """The server and creation time (``zeal.mqtt.streamconfig.StreamConfig.origin``) of the
         stream configuration this namespace was first configured by, or None."""
         value = self._one("SELECT origin FROM namespaces WHERE namespace = ?", namespace)
         return None if value is None else str(value)

@@ -34,8 +34,8 @@ import numpy as np
 import numpy.typing as npt
 
 from zeal import Zeal, encode_batch
+from zeal.mqtt.topics import data_topic
 from zeal.policy import DAY_MS, HOUR_MS, tally
-from zeal.topics import data_topic
 from zeal_edge.budget import micro_epsilon
 from zeal_edge.errors import OutboxError
 from zeal_edge.mqtt import Connection

@@ -3,7 +3,7 @@
 Two agents sending as one device would interleave their sequence numbers and spend the
 device's privacy budget twice. So each agent instance (an id kept in its outbox) announces
 itself on ``zeal/v1/{stream}/{device}/presence``, retained, with a Last Will that marks it
-offline if it vanishes (``zeal.topics.Presence``):
+offline if it vanishes (``zeal.mqtt.topics.Presence``):
 
 1. After each connect, the broker delivers the topic's retained message right after the
    SUBACK. Once ``RETAINED_GRACE`` has passed since, the claim is announced (online).
@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 
-from zeal.topics import Presence, TopicError
+from zeal.mqtt.topics import Presence, TopicError
 from zeal_edge.mqtt import Connection
 
 __all__ = ["RETAINED_GRACE", "DeviceClaim"]

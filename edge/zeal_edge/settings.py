@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zeal.brokerurl import parse_protocol
+from zeal.mqtt.brokerurl import parse_protocol
+from zeal.mqtt.topics import PREFIX
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
 from zeal.protocol import EPSILON_CEILING, check_name
-from zeal.topics import PREFIX
 from zeal.vocabulary import renamed, renamed_env, said
 from zeal_edge.errors import SettingsError
 

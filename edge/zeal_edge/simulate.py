@@ -24,10 +24,10 @@ import numpy as np
 import numpy.typing as npt
 
 from zeal import Zeal
+from zeal.mqtt.streamconfig import is_tombstone, params_from_config
+from zeal.mqtt.topics import config_topic
 from zeal.policy import DAY_MS, HOUR_MS, tally
 from zeal.protocol import check_name
-from zeal.streamconfig import is_tombstone, params_from_config
-from zeal.topics import config_topic
 from zeal.vocabulary import renamed
 from zeal_edge.mqtt import Connection, parse_broker_url
 from zeal_edge.outbox import Outbox

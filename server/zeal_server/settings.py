@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from zeal.brokerurl import BrokerSettings, parse_broker_url, parse_protocol
+from zeal.mqtt.brokerurl import BrokerSettings, parse_broker_url, parse_protocol
 from zeal_server.errors import SettingsError
 
 __all__ = ["CHIRPSTACK_TOPIC", "VARIABLES", "ServerSettings", "SettingsError", "variables_help"]

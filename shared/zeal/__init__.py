@@ -17,45 +17,44 @@ tests/test_architecture.py holds it to the files)::
     policy       a stream's privacy policy in integer micro-epsilon
     wire         the batch format; wirebatches: many payloads of a stream decoded at once
     lorawan      the LoRaWAN profile of the batch format: what the network carries is not sent
-    topics       the MQTT topic layout
-    streamconfig, brokerurl, mqttclient    configuration documents, broker URLs, paho clients
+    mqtt         the MQTT transport: mqtt.topics (the topic layout), mqtt.streamconfig
+                 (configuration documents), mqtt.brokerurl (broker URLs), mqtt.client (the
+                 paho clients: the one module that imports paho, the ``mqtt`` extra)
     signed       what a server signs: the bytes a signature covers
     estimate     an average's estimate and intervals
-    compare, plan, windowplan, bayes, censored   comparisons, planners, small-window estimates
+    compare, bayes, censored   group comparisons, small-window estimates
+    planning     planners: planning.comparison (a group comparison's power before the data
+                 exist), planning.windows (a fleet's window averages under a policy)
     baselines    the other papers' mechanisms, for benchmarks
     vocabulary   renamed options and variables: the old name still works, with a warning
 
-Every other module has a leading underscore: the mechanism and its samplers, the code width,
-randomness, the exact sums, the privacy audit, the firmware profiles, the benchmarks.
+Everything else is in the private package ``zeal._core``: the mechanism and its samplers,
+the code width, randomness, the exact sums, the privacy audit, the firmware profiles.
 """
 
-from zeal._distribution import OutputDistribution
-from zeal._exact import exact_sum, exact_sum_squares
-from zeal._mechanism import SAMPLERS, Zeal
-from zeal._privacy_audit import AuditReport, audit
+from zeal._core.distribution import OutputDistribution
+from zeal._core.exact import exact_sum, exact_sum_squares
+from zeal._core.mechanism import SAMPLERS, Zeal
+from zeal._core.privacy_audit import AuditReport, audit
 from zeal.errors import CodeError, ParameterError, ReadingError, ZealError, ZealWarning
 from zeal.estimate import Estimate
 from zeal.wire import REASONS, Batch, CodecParams, WireError, decode_batch, encode_batch
 
-#: The submodules other packages may import; the rest are private (a leading underscore).
+#: The submodules and subpackages other packages may import; ``_core`` is private.
 PUBLIC_MODULES = (
     "baselines",
     "bayes",
-    "brokerurl",
     "censored",
     "compare",
     "errors",
     "estimate",
     "lorawan",
-    "mqttclient",
-    "plan",
+    "mqtt",
+    "planning",
     "policy",
     "protocol",
     "signed",
-    "streamconfig",
-    "topics",
     "vocabulary",
-    "windowplan",
     "wire",
     "wirebatches",
 )

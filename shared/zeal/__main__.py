@@ -1,4 +1,5 @@
-"""Command line: ``python -m zeal audit ...``, ``bench``, ``demo`` and ``firmware-profile``."""
+"""Command line: ``python -m zeal audit ...``, ``demo`` and ``firmware-profile`` (the core's
+throughput benchmark is ``bench/core_throughput.py``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 import warnings
 
-from zeal._mechanism import SAMPLERS, Zeal
+from zeal._core.mechanism import SAMPLERS, Zeal
 from zeal.errors import ZealError, ZealWarning
 
 
@@ -37,8 +38,6 @@ def _parser() -> argparse.ArgumentParser:
         default=4096,
         help="outputs to check when there are more (default 4096)",
     )
-    bench = commands.add_parser("bench", help="throughput of perturb and decode/estimate")
-    bench.add_argument("-n", type=int, default=1_000_000, help="readings per run")
     demo = commands.add_parser(
         "demo", help="privatize a CSV column and compare the served average with the truth"
     )
@@ -74,9 +73,9 @@ def _parser() -> argparse.ArgumentParser:
 def _firmware(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from zeal._firmware import c_header, profile_bytes
+    from zeal._core.firmware import c_header, profile_bytes
+    from zeal.mqtt.streamconfig import read_config
     from zeal.protocol import check_name
-    from zeal.streamconfig import read_config
 
     try:
         text = Path(args.config).read_text()
@@ -135,11 +134,6 @@ def main(argv: list[str] | None = None) -> int:
             return _demo(args)
         if args.command == "firmware-profile":
             return _firmware(args)
-        if args.command == "bench":
-            from zeal._bench import run
-
-            run(n=args.n)
-            return 0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ZealWarning)
             params = Zeal(

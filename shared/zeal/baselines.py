@@ -44,7 +44,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from zeal._laplace import (
+from zeal._core.laplace import (
     BITLaplace,
     BoundedLaplace,
     LaplaceMechanism,
@@ -52,8 +52,8 @@ from zeal._laplace import (
     check_range,
     clipped,
 )
-from zeal._mechanism import Zeal
-from zeal._randomness import Randomness, random_words, uniform01
+from zeal._core.mechanism import Zeal
+from zeal._core.randomness import Randomness, random_words, uniform01
 from zeal.estimate import normal_quantile
 
 __all__ = [

@@ -28,7 +28,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from zeal._mechanism import Zeal
+from zeal._core.mechanism import Zeal
 from zeal.errors import ParameterError
 from zeal.estimate import check_confidence, check_real
 

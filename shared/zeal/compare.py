@@ -40,7 +40,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from zeal._studentt import t_quantile, two_sided_p
+from zeal._core.studentt import t_quantile, two_sided_p
 from zeal.censored import censored_normal_mle, censoring_count
 from zeal.errors import ParameterError
 from zeal.estimate import check_confidence

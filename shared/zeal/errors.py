@@ -83,4 +83,4 @@ class WireError(ZealError, ValueError):
 
 
 class TopicError(ZealError, ValueError):
-    """A topic or a notice/presence document is not what the layout of zeal.topics says."""
+    """A topic or a notice/presence document is not what the layout of zeal.mqtt.topics says."""

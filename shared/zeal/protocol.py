@@ -1,6 +1,6 @@
 """What devices, collectors and the API agree on besides the bytes: names, limits, reasons.
 
-The topic layout lives in :mod:`zeal.topics` and the payload layout in :mod:`zeal.wire`;
+The topic layout lives in :mod:`zeal.mqtt.topics` and the payload layout in :mod:`zeal.wire`;
 this module holds the rest of the contract, each rule written once:
 
 - **names**: stream and device names are single MQTT topic levels (:func:`check_name`);
@@ -71,7 +71,7 @@ _WIRE_MEANINGS: Final = {
 #: Reasons the collector adds to the wire's: at the door (before decoding) and at the writer.
 COLLECTOR_REASONS: Final[Mapping[str, str]] = MappingProxyType(
     {
-        "bad_topic": "the topic is not a data topic (zeal.topics) with valid names",
+        "bad_topic": "the topic is not a data topic (zeal.mqtt.topics) with valid names",
         "retained": "the message was retained on a data topic",
         "rate_limited": "the device used up its reject budget; shed without decoding",
         "unknown_stream": "the topic names a stream this server does not have",

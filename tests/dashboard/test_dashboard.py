@@ -30,7 +30,7 @@ from tools.testbed.broker import Mosquitto, fleet_command, free_port, wait_for_p
 from tools.testbed.server import stream_body
 from tools.testbed.wait import wait_until
 from zeal import encode_batch
-from zeal.streamconfig import params_from_config
+from zeal.mqtt.streamconfig import params_from_config
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="make test installs playwright")
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tools.testbed.broker import Mosquitto, free_port, wait_for_port
 from tools.testbed.server import READ, TOKEN, Server, batches, client, stream_body, wait_until
-from zeal.streamconfig import params_from_config
+from zeal.mqtt.streamconfig import params_from_config
 
 pytestmark = pytest.mark.integration  # real brokers, servers or outside tools
 

@@ -13,7 +13,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tools.testbed.server import DeployBroker, wait_until
-from zeal.brokerurl import parse_broker_url
+from zeal.mqtt.brokerurl import parse_broker_url
 from zeal_server.broker.provisioning import BrokerAdmin
 
 pytestmark = pytest.mark.integration

@@ -34,7 +34,7 @@ from tools.testbed.containers import Engine, engine
 from tools.testbed.nats import nats_server
 from tools.testbed.server import batches, wait_until
 from zeal import Zeal
-from zeal.streamconfig import params_from_config
+from zeal.mqtt.streamconfig import params_from_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.slow]
 

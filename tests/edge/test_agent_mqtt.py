@@ -31,7 +31,7 @@ from tools.testbed.broker import (
 )
 from tools.testbed.wait import wait_until
 from zeal import Zeal, decode_batch
-from zeal.streamconfig import config_document
+from zeal.mqtt.streamconfig import config_document
 from zeal_edge.agent import UNSERVED_WAIT
 
 pytestmark = pytest.mark.integration

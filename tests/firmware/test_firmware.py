@@ -19,9 +19,9 @@ from scipy.stats import chi2
 
 from tests.shared.helpers import blocks, stream_of, timestamps_of
 from zeal import WireError, Zeal, ZealWarning, encode_batch
-from zeal._firmware import PROFILE_BYTES, c_header, profile_bytes
+from zeal._core.firmware import PROFILE_BYTES, c_header, profile_bytes
 from zeal.lorawan import encode_lorawan
-from zeal.streamconfig import config_document
+from zeal.mqtt.streamconfig import config_document
 
 pytestmark = pytest.mark.integration  # real brokers, servers or outside tools
 

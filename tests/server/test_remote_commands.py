@@ -13,7 +13,7 @@ import pytest
 from tests.server.helpers import publish_all
 from tools.testbed.broker import Mosquitto
 from tools.testbed.server import Server, batches, create, stats, wait_until
-from zeal.streamconfig import params_from_config
+from zeal.mqtt.streamconfig import params_from_config
 
 pytestmark = pytest.mark.integration  # a real server on a real broker
 

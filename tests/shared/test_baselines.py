@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from zeal._mechanism import Zeal
+from zeal._core.mechanism import Zeal
 from zeal.baselines import (
     BITLaplace,
     BoundedLaplace,

@@ -1,5 +1,5 @@
 """Group comparisons on partition statistics (zeal.compare) and the t distribution they use
-(zeal._studentt): closed forms checked against independent computations, and the type-I
+(zeal._core.studentt): closed forms checked against independent computations, and the type-I
 error of the device-level methods on a simulated fleet like a real one (devices that
 differ, many zeros, skew, Zeal's noise), with a tolerance from the binomial standard
 error."""
@@ -14,7 +14,7 @@ import numpy.typing as npt
 import pytest
 
 from zeal import ParameterError, Zeal
-from zeal._studentt import t_quantile, two_sided_p
+from zeal._core.studentt import t_quantile, two_sided_p
 from zeal.censored import censored_normal_mle, censoring_count
 from zeal.compare import (
     Partitions,

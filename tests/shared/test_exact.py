@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zeal._exact import ceil_log2, exact_sum, exact_sum_squares, floor_times_exp
+from zeal._core.exact import ceil_log2, exact_sum, exact_sum_squares, floor_times_exp
 
 
 @given(st.fractions(min_value=Fraction(1, 10**30), max_value=10**30))

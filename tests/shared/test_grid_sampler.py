@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from zeal import Zeal
-from zeal._grid import GridSampler
-from zeal._privacy_audit import output_extremes
+from zeal._core.grid import GridSampler
+from zeal._core.privacy_audit import output_extremes
 
 # A deliberately tiny sampler (4 cells per grid step, 4-bit codes) small enough to enumerate.
 TINY = GridSampler(

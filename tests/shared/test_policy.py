@@ -9,6 +9,7 @@ from fractions import Fraction
 import pytest
 
 from zeal import ParameterError, Zeal
+from zeal.mqtt.streamconfig import config_document, params_from_config
 from zeal.policy import (
     DAY_MS,
     DEFAULT_MAX_EPSILON_PER_DAY,
@@ -20,7 +21,6 @@ from zeal.policy import (
     readings_per_hour,
     tally,
 )
-from zeal.streamconfig import config_document, params_from_config
 
 
 def test_accounting_is_integer_and_never_allows_more_than_the_cap() -> None:

@@ -1,5 +1,5 @@
-"""The topic layout and the notice/presence documents (zeal.topics), and configuration
-documents with their origin (zeal.streamconfig.read_config)."""
+"""The topic layout and the notice/presence documents (zeal.mqtt.topics), and configuration
+documents with their origin (zeal.mqtt.streamconfig.read_config)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zeal import ParameterError, Zeal
-from zeal.streamconfig import config_document, read_config
-from zeal.topics import (
+from zeal.mqtt.streamconfig import config_document, read_config
+from zeal.mqtt.topics import (
     Notice,
     Presence,
     TopicError,

@@ -28,7 +28,7 @@ from tools.testbed.broker import (
 )
 from tools.testbed.wait import wait_until as wait_until  # the one wait (re-exported)
 from zeal import Zeal, encode_batch
-from zeal.streamconfig import params_from_config
+from zeal.mqtt.streamconfig import params_from_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

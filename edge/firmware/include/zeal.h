@@ -67,7 +67,7 @@ int zeal_perturb(const zeal_profile *profile, int32_t reading, zeal_random_fn ra
 
 /*
  * Where the band starts for a reading, in fixed point (frac_bits fraction bits): Python's
- * float64 computation (zeal._grid.GridSampler.fixed_starts) done in integers, bit for bit.
+ * float64 computation (zeal._core.grid.GridSampler.fixed_starts) done in integers, bit for bit.
  * Exposed for tests and diagnostics.
  */
 uint64_t zeal_band_start(const zeal_profile *profile, int32_t reading);

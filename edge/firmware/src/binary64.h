@@ -1,6 +1,6 @@
 /*
  * IEEE 754 binary64 arithmetic in integers, round to nearest even: just the operations the
- * band's position needs (zeal._grid.GridSampler.fixed_starts), so a chip without an FPU
+ * band's position needs (zeal._core.grid.GridSampler.fixed_starts), so a chip without an FPU
  * gets Python's float64 results bit for bit without a soft-float library. Finite values
  * only (profiles are checked); subnormals are handled.
  */

@@ -1,6 +1,6 @@
 /*
  * The firmware library: profile checks, the exact grid sampler and the wire encoder.
- * The sampler follows zeal._grid.GridSampler.sample step by step (docs/mechanism.md, "The
+ * The sampler follows zeal._core.grid.GridSampler.sample step by step (docs/mechanism.md, "The
  * grid sampler"; paper 001's piecewise mechanism, Eq. (7), realized on the code grid), so
  * a reading's code distribution is the Python one, exactly. No floating point: the band's
  * position is Python's float64 arithmetic done in integers (binary64.c).
@@ -155,7 +155,7 @@ int zeal_perturb(const zeal_profile *p, int32_t reading, zeal_random_fn random, 
     word &= ((uint64_t)1 << 63) - 1u;
     frac_mask = ((uint64_t)1 << p->frac_bits) - 1u;
     start = (t >> p->frac_bits) + ((word & frac_mask) < (t & frac_mask) ? 1u : 0u);
-    do { /* uniform on [0, Z) by rejection: no modulo bias (zeal._randomness.uniform_below) */
+    do { /* uniform on [0, Z) by rejection: no modulo bias (zeal._core.randomness.uniform_below) */
         if (random(context, &unit, 1) != 0) {
             return ZEAL_E_RANDOM;
         }

@@ -1,6 +1,6 @@
 """Response models of the planners: ``GET /preview`` (a stream's parameters, its policy,
-and a fleet's windows: zeal.windowplan) and ``GET /preview/compare`` (a comparison's
-power: zeal.plan)."""
+and a fleet's windows: zeal.planning.windows) and ``GET /preview/compare`` (a comparison's
+power: zeal.planning.comparison)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class ComparePlanOut(BaseModel):
 
 
 class WindowPlanOut(BaseModel):
-    """A fleet's windows under the policy (zeal.windowplan): counts are per device and UTC
+    """A fleet's windows under the policy (zeal.planning.windows): counts are per device and UTC
     day, averaged over the devices' phases."""
 
     epsilon: float

@@ -34,8 +34,8 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from zeal.streamconfig import is_tombstone
-from zeal.topics import config_topic
+from zeal.mqtt.streamconfig import is_tombstone
+from zeal.mqtt.topics import config_topic
 from zeal_server import store
 
 __all__ = ["ConfigSync"]

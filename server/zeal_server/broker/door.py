@@ -11,8 +11,8 @@ import threading
 import time
 
 from zeal import ParameterError
+from zeal.mqtt.topics import MAX_TOPIC_LENGTH, parse_data_topic
 from zeal.protocol import REJECT_REASONS, check_name
-from zeal.topics import MAX_TOPIC_LENGTH, parse_data_topic
 from zeal.wire import MAX_PAYLOAD_BYTES
 from zeal_server.ingest.bounded import MAX_KEYS, Bounded
 

@@ -18,7 +18,7 @@ import socket
 from pathlib import Path
 from typing import IO
 
-from zeal.mqttclient import owned_client_id
+from zeal.mqtt.client import owned_client_id
 from zeal_server.errors import IdentityError
 from zeal_server.settings import ServerSettings
 
@@ -81,7 +81,7 @@ def claim_collector_id(data_dir: Path) -> CollectorIdentity:
 
 def collector_client_id(settings: ServerSettings) -> tuple[CollectorIdentity | None, str]:
     """The collector's claim (None with ``ZEAL_COLLECTOR_ID``) and its client id: the id
-    claimed or set, under its broker login (``zeal.mqttclient.owned_client_id``). Its own
+    claimed or set, under its broker login (``zeal.mqtt.client.owned_client_id``). Its own
     id, not the login: another connection under the login (an operator's tool, a leaked
     password) lands on a session of its own instead of taking the collector's, whose clean
     start would wipe what the broker queued for it; deploy/mosquitto's plugin keeps other

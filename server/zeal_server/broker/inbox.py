@@ -8,7 +8,7 @@ import time
 from collections import Counter, deque
 from typing import NamedTuple
 
-from zeal.topics import parse_data_topic
+from zeal.mqtt.topics import parse_data_topic
 
 __all__ = ["BUSY_RATE", "CHIRPSTACK", "DATA", "STRETCH", "Inbox", "Received", "Shed"]
 

@@ -44,7 +44,7 @@ import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from zeal.topics import parse_data_topic
+from zeal.mqtt.topics import parse_data_topic
 from zeal_server.broker.sources import Offer
 
 __all__ = ["MQTT_STREAM", "JetStreamSource", "topic_of"]

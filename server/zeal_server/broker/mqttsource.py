@@ -24,9 +24,9 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from zeal.brokerurl import BrokerSettings, Flapping, why_unreachable
-from zeal.mqttclient import acknowledge, connect_persistent, flush, make_client
-from zeal.topics import (
+from zeal.mqtt.brokerurl import BrokerSettings, Flapping, why_unreachable
+from zeal.mqtt.client import acknowledge, connect_persistent, flush, make_client
+from zeal.mqtt.topics import (
     CONFIG_FILTER,
     DATA_FILTER,
     FLUSH_FILTER,

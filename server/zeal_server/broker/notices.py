@@ -1,4 +1,4 @@
-"""What the collector tells a device on its notice topic (``zeal.topics``): why a batch was
+"""What the collector tells a device on its notice topic (``zeal.mqtt.topics``): why a batch was
 rejected, or that a sequence number came back with other content. At most one notice per
 device and reason every NOTICE_EVERY seconds. Each is signed with the installation's key
 (``store.signing``): an agent acts only on a notice that verifies under the key it pinned.
@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 
 from zeal import ParameterError
+from zeal.mqtt.topics import Notice, notice_topic
 from zeal.protocol import check_name
 from zeal.signed import NOTICE_PURPOSE
-from zeal.topics import Notice, notice_topic
 from zeal_server import store
 from zeal_server.ingest.bounded import Bounded
 from zeal_server.ingest.validation import Outcome

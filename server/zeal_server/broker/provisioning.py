@@ -2,7 +2,7 @@
 
 ``provision(name)`` creates a broker client ``name`` with a generated password and a role
 of its own, ``zeal-device-{name}``, that allows exactly what a device does (topics:
-zeal.topics) and denies the rest explicitly::
+zeal.mqtt.topics) and denies the rest explicitly::
 
     publish    zeal/v1/+/{name}/up         its data, to any stream
     publish    zeal/v1/+/{name}/presence   its presence (retained, Last Will)
@@ -41,11 +41,11 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from zeal.brokerurl import BrokerSettings
 from zeal.errors import ParameterError
-from zeal.mqttclient import make_client
+from zeal.mqtt.brokerurl import BrokerSettings
+from zeal.mqtt.client import make_client
+from zeal.mqtt.topics import CONFIG_FILTER, device_filters
 from zeal.protocol import check_name
-from zeal.topics import CONFIG_FILTER, device_filters
 from zeal_server.errors import ProvisioningError
 from zeal_server.settings import ServerSettings
 

@@ -31,8 +31,8 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from zeal import ParameterError, Zeal
+from zeal.mqtt.topics import MAX_TOPIC_LENGTH, parse_data_topic
 from zeal.protocol import check_name
-from zeal.topics import MAX_TOPIC_LENGTH, parse_data_topic
 from zeal.wirebatches import Batches
 from zeal_server.ingest.bounded import Bounded
 from zeal_server.ingest.groups import Group, Outcome, implausible, rounds, select_batches

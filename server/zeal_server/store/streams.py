@@ -22,10 +22,10 @@ from zeal import (
     Zeal,
     ZealWarning,
 )
+from zeal.mqtt.streamconfig import config_document, tombstone_document
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
 from zeal.protocol import BUCKET_SECONDS, EPSILON_CEILING, check_name
 from zeal.signed import CONFIG_PURPOSE
-from zeal.streamconfig import config_document, tombstone_document
 from zeal_server.errors import StoreError
 from zeal_server.store.models import (
     BatchSeen,

@@ -27,7 +27,7 @@ from tests.server.helpers import (
     settings,
 )
 from zeal import Zeal, encode_batch
-from zeal.streamconfig import config_document
+from zeal.mqtt.streamconfig import config_document
 from zeal_server import store
 from zeal_server.app import create_app
 from zeal_server.ingest import Ingest

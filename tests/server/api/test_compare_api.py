@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from tests.server.helpers import PARAMS, T0, create, feed, operator_client
 from zeal import Zeal, compare, encode_batch
 from zeal.estimate import difference_of
-from zeal.plan import plan_comparison, zero_inflated
+from zeal.planning.comparison import plan_comparison, zero_inflated
 from zeal_server import store
 from zeal_server.ingest import Ingest
 

@@ -11,8 +11,8 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from tests.server.helpers import T0, create, feed
+from zeal.mqtt.streamconfig import read_config
 from zeal.protocol import EPSILON_CEILING
-from zeal.streamconfig import read_config
 from zeal_edge.options import AgentOptions, refusal
 
 

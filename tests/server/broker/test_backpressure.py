@@ -17,7 +17,7 @@ from tests.server.helpers import publish_all, stalled
 from tests.server.metrics_check import metric_samples
 from tools.testbed.broker import Mosquitto
 from tools.testbed.server import Server, batches, create, verify, wait_for, wait_until
-from zeal.topics import data_topic
+from zeal.mqtt.topics import data_topic
 from zeal_server.settings import ServerSettings, SettingsError
 
 pytestmark = pytest.mark.integration  # real brokers, servers or outside tools

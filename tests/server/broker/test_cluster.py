@@ -40,7 +40,7 @@ from tools.testbed.server import (
     verify,
     wait_until,
 )
-from zeal.topics import data_topic
+from zeal.mqtt.topics import data_topic
 from zeal_server.app import create_app
 from zeal_server.broker.jetstream import MQTT_STREAM
 from zeal_server.settings import ServerSettings

@@ -264,7 +264,7 @@ def test_a_collector_stopping_right_after_a_commit_has_sent_its_acknowledgements
     """20,000 one-reading batches queued for the collector's session while it is away; it
     drains them and is stopped the moment it has stored the last: its acknowledgements
     reach the broker before it disconnects, so the next collector on the session gets none
-    of them again (without zeal.mqttclient.flush first, in half the runs up to 11,805
+    of them again (without zeal.mqtt.client.flush first, in half the runs up to 11,805
     came back as duplicates: one transaction's acknowledgements were still on their way
     at the disconnect)."""
     url = f"sqlite:///{tmp_path / 'z.sqlite'}"

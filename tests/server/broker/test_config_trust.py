@@ -23,9 +23,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from tools.testbed.broker import Mosquitto, agent_status
 from tools.testbed.server import Server, client, stats, wait_until
 from zeal import Zeal
+from zeal.mqtt.streamconfig import config_document, tombstone_document
+from zeal.mqtt.topics import Notice
 from zeal.signed import CONFIG_PURPOSE, NOTICE_PURPOSE, encode_field, signed_bytes
-from zeal.streamconfig import config_document, tombstone_document
-from zeal.topics import Notice
 from zeal_server import store
 from zeal_server.store.db import make_engine, session_factory
 

@@ -30,7 +30,7 @@ from tests.server.helpers import (
 from tools.testbed.broker import Mosquitto, agent_status
 from tools.testbed.server import Server, stream_body
 from zeal import encode_batch
-from zeal.streamconfig import params_from_config
+from zeal.mqtt.streamconfig import params_from_config
 
 pytestmark = pytest.mark.integration
 CREATE = ["--lower", "0", "--upper", "110", "--epsilon", "1"]

@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 
 from tests.server.helpers import stats, wait_until
 from tools.testbed.broker import Mosquitto
-from zeal._firmware import profile_bytes
-from zeal.streamconfig import read_config
+from zeal._core.firmware import profile_bytes
+from zeal.mqtt.streamconfig import read_config
 from zeal_server.app import create_app
 from zeal_server.settings import ServerSettings
 

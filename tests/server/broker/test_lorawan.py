@@ -22,10 +22,10 @@ from tests.server.broker.uplink_limits import json_limits, limit_events, mutated
 from tests.server.helpers import publish_all, stats, wait_until
 from tools.testbed.broker import Mosquitto, free_port
 from zeal import Zeal, encode_batch
-from zeal._firmware import profile_bytes
+from zeal._core.firmware import profile_bytes
 from zeal.lorawan import encode_lorawan
+from zeal.mqtt.streamconfig import params_from_config
 from zeal.policy import DAY_MS, HOUR_MS
-from zeal.streamconfig import params_from_config
 from zeal_server import store
 from zeal_server.app import create_app
 from zeal_server.settings import ServerSettings

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 
 from tests.server.helpers import create_stream, settings
 from tools.testbed.fakepaho import FakeClient
-from zeal.brokerurl import parse_broker_url
-from zeal.topics import CONFIG_FILTER, DATA_FILTER, FLUSH_FILTER
+from zeal.mqtt.brokerurl import parse_broker_url
+from zeal.mqtt.topics import CONFIG_FILTER, DATA_FILTER, FLUSH_FILTER
 from zeal.wire import encode_batch
 from zeal_server.app import create_app
 from zeal_server.broker.collector import Collector

@@ -16,7 +16,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tools.testbed.server import TOKEN, DeployBroker, Server, batches, create, serve, wait_until
-from zeal.brokerurl import parse_broker_url
+from zeal.mqtt.brokerurl import parse_broker_url
 from zeal_server.broker.provisioning import BrokerAdmin, role_name
 
 pytestmark = pytest.mark.integration

@@ -132,7 +132,7 @@ def test_agent_clock_stepping_back_loses_and_duplicates_nothing(
 ) -> None:
     """An agent whose clock steps back 2 minutes mid-run: sequence numbers do not depend on
     the clock, so all 10 batches arrive and are stored once, the later ones stamped earlier."""
-    from zeal.brokerurl import parse_broker_url
+    from zeal.mqtt.brokerurl import parse_broker_url
     from zeal_edge.agent import Agent
     from zeal_edge.options import AgentOptions
 
@@ -175,7 +175,7 @@ def test_agent_clock_stepping_back_loses_and_duplicates_nothing(
 
 
 def PARAMS_OF(config: dict[str, Any]) -> Zeal:
-    from zeal.streamconfig import params_from_config
+    from zeal.mqtt.streamconfig import params_from_config
 
     return params_from_config(config)
 

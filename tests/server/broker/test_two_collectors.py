@@ -22,8 +22,8 @@ from tests.server.metrics_check import metric_samples
 from tools.testbed.broker import Mosquitto, fleet_command
 from tools.testbed.server import Server, create, stats, stream_body, verify, wait_until
 from zeal import encode_batch
-from zeal.streamconfig import params_from_config
-from zeal.topics import data_topic
+from zeal.mqtt.streamconfig import params_from_config
+from zeal.mqtt.topics import data_topic
 from zeal_server import store
 from zeal_server.app import create_app
 from zeal_server.ingest import Ingest

@@ -42,7 +42,7 @@ from tools.testbed.server import (
     wait_until,
 )
 from zeal import Zeal, encode_batch
-from zeal.streamconfig import config_document, params_from_config
+from zeal.mqtt.streamconfig import config_document, params_from_config
 from zeal_server import store
 from zeal_server.ingest import Ingest
 from zeal_server.store.db import make_engine, migrate, session_factory

@@ -28,8 +28,8 @@ from tests.server.helpers import (
 )
 from tools.testbed.broker import Mosquitto, agent_status
 from zeal import Zeal, encode_batch
+from zeal.mqtt.streamconfig import params_from_config
 from zeal.policy import DAY_MS, HOUR_MS, day_of
-from zeal.streamconfig import params_from_config
 from zeal_server.app import create_app
 from zeal_server.settings import ServerSettings
 

@@ -12,9 +12,9 @@ from fastapi import APIRouter, Query
 
 from zeal import ParameterError, Zeal
 from zeal.estimate import bernstein_half_width
+from zeal.planning.windows import Fleet, WindowPlan, best_epsilon, binding_of, plan_windows
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY, MAX_EPSILON_PER_DAY
 from zeal.protocol import EXPONENT
-from zeal.windowplan import Fleet, WindowPlan, best_epsilon, binding_of, plan_windows
 from zeal_server import store
 from zeal_server.api.bayesian import (
     BayesModel,

@@ -1,6 +1,6 @@
 """Two device groups compared (``zeal.compare``): devices are the independent units;
 readings only when asked (``unit=reading``). And the planner of such a
-comparison (``zeal.plan``)."""
+comparison (``zeal.planning.comparison``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from zeal import ParameterError, Zeal
 from zeal import compare as methods
 from zeal.errors import FitError
 from zeal.estimate import difference_of
-from zeal.plan import plan_comparison, zero_inflated
+from zeal.planning.comparison import plan_comparison, zero_inflated
 from zeal_server import store
 from zeal_server.api.deps import (
     API,

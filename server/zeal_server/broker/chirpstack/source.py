@@ -24,15 +24,15 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from zeal.brokerurl import BrokerSettings, why_unreachable
-from zeal.mqttclient import acknowledge, connect_persistent, flush, make_client
+from zeal.mqtt.brokerurl import BrokerSettings, why_unreachable
+from zeal.mqtt.client import acknowledge, connect_persistent, flush, make_client
 from zeal_server.broker.sources import Offer
 
 __all__ = ["ChirpStackSource", "event_subscription"]
 
 log = logging.getLogger(__name__)
 
-#: A filter the collector never subscribes to on ChirpStack's broker (see zeal.mqttclient.flush).
+#: A filter the collector never subscribes to on ChirpStack's broker (see zeal.mqtt.client.flush).
 _FLUSH_FILTER = "zeal/flush"
 
 

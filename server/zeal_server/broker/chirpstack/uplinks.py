@@ -33,8 +33,8 @@ from typing import NamedTuple
 from sqlalchemy.orm import Session
 
 from zeal import ParameterError, WireError, Zeal
+from zeal.mqtt.topics import data_topic
 from zeal.protocol import check_name
-from zeal.topics import data_topic
 from zeal_server import store
 from zeal_server.broker.chirpstack.events import ChirpStackError, Uplink, parse_uplink, to_batch
 from zeal_server.errors import UndecodableError

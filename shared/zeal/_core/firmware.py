@@ -19,7 +19,7 @@ A profile is 104 bytes, little-endian::
     96      4   wire fingerprint of this stream and device (zeal.wire.wire_fingerprint)
    100      4   CRC-32 (IEEE 802.3, as zlib.crc32) of bytes 0..99
 
-The integer fields are the exact grid sampler's tables (zeal._grid.GridSampler). The five
+The integer fields are the exact grid sampler's tables (zeal._core.grid.GridSampler). The five
 binary64 values place the band as GridSampler.fixed_starts does; the C library does that
 float64 arithmetic in integers, rounding as IEEE 754 does, so a reading's code distribution
 is the Python sampler's for the float64 value float(r) * unit, exactly (docs/firmware.md).
@@ -31,7 +31,7 @@ import struct
 import zlib
 from typing import Final
 
-from zeal._mechanism import Zeal
+from zeal._core.mechanism import Zeal
 from zeal.errors import ParameterError
 from zeal.wire import wire_fingerprint
 

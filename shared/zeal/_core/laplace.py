@@ -10,7 +10,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from zeal._randomness import Randomness, uniform01
+from zeal._core.randomness import Randomness, uniform01
 from zeal.errors import ParameterError
 from zeal.protocol import EPSILON_MAX
 

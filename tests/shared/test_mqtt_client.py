@@ -14,8 +14,8 @@ import pytest
 
 from tools.testbed.broker import Mosquitto
 from tools.testbed.wait import wait_until
-from zeal.brokerurl import parse_broker_url
-from zeal.mqttclient import acknowledge, connect_persistent, flush, make_client
+from zeal.mqtt.brokerurl import parse_broker_url
+from zeal.mqtt.client import acknowledge, connect_persistent, flush, make_client
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ def test_acknowledging_a_batch_from_another_thread_reaches_the_broker(
     acknowledge(client, [(m.mid, m.qos) for m in received])
     assert client._sockpairW is wake
     # The broker answers an unsubscription only after the packets before it: once it has,
-    # it has read the PUBACKs (zeal.mqttclient.flush, as the collector does before leaving).
+    # it has read the PUBACKs (zeal.mqtt.client.flush, as the collector does before leaving).
     assert flush(client, "test-unused/#", timeout=30)
     client.disconnect()
     client.loop_stop()

@@ -1,6 +1,6 @@
 """Broker URLs shared by the agent and the server: ``mqtt://host:port`` or ``mqtts://``.
 
-Standard library only; clients are made by :mod:`zeal.mqttclient` (which needs paho).
+Standard library only; clients are made by :mod:`zeal.mqtt.client` (which needs paho).
 """
 
 from __future__ import annotations

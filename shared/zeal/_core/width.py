@@ -8,8 +8,8 @@ import math
 from fractions import Fraction
 from typing import Final
 
-from zeal._exact import ceil_log2
-from zeal._grid import GridSampler, build_grid_sampler
+from zeal._core.exact import ceil_log2
+from zeal._core.grid import GridSampler, build_grid_sampler
 from zeal.errors import ParameterError
 from zeal.protocol import EXPONENT, PAYLOAD_BITS
 

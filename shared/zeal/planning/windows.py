@@ -13,9 +13,9 @@ The average of a window is the mean of the privatized readings the window holds,
 devices; its only error is Zeal's noise, whose variance averaged over readings with mean
 ``mean`` and standard deviation ``sd`` is ``Zeal.variance(mean) + sd**2 / (s - 1)``,
 s = exp(epsilon / 2) (quadratic in the reading: paper 001, Theorem 2, Eq. (14); as in
-zeal.plan). A window with n readings then has the standard error sqrt(noise / n), and the
-guaranteed half-width of the Bernstein bound with the mechanism's variance bound
-(zeal.estimate.bernstein_half_width).
+zeal.planning.comparison). A window with n readings then has the standard error
+sqrt(noise / n), and the guaranteed half-width of the Bernstein bound with the mechanism's
+variance bound (zeal.estimate.bernstein_half_width).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Final
 
 import numpy as np
 
-from zeal._mechanism import Zeal
+from zeal._core.mechanism import Zeal
 from zeal.errors import ParameterError
 from zeal.estimate import bernstein_half_width
-from zeal.plan import reading_noise
+from zeal.planning.comparison import reading_noise
 from zeal.policy import MICRO, cap_micro
 
 __all__ = ["DAY_SECONDS", "Fleet", "WindowPlan", "best_epsilon", "binding_of", "plan_windows"]

@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from zeal._paper import UNIFORM_BITS
+from zeal._core.paper import UNIFORM_BITS
 from zeal.errors import ParameterError, ZealWarning
 
 if TYPE_CHECKING:
-    from zeal._grid import GridSampler
-    from zeal._paper import PaperSampler
+    from zeal._core.grid import GridSampler
+    from zeal._core.paper import PaperSampler
 
 __all__ = ["AuditReport", "Audited", "audit", "output_extremes"]
 

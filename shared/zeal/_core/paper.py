@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from zeal._randomness import Randomness, random_words
+from zeal._core.randomness import Randomness, random_words
 
 __all__ = ["UNIFORM_BITS", "PaperSampler"]
 

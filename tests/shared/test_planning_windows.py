@@ -1,4 +1,4 @@
-"""The window planner (zeal.windowplan) against a simulation of its own: a fleet of 500
+"""The window planner (zeal.planning.windows) against a simulation of its own: a fleet of 500
 sensors reading every minute on -20..50 under the default policy, averaged by the hour."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from zeal import ParameterError, Zeal
-from zeal.windowplan import Fleet, best_epsilon, plan_windows
+from zeal.planning.windows import Fleet, best_epsilon, plan_windows
 
 LOWER, UPPER = -20.0, 50.0
 

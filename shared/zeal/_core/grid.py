@@ -47,8 +47,8 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from zeal._exact import floor_times_exp
-from zeal._randomness import Randomness, random_words, uniform_below
+from zeal._core.exact import floor_times_exp
+from zeal._core.randomness import Randomness, random_words, uniform_below
 from zeal.errors import ParameterError
 
 __all__ = ["GridSampler", "build_grid_sampler"]

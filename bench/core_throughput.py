@@ -1,4 +1,5 @@
-"""Throughput benchmark of the core library (``python -m zeal bench``).
+"""Throughput benchmark of the core library (``python bench/core_throughput.py [-n N]``, in
+``make bench``).
 
 Prints readings per second for perturbation with the default secure randomness, and for
 decode + estimate_mean, on one core. Targets: >= 1e6 perturbations/s and
@@ -7,12 +8,13 @@ decode + estimate_mean, on one core. Targets: >= 1e6 perturbations/s and
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 
 import numpy as np
 
-from zeal._mechanism import Zeal
+from zeal import Zeal
 
 __all__ = ["run"]
 
@@ -56,3 +58,9 @@ def run(*, n: int = 1_000_000, repeats: int = 5) -> dict[str, float]:
     )
     print(f"estimate_mean only     {figures['estimate_only_per_s']:>16,.0f} codes/s")
     return figures
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=1_000_000, help="readings per run")
+    run(n=parser.parse_args().n)

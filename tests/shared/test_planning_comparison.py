@@ -1,6 +1,7 @@
-"""The comparison planner (zeal.plan) against simulation: its standard error and power
-are what the default method delivers on a simulated fleet (seeded; tolerances from the
-Monte Carlo standard errors), and its pieces are exact where they can be."""
+"""The comparison planner (zeal.planning.comparison) against simulation: its standard
+error and power are what the default method delivers on a simulated fleet (seeded;
+tolerances from the Monte Carlo standard errors), and its pieces are exact where they can
+be."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from zeal import ParameterError, Zeal
 from zeal.compare import Partitions, cluster_weighted
-from zeal.plan import plan_comparison, zero_inflated
+from zeal.planning.comparison import plan_comparison, zero_inflated
 
 PARAMS = Zeal(lower=0.0, upper=100.0, epsilon=2.0)
 

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from zeal._distribution import OutputDistribution
-from zeal._exact import ceil_log2, exact_sum, exact_sum_squares
-from zeal._grid import GridSampler
-from zeal._paper import PaperSampler
-from zeal._randomness import Randomness
-from zeal._width import (
+from zeal._core.distribution import OutputDistribution
+from zeal._core.exact import ceil_log2, exact_sum, exact_sum_squares
+from zeal._core.grid import GridSampler
+from zeal._core.paper import PaperSampler
+from zeal._core.randomness import Randomness
+from zeal._core.width import (
     bits_at,
     default_bits,
     exact_grid,
@@ -45,7 +45,7 @@ from zeal.policy import check_policy, readings_per_day, readings_per_hour
 from zeal.protocol import EPSILON_MAX, EXPONENT, PAYLOAD_BITS
 
 if TYPE_CHECKING:
-    from zeal._privacy_audit import AuditReport
+    from zeal._core.privacy_audit import AuditReport
 
 __all__ = ["MAX_EPSILON", "SAMPLERS", "Zeal"]
 
@@ -384,7 +384,7 @@ class Zeal:
 
     def audit(self, **options: Any) -> AuditReport:
         """The privacy loss this sampler realizes (see :func:`zeal.audit`)."""
-        from zeal._privacy_audit import audit
+        from zeal._core.privacy_audit import audit
 
         return audit(self, **options)
 

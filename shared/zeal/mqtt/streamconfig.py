@@ -34,7 +34,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Final
 
-from zeal._mechanism import Zeal
+from zeal._core.mechanism import Zeal
 from zeal.errors import ParameterError, ZealWarning
 from zeal.protocol import check_name
 

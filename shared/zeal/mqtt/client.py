@@ -1,5 +1,5 @@
 """The one way Zeal makes an MQTT client: paho, MQTT v5 or 3.1.1, the broker's credentials and TLS
-set up from :class:`zeal.brokerurl.BrokerSettings`. The agent, the collector and device
+set up from :class:`zeal.mqtt.brokerurl.BrokerSettings`. The agent, the collector and device
 provisioning all call :func:`make_client`, so TLS and credentials cannot drift apart.
 
 Needs paho-mqtt (the ``mqtt`` extra: ``pip install zeal[mqtt]``); ``import zeal`` does not
@@ -20,7 +20,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from zeal.brokerurl import BrokerSettings
+from zeal.mqtt.brokerurl import BrokerSettings
 
 __all__ = ["acknowledge", "connect_persistent", "flush", "make_client", "owned_client_id"]
 
@@ -116,7 +116,7 @@ def acknowledge(client: mqtt.Client, messages: Iterable[tuple[int, int]]) -> Non
     cost). So the QoS 1 PUBACKs (4 bytes each, the same under MQTT v5 and 3.1.1: success
     needs no reason code) are queued as one write, in the order given, through paho 2.1's private
     ``_packet_queue``; the wake-up socket is its private ``_sockpairW``. constraints.txt
-    pins paho-mqtt and tests/shared/test_mqttclient.py checks that both are there; while
+    pins paho-mqtt and tests/shared/test_mqtt_client.py checks that both are there; while
     the socket is set aside, packets queued by any thread wait for that last wake-up.
     Without them, the messages are acknowledged one by one as usual. QoS 2 messages are
     completed with ``Client.ack``; QoS 0 ones need nothing.

@@ -102,7 +102,7 @@ def device_filters(device: str) -> dict[str, str]:
 def parse_data_topic(topic: str) -> tuple[str, str] | None:
     """(stream, device) of a data topic, or None if the topic is not shaped like one.
 
-    The names are not validated here (``zeal.streamconfig.check_name`` does that).
+    The names are not validated here (``zeal.mqtt.streamconfig.check_name`` does that).
     """
     parts = topic.split("/")
     if len(parts) != 5 or "/".join(parts[:2]) != PREFIX or parts[4] != "up":

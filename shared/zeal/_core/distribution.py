@@ -1,5 +1,5 @@
 """The exact distribution of one reading's codes under the grid sampler (from its integer
-tables; see :mod:`zeal._grid`): what ``Zeal.output_distribution`` returns, and what tests
+tables; see :mod:`zeal._core.grid`): what ``Zeal.output_distribution`` returns, and what tests
 and the privacy audit compare samples and losses against."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from zeal._grid import GridSampler
+from zeal._core.grid import GridSampler
 
 __all__ = ["OutputDistribution"]
 

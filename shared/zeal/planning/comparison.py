@@ -32,8 +32,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from zeal._mechanism import Zeal
-from zeal._studentt import t_quantile, two_sided_p
+from zeal._core.mechanism import Zeal
+from zeal._core.studentt import t_quantile, two_sided_p
 from zeal.errors import ParameterError
 from zeal.estimate import check_real
 
