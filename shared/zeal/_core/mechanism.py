@@ -9,7 +9,6 @@ top ``shared_bits`` bits, so only the low ``payload_bits`` bits (the *code*) are
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import warnings
@@ -19,41 +18,34 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from zeal._core.derivation import MAX_EPSILON, SAMPLERS, Derived, derive
 from zeal._core.distribution import OutputDistribution
-from zeal._core.exact import ceil_log2, exact_sum, exact_sum_squares
+from zeal._core.exact import exact_sum, exact_sum_squares
 from zeal._core.grid import GridSampler
 from zeal._core.paper import PaperSampler
 from zeal._core.randomness import Randomness
-from zeal._core.width import (
-    bits_at,
-    default_bits,
-    exact_grid,
-    exponent_for_bits,
-    smallest_exponent,
-)
 from zeal.errors import CodeError, ParameterError, ReadingError, ZealWarning
 from zeal.estimate import (
     Estimate,
     bernstein_half_width,
     bernstein_tail,
     check_confidence,
-    check_integer,
     check_real,
     normal_quantile,
 )
 from zeal.policy import check_policy, readings_per_day, readings_per_hour
-from zeal.protocol import EPSILON_MAX, EXPONENT, PAYLOAD_BITS
 
 if TYPE_CHECKING:
     from zeal._core.privacy_audit import AuditReport
 
 __all__ = ["MAX_EPSILON", "SAMPLERS", "Zeal"]
 
-SAMPLERS: Final = ("grid", "paper")
 _SAMPLER_VERSIONS: Final = {"grid": 1, "paper": 1}
-MAX_EPSILON: Final = EPSILON_MAX
-_MIN_BITS, _MAX_BITS = PAYLOAD_BITS
-_MIN_EXPONENT, _MAX_EXPONENT = EXPONENT
+#: The attributes ``derive`` gives an instance (``_grid`` is ``Derived.grid``, and so on).
+_DERIVED: Final = tuple(
+    f"_{name}" if name in ("grid", "paper", "prefix", "top") else name
+    for name in Derived.__dataclass_fields__
+)
 
 _U64 = npt.NDArray[np.uint64]
 _F64 = npt.NDArray[np.float64]
@@ -149,119 +141,25 @@ class Zeal:
         max_epsilon_per_day: float | None = None,
     ) -> None:
         try:
-            self._setup(
+            derived = derive(
                 lower, upper, epsilon, payload_bits=payload_bits, exponent=exponent, sampler=sampler
             )
-            cap = check_policy(self.epsilon, max_epsilon_per_day)
+            cap = check_policy(derived.epsilon, max_epsilon_per_day)
         except (OverflowError, ZeroDivisionError) as exc:
             raise ParameterError(
                 f"lower={lower!r}, upper={upper!r}, epsilon={epsilon!r} are too extreme for "
                 f"float64 arithmetic ({exc})"
             ) from exc
-        object.__setattr__(self, "max_epsilon_per_day", cap)
-        daily = None if cap is None else readings_per_day(self.epsilon, cap)
-        object.__setattr__(self, "readings_per_day", daily)
+        # The instance carries the derived values as its own attributes (slots), which the
+        # hot paths read; the private ones with a leading underscore.
+        for name in _DERIVED:
+            object.__setattr__(self, name, getattr(derived, name.lstrip("_")))
+        daily = None if cap is None else readings_per_day(derived.epsilon, cap)
         hourly = None if daily is None else readings_per_hour(daily)
+        object.__setattr__(self, "max_epsilon_per_day", cap)
+        object.__setattr__(self, "readings_per_day", daily)
         object.__setattr__(self, "readings_per_hour", hourly)
         object.__setattr__(self, "fingerprint", self._fingerprint())
-
-    def _setup(
-        self,
-        lower: float,
-        upper: float,
-        epsilon: float,
-        *,
-        payload_bits: int | None,
-        exponent: int | None,
-        sampler: str,
-    ) -> None:
-        set_ = functools.partial(object.__setattr__, self)
-        lo, hi, eps = (
-            check_real("lower", lower),
-            check_real("upper", upper),
-            check_real("epsilon", epsilon),
-        )
-        if not lo < hi:
-            raise ParameterError(f"lower must be below upper, got lower={lower!r}, upper={upper!r}")
-        if not 0.0 < eps <= MAX_EPSILON:
-            raise ParameterError(f"epsilon must be in (0, {MAX_EPSILON}], got {epsilon!r}")
-        if sampler not in SAMPLERS:
-            raise ParameterError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
-        if payload_bits is not None and exponent is not None:
-            raise ParameterError("give payload_bits or exponent, not both")
-        half, c, p = _range_terms(lower, upper, epsilon)
-        ebar = lo + half
-        e_enc = ceil_log2(2 * c)  # Eq. (21)
-        e_vul = max(ceil_log2(math.exp(eps) / p) - 1, e_enc)  # Eq. (31)
-        for name, value in (
-            ("lower", lo),
-            ("upper", hi),
-            ("epsilon", eps),
-            ("C", c),
-            ("p", p),
-            ("e_enc", e_enc),
-            ("e_vul", e_vul),
-            ("ebar", ebar),
-            ("half_width", half),
-            ("sampler", sampler),
-        ):
-            set_(name, value)
-
-        e_min = smallest_exponent(self.C, self.e_enc)
-        if exponent is not None:
-            chosen = check_integer("exponent", exponent, e_min, _MAX_EXPONENT)
-        elif payload_bits is not None:
-            bits = check_integer("payload_bits", payload_bits, _MIN_BITS, _MAX_BITS)
-            chosen = exponent_for_bits(self.C, bits, e_min)
-        else:
-            chosen = exponent_for_bits(
-                self.C, default_bits(self.C, self.epsilon, self.half_width, e_min), e_min
-            )
-        k = bits_at(self.C, chosen)
-        step = math.ldexp(1.0, chosen - 52)
-        top = Fraction(ebar) + Fraction(c)
-        set_("exponent", chosen)
-        set_("payload_bits", k)
-        set_("shared_bits", 64 - k)
-        set_("grid_step", step)
-        set_("abar", float(Fraction(2) ** (chosen + 1) - 2 * Fraction(step) - top))  # Eq. (22)
-        set_("_top", top)
-        set_("_prefix", ((1023 + chosen) << 52) | ((1 << 52) - (1 << k)))
-
-        if sampler == "grid":
-            grid = exact_grid(
-                c=self.C,
-                e_enc=self.e_enc,
-                bits=k,
-                exponent=chosen,
-                lower=lo,
-                upper=hi,
-                top=top,
-                epsilon=eps,
-            )
-            q_min, q_max = grid.depth_range
-            set_("_grid", grid)
-            set_("_paper", None)
-            set_("realized_epsilon", math.log(grid.w_hi / grid.w_lo))
-            set_("code_min", (1 << k) - 2 - q_max)
-            set_("code_max", (1 << k) - 2 - q_min)
-        else:
-            warnings.warn(
-                "sampler='paper' is the paper's float64 inverse-CDF sampler, kept for "
-                "comparison: it can leak more than epsilon and is biased at large Abar",
-                ZealWarning,
-                stacklevel=2,
-            )
-            paper = PaperSampler.build(
-                ebar=ebar, half_width=half, c=c, p=p, epsilon=eps, exponent=chosen, payload_bits=k
-            )
-            set_("_grid", None)
-            set_("_paper", paper)
-            # The paper's aggregator subtracts the float Abar its sampler added (Eq. (15)).
-            set_("_top", Fraction(2) ** (chosen + 1) - 2 * Fraction(step) - Fraction(paper.abar))
-            set_("realized_epsilon", None)
-            set_("code_min", 0)
-            set_("code_max", (1 << k) - 1)
 
     # -- construction helpers --------------------------------------------------------------
 
@@ -581,28 +479,3 @@ def _rebuild(*key: Any) -> Zeal:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ZealWarning)
         return Zeal(**dict(zip(names, key, strict=False)))
-
-
-def _range_terms(lower: float, upper: float, epsilon: float) -> tuple[float, float, float]:
-    """The half range, C of Eq. (10) and the density p of Eq. (9), refused when float64
-    cannot hold them (the messages show lower, upper and epsilon as the caller wrote them)."""
-    lo, hi, eps = float(lower), float(upper), float(epsilon)
-    half = (hi - lo) / 2
-    if not math.isfinite(half):
-        raise ParameterError(f"the range [{lower!r}, {upper!r}] is too wide for float64")
-    if not half > 0:  # (upper - lower) / 2 rounds to 0
-        raise ParameterError(f"the range [{lower!r}, {upper!r}] is too narrow for float64")
-    s = math.exp(eps / 2)
-    c = half * (s + 1) / (s - 1)  # Eq. (10)
-    p = (math.exp(eps) - s) / (2 * half * (s + 1))  # Eq. (9)
-    if not (math.isfinite(2 * c) and math.isfinite(math.exp(eps) / p) and p > 0):
-        raise ParameterError(
-            f"the range [{lower!r}, {upper!r}] at epsilon={epsilon!r} gives an output range "
-            f"(C = {c!r}) that does not fit in float64"
-        )
-    if not (math.isfinite(p) and c > 0 and math.exp(eps) / p > 0):  # a subnormal range
-        raise ParameterError(
-            f"the range [{lower!r}, {upper!r}] at epsilon={epsilon!r} is too narrow for "
-            f"float64 (the density p = {p!r} of Eq. (9) overflows)"
-        )
-    return half, c, p
