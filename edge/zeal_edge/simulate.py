@@ -218,7 +218,7 @@ def run_simulation(args: argparse.Namespace) -> int:
     if args.devices < 1 or args.rate < 0:
         raise ValueError("--devices must be >= 1 and --rate >= 0")
     prefix = check_name("device prefix", args.device_prefix)
-    stream, batch = str(values["stream"]), int(values["batch"])
+    stream = str(values["stream"])
     data = _dataset(values, args)
     connection = _connection(values, stream, prefix)
     outbox = Outbox(Path(str(values["data_dir"])) / "simulate.sqlite")
@@ -227,45 +227,76 @@ def run_simulation(args: argparse.Namespace) -> int:
         params = _params(values, connection, stream, args.wait_params)
         log.info("simulating %d devices on stream %s with %r", args.devices, stream, params)
         names = [outbox.ensure(stream, f"{prefix}-{i:05d}") for i in range(args.devices)]
-        starts = (np.arange(args.devices) * (data.size // args.devices + 7)) % data.size
         pipeline = Pipeline(outbox, connection, window=max(100, 2 * args.devices))
-        batcher = Batcher(outbox, pipeline)
-        began, rounds, committed_readings = time.time(), 0, 0
-        ledger = _Ledger(params)
-        period_ms = 0 if args.rate == 0 else 1000.0 / args.rate
-        last_report = time.monotonic()
-        max_rounds = None if args.readings is None else -(-args.readings // batch)
-        while True:
-            elapsed = time.time() - began
-            done = (max_rounds is not None and rounds >= max_rounds) or (
-                args.duration is not None and elapsed >= args.duration
-            )
-            if done:
-                break
-            paced = (
-                elapsed * args.rate >= (rounds + 1) * batch  # at the given rate
-                if args.rate > 0
-                else pipeline.unacknowledged <= 2 * args.devices  # as fast as acknowledged
-            )
-            due = paced and (max_rounds is None or rounds < max_rounds)
-            if due:
-                now_ms = int(time.time() * 1000)
-                base = now_ms if args.rate == 0 else int(began * 1000 + rounds * batch * period_ms)
-                stamps = base + np.round(np.arange(batch) * period_ms).astype(np.int64)
-                rounds += 1
-                if not ledger.admit(stamps):  # every device has the same schedule
-                    continue
-                index = (starts[:, None] + (rounds - 1) * batch + np.arange(batch)) % data.size
-                codes = params.perturb(data[index])
-                drafts = [Draft(ns, stamps, codes[d]) for d, ns in enumerate(names)]
-                batcher.commit(params, drafts, now_ms=now_ms)
-                committed_readings += batch * args.devices
-            pipeline.pump()
-            if not due:
-                time.sleep(0.002)
-            last_report = _progress(last_report, committed_readings, pipeline)
-        ledger.report(args.devices)
-        return _drain_and_report(pipeline, args.devices, batch, committed_readings, began)
+        fleet = _Fleet(args, params, data, names, int(values["batch"]))
+        fleet.run(Batcher(outbox, pipeline), pipeline)
+        return _drain_and_report(
+            pipeline, args.devices, fleet.batch, fleet.committed_readings, fleet.began
+        )
     finally:
         connection.stop()
         outbox.close()
+
+
+class _Fleet:
+    """The simulated devices: every one reads on the same schedule, its own stretch of the
+    dataset, at --rate readings a second (0: as fast as the broker confirms)."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        params: Zeal,
+        data: npt.NDArray[np.float64],
+        names: list[str],
+        batch: int,
+    ) -> None:
+        self.args, self.params, self.data, self.names = args, params, data, names
+        self.batch = batch
+        self.starts = (np.arange(args.devices) * (data.size // args.devices + 7)) % data.size
+        self.period_ms = 0 if args.rate == 0 else 1000.0 / args.rate
+        self.max_rounds = None if args.readings is None else -(-args.readings // batch)
+        self.ledger = _Ledger(params)
+        self.began = time.time()
+        self.rounds = 0
+        self.committed_readings = 0
+
+    def run(self, batcher: Batcher, pipeline: Pipeline) -> None:
+        """Rounds until --readings or --duration, then the ledger's report."""
+        args, last_report = self.args, time.monotonic()
+        self.began = time.time()
+        while not self._done(time.time() - self.began):
+            paced = (
+                (time.time() - self.began) * args.rate >= (self.rounds + 1) * self.batch
+                if args.rate > 0  # at the given rate
+                else pipeline.unacknowledged <= 2 * args.devices  # as fast as acknowledged
+            )
+            due = paced and (self.max_rounds is None or self.rounds < self.max_rounds)
+            if due:
+                self._round(batcher)
+            pipeline.pump()
+            if not due:
+                time.sleep(0.002)
+            last_report = _progress(last_report, self.committed_readings, pipeline)
+        self.ledger.report(args.devices)
+
+    def _done(self, elapsed: float) -> bool:
+        args = self.args
+        return (self.max_rounds is not None and self.rounds >= self.max_rounds) or (
+            args.duration is not None and elapsed >= args.duration
+        )
+
+    def _round(self, batcher: Batcher) -> None:
+        """One reading of each device, committed as one batch each (unless the policy
+        skips the round)."""
+        batch, now_ms = self.batch, int(time.time() * 1000)
+        rate_base = int(self.began * 1000 + self.rounds * batch * self.period_ms)
+        base = now_ms if self.args.rate == 0 else rate_base
+        stamps = base + np.round(np.arange(batch) * self.period_ms).astype(np.int64)
+        self.rounds += 1
+        if not self.ledger.admit(stamps):  # every device has the same schedule
+            return
+        offsets = self.starts[:, None] + (self.rounds - 1) * batch + np.arange(batch)
+        codes = self.params.perturb(self.data[offsets % self.data.size])
+        drafts = [Draft(ns, stamps, codes[d]) for d, ns in enumerate(self.names)]
+        batcher.commit(self.params, drafts, now_ms=now_ms)
+        self.committed_readings += batch * len(self.names)
