@@ -243,6 +243,17 @@ def build_app(
     app.add_middleware(WriteGuard)
     app.add_middleware(OldNames)  # outermost: the renamed query names, before anything reads them
 
+    _database_errors(app)
+    _dashboard(app)
+
+    for module in (streams, averages, compare, devices, data, health, logins, lorawan):
+        app.include_router(module.router, dependencies=[Depends(known_query)])
+    return app
+
+
+def _database_errors(app: FastAPI) -> None:
+    """A database that cannot be reached, or fails, is a 503 (logged without SQL values)."""
+
     @app.exception_handler(OperationalError)
     async def database_down(_request: Request, _exc: OperationalError) -> JSONResponse:
         return JSONResponse({"detail": "database unavailable"}, status_code=503)
@@ -252,6 +263,9 @@ def build_app(
         log.error("database error on %s: %s", request.url.path, exc)
         return JSONResponse({"detail": "database error"}, status_code=503)
 
+
+def _dashboard(app: FastAPI) -> None:
+    """The operator dashboard at / and its files under /dashboard/, with their headers."""
     dashboard = resources.files("zeal_server.api") / "dashboard"
 
     @app.get("/", include_in_schema=False)
@@ -273,7 +287,3 @@ def build_app(
         if request.url.path.startswith("/dashboard/"):
             response.headers.update(_DASHBOARD_HEADERS)
         return response
-
-    for module in (streams, averages, compare, devices, data, health, logins, lorawan):
-        app.include_router(module.router, dependencies=[Depends(known_query)])
-    return app
