@@ -59,17 +59,23 @@ def test_the_readme_walkthrough_works_as_written(tmp_path: Path, fresh_clone: Pa
     env |= {"ZEAL_MQTT_URL": broker.url, "PYTHONUNBUFFERED": "1"}
     background: list[tuple[str, subprocess.Popen[str]]] = []
     outputs: dict[str, str] = {}
+    # What the long-running commands print goes to files, never to a pipe nobody reads
+    # until the end: a full pipe (the server's access log, while the walkthrough polls it
+    # on a busy machine) stopped the server mid-request.
+    printed: dict[str, Path] = {}
     try:
         for command in walkthrough():
             if any(marker in command for marker in LONG_RUNNING):
-                process = subprocess.Popen(
-                    ["bash", "-c", f"exec {command}"],
-                    cwd=clone,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
+                printed[command] = tmp_path / f"background-{len(printed)}.log"
+                with printed[command].open("w") as out:
+                    process = subprocess.Popen(
+                        ["bash", "-c", f"exec {command}"],
+                        cwd=clone,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
                 background.append((command, process))
                 if "serve" in command:
                     wait_for_server(process)
@@ -98,10 +104,11 @@ def test_the_readme_walkthrough_works_as_written(tmp_path: Path, fresh_clone: Pa
             if process.poll() is None:
                 process.send_signal(signal.SIGINT)  # Ctrl-C
             try:
-                logs[command] = process.communicate(timeout=30)[0]
+                process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-                logs[command] = process.communicate()[0]
+                process.wait()
+            logs[command] = printed[command].read_text()
         broker.stop()
     for command, process in background:
         assert process.returncode == 0, (command, logs[command][-3000:])
@@ -119,7 +126,7 @@ def test_the_readme_walkthrough_works_as_written(tmp_path: Path, fresh_clone: Pa
 
 def wait_for_server(process: subprocess.Popen[str], timeout: float = 60) -> None:
     def listening() -> bool:
-        assert process.poll() is None, process.communicate()[0][-3000:]
+        assert process.poll() is None, "the server exited (its output is in the test's tmp_path)"
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", 8000)) == 0
 
@@ -132,7 +139,13 @@ def wait_for_average(command: str, clone: Path, env: dict[str, str], timeout: fl
 
     def covered() -> bool:
         out = answered[0] = subprocess.run(
-            ["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True, check=False
+            ["bash", "-c", command],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         ).stdout
         try:
             body = json.loads(out)
@@ -146,6 +159,7 @@ def wait_for_average(command: str, clone: Path, env: dict[str, str], timeout: fl
             env=env,
             capture_output=True,
             text=True,
+            timeout=60,
             check=False,
         ).stdout
         return {"kitchen-1", "kitchen-2"} <= {d["name"] for d in json.loads(devices)["devices"]}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import secrets
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -40,6 +41,22 @@ def namespace_of(stream: str, device: str) -> str:
     return f"{stream}/{device}"
 
 
+def _journal_in_wal(db: sqlite3.Connection) -> None:
+    """WAL journal mode. Switching a new file to it needs the file to itself, and SQLite
+    answers "database is locked" at once (no busy wait) while another process opens it:
+    two agents started together on one data directory. Tried again for up to 5 s."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+        else:
+            return
+
+
 class Outbox:
     """SQLite-backed outbox; one instance per process, used from one thread at a time."""
 
@@ -48,14 +65,23 @@ class Outbox:
         self.path = path
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()
-        self._db.execute("PRAGMA journal_mode=WAL")
+        _journal_in_wal(self._db)
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
         self._pruned_ms = -(1 << 62)
-        present = {row[1] for row in self._db.execute("PRAGMA table_info(namespaces)")}
-        for column, kind in ADDED_COLUMNS.items():
-            if column not in present:
-                self._db.execute(f"ALTER TABLE namespaces ADD COLUMN {column} {kind}")
+        # Two agents started together on one data directory (the README's two kitchens)
+        # both found a column missing and both added it; under the write lock (BEGIN
+        # IMMEDIATE) the second finds it there.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            present = {row[1] for row in self._db.execute("PRAGMA table_info(namespaces)")}
+            for column, kind in ADDED_COLUMNS.items():
+                if column not in present:
+                    self._db.execute(f"ALTER TABLE namespaces ADD COLUMN {column} {kind}")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
