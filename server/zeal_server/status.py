@@ -47,8 +47,6 @@ class CollectorStatus:
     #: Messages received and not yet acknowledged; of them, those queued for the writer.
     holding: int
     queued: int
-    #: The commit lag over the last minute (``broker.lags.CommitLags.summary``).
-    commit_lag_ms: dict[str, float] | None
     #: Each source the collector takes messages from, Zeal's broker first.
     sources: tuple[SourceStatus, ...]
 

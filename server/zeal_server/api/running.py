@@ -35,6 +35,9 @@ class Running(Protocol):
     def status(self) -> CollectorStatus:
         """Its figures and state now, for /readyz, /healthz and /metrics."""
 
+    def lag_summary(self) -> dict[str, float] | None:
+        """The commit lag over the last minute (p50, p99, max, how many)."""
+
     def lag_metrics(self) -> Iterator[Metric]:
         """The commit lag's histogram family."""
 

@@ -241,7 +241,6 @@ class Collector:
             oldest_ms=self.oldest_ms,
             holding=self.holding,
             queued=self.queue.qsize(),
-            commit_lag_ms=self.lags.summary(),
             sources=sources,
         )
 
@@ -251,6 +250,11 @@ class Collector:
         if source is self.chirpstack:
             return dict(self.uplinks.skipped)
         return {}
+
+    def lag_summary(self) -> dict[str, float] | None:
+        """The commit lag over the last minute (p50, p99, max, how many), sorted on demand:
+        only /healthz asks for it, not every probe or scrape that reads ``status()``."""
+        return self.lags.summary()
 
     def lag_metrics(self) -> Iterator[Metric]:
         """The commit lag's histogram (``zeal_collector_commit_lag_seconds``)."""

@@ -48,7 +48,7 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
             "client_id": now.client_id,
             "subscribed": now.subscribed,
             "queue": now.queued,
-            "commit_lag_ms": now.commit_lag_ms,
+            "commit_lag_ms": coll.lag_summary(),
             "database_ok": now.database_ok,
             "last_error": now.last_error,
             "writer_error": now.writer_error,
