@@ -244,12 +244,27 @@ class _DatabaseFigures(PrometheusCollector):
             "approximation) or guaranteed (Bernstein, valid at any n) (from the database).",
             labels=["stream", "band", "side"],
         )
+        missing = CounterMetricFamily(
+            "zeal_stream_missing_batches",
+            "Batches whose sequence numbers never arrived, counted once the import window "
+            "can no longer bring them, per stream (from the database; LoRaWAN: frame "
+            "counters, docs/lorawan.md).",
+            labels=["stream"],
+        )
+        late = CounterMetricFamily(
+            "zeal_stream_late_batches",
+            "Batches stored after a higher sequence of their device (out of order), per "
+            "stream (from the database).",
+            labels=["stream"],
+        )
         with self.sessions() as db:
             for reason, total in sorted(store.rejects(db).items()):
                 rejects.add_metric([reason], total)
-            for name, total, known in store.streams_at_a_glance(db):
-                readings.add_metric([name], total)
-                devices.add_metric([name], known)
+            for glance in store.streams_at_a_glance(db):
+                readings.add_metric([glance.name], glance.readings)
+                devices.add_metric([glance.name], glance.devices)
+                missing.add_metric([glance.name], glance.missing)
+                late.add_metric([glance.name], glance.late)
             for stream_name, device, last_ms in store.last_seen_per_device(db):
                 seen.add_metric([stream_name, device], last_ms / 1000)
             for stream in store.list_streams(db):
@@ -266,7 +281,7 @@ class _DatabaseFigures(PrometheusCollector):
                 ):
                     bands.add_metric([stream.name, band, "lower"], low)
                     bands.add_metric([stream.name, band, "upper"], high)
-        yield from (rejects, readings, devices, seen, average, count, bands)
+        yield from (rejects, readings, devices, missing, late, seen, average, count, bands)
 
 
 def build_registry(collector: Running | None, sessions: Callable[[], Session]) -> CollectorRegistry:

@@ -325,6 +325,13 @@ class DeviceOut(BaseModel):
         description="batches stored although their sequence number had been used before "
         "for other content: the device's outbox was reset, or two agents share its id"
     )
+    missing: int = Field(
+        description="sequence numbers it never delivered, counted once they can no longer "
+        "arrive (the import window has passed them, or they lie 256 sequences below its "
+        "highest); LoRaWAN: frame counters, which also count frames of other ports and "
+        "MAC-only frames (docs/lorawan.md)"
+    )
+    late: int = Field(description="batches stored after a higher sequence of it (out of order)")
     rejects: dict[str, int] = Field(
         default={},
         description="its messages refused, by reason (docs/server.md): what a device that "
@@ -381,10 +388,14 @@ class StatsOut(BaseModel):
     bytes_received: int
     duplicates: int = Field(description="batches received again and dropped, all devices")
     sequence_resets: int = Field(description="batches stored after a sequence reset")
+    missing: int = Field(description="sequence numbers never delivered, all devices")
+    late: int = Field(description="batches stored out of order, all devices")
     wire_bytes_per_reading: float | None
     stored_readings: int = Field(description="readings held now (retention removes some)")
     store_bytes: dict[str, int] = Field(
-        description="segments: their data; database: all in (every table and index, docs/server.md)"
+        description="segments: their data; database: all in (every table and index, "
+        "docs/server.md); sequence_state: the devices' sequence states (exactly-once and "
+        "the missing count; part of the database figure)"
     )
     store_bits_per_reading: dict[str, float] | None = Field(description="store_bytes, bits/reading")
     database_bytes: dict[str, int] = Field(description="the database figure, table by table")

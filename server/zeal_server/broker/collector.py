@@ -397,8 +397,8 @@ class Collector:
 
     def housekeep(self) -> None:
         """Compact closed buckets, delete what is past each stream's retention (whole
-        buckets), and prune the dedup rows and the privacy ledger behind the import window
-        (``zeal_server.store.retention.housekeep``)."""
+        buckets), count the gaps behind the import window as missing and prune the privacy
+        ledger behind it (``zeal_server.store.retention.housekeep``)."""
         try:
             with self.sessions() as session, session.begin():
                 streams = store.list_streams(session)

@@ -3,7 +3,7 @@ stored through ``zeal_server.store``. It knows no MQTT: the broker layer hands i
 payload, arrival time) and acknowledges after the commit.
 
 ``Ingest`` (``ingest.validation``) decodes and checks; ``ingest.groups`` holds the outcomes
-and the plausibility limits; ``ingest.settle`` stores one round (dedup rows, the privacy
+and the plausibility limits; ``ingest.settle`` stores one round (sequence states, the privacy
 ledger, the segment parts); ``ingest.rejectkeys`` pools the keys of rejects.
 """
 

@@ -77,21 +77,6 @@ class Group:
             self.digests[keep],
         )
 
-    def seen_rows(self) -> npt.NDArray[np.int64]:
-        """Dedup rows (SEEN_COLUMNS), generation 0; sequences as signed 64-bit integers."""
-        return np.stack(
-            [
-                self.device_ids,
-                self.batches.sequences.view(np.int64),
-                np.zeros(len(self.positions), dtype=np.int64),
-                self.digests,
-                self.batches.timestamps[self.batches.starts[:-1]],
-                self.batches.counts,
-                self.sizes,
-            ],
-            axis=1,
-        )
-
 
 def select_batches(batches: Batches, keep: npt.NDArray[np.bool_]) -> Batches:
     """The batches `keep` marks, side by side."""
@@ -129,7 +114,7 @@ def implausible(
         checks.append(("too_old", first < received - limits.max_age_ms))
     if entry.retention_ms is not None:  # deleted at once else; and a replay must not return
         checks.append(("too_old", first < received - entry.retention_ms))
-    if entry.horizon_ms is not None:  # its dedup rows may be gone: a copy must not return
+    if entry.horizon_ms is not None:  # its gaps may be given up: a copy must not return
         checks.append(("too_old", first < entry.horizon_ms))
     if limits.backfill_ms is not None:
         checks.append(("before_stream", first < entry.created_ms - limits.backfill_ms))

@@ -1,66 +1,104 @@
 """The store phase of ingest: one round of validated messages (``groups.Group``, each
-(device, sequence) at most once) stored in the lock order of every collector: dedup rows
-(``dedup``), then each stream's privacy ledger (``ledger``), then what the stored batches
-add to the segments and device counters (``writes``, written at the end of the
-transaction). Every message gets its outcome.
+(device, sequence) at most once) stored in the lock order of every collector: the devices'
+sequence states (``Sequences``: read and locked once per transaction, which batch is new,
+a redelivery or after a reset), then each stream's privacy ledger (``ledger``), then what
+the stored batches add to the segments and device rows (``writes``, written at the end of
+the transaction). Every message gets its outcome.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from zeal_server.ingest.groups import Group, Outcome
-from zeal_server.store import dedup, ledger
-from zeal_server.store.models import BatchSeen
+from zeal_server.store import ledger, sequences
 from zeal_server.store.rawsql import Raw
 from zeal_server.store.writes import Writes, collect
 
-__all__ = ["Round"]
+__all__ = ["DUPLICATE", "NEW", "RESET", "Round", "Sequences"]
 
-#: How a refusal is counted and told: (writes, (stream, device), reason, when=, sequence=).
+#: Refusal counter and outcome: (writes, (stream, device), reason, when=, sequence=).
 Refuse = Callable[..., Outcome]
+#: What a batch is to its device's sequences (``Sequences.kind``).
+DUPLICATE, NEW, RESET = -1, 0, 1
+
+
+class Sequences:
+    """A transaction's view of its devices' sequences: their states (``writes.states``,
+    read and locked once, before anything else is written), the batches stored in this
+    transaction (not in the segments yet), and the store's own answer for a sequence used
+    before (``sequences.Holdings``)."""
+
+    def __init__(self, session: Session, writes: Writes, groups: list[Group]) -> None:
+        wanted = {int(d) for g in groups for d in g.device_ids.tolist()} - set(writes.states)
+        writes.states.update(sequences.load(session, wanted))
+        self.states = writes.states
+        self.here: dict[tuple[int, int], set[int]] = {}
+        self.holdings = sequences.Holdings(session)
+
+    def kind(self, group: Group, k: int) -> int:
+        """What batch `k` of the group is: NEW (its sequence never stored), DUPLICATE (its
+        content stored before) or RESET (its sequence stored before with other content)."""
+        device, sequence = int(group.device_ids[k]), int(group.batches.sequences[k])
+        digest = int(group.digests[k])
+        if digest in self.here.get((device, sequence), ()):
+            return DUPLICATE
+        state = self.states.setdefault(device, sequences.SequenceState())  # deleted meanwhile
+        if state.recent_digest(sequence, digest):
+            return DUPLICATE
+        if state.is_new(sequence):
+            return NEW
+        starts = group.batches.starts
+        readings = slice(int(starts[k]), int(starts[k + 1]))
+        held = self.holdings.holds(
+            group.entry.id,
+            device,
+            group.batches.timestamps[readings],
+            group.batches.codes[readings],
+        )
+        return DUPLICATE if held else RESET
+
+    def store(self, group: Group, k: int, reset: bool) -> int:
+        """Record stored batch `k`: its device's highest sequence then."""
+        device, sequence = int(group.device_ids[k]), int(group.batches.sequences[k])
+        digest = int(group.digests[k])
+        first_ms = int(group.batches.timestamps[group.batches.starts[k]])
+        state = self.states.setdefault(device, sequences.SequenceState())
+        state.store(sequence, digest, first_ms, reset=reset)
+        self.here.setdefault((device, sequence), set()).add(digest)
+        assert state.head is not None
+        return state.head
 
 
 @dataclass
 class Round:
-    """One round's context: the session, its raw statements, the compiled single-row
-    ``seen`` insert (for retries), how refusals are counted, and what it fills in."""
+    """One round's context: the session, its raw statements, the transaction's sequences,
+    how refusals are counted, and what it fills in."""
 
     session: Session
     raw: Raw
-    seen: Callable[[], Any]
+    sequences: Sequences
     refuse: Refuse
     outcomes: list[Outcome | None]
     writes: Writes
 
     def store(self, groups: list[Group]) -> None:
-        """Store the round's groups: dedup rows, then the privacy ledger, then what the
-        stored batches add."""
+        """Store the round's groups: what each batch is, then the privacy ledger, then
+        what the stored batches add."""
         if not groups:
             return
-        rows = [g.seen_rows() for g in groups]
-        went = dedup.insert(self.session, self.raw, np.concatenate(rows))
-        generations: list[npt.NDArray[np.int64]] = []
-        at = 0
-        for seen in rows:
-            fresh = went[at : at + len(seen)]
-            at += len(seen)
-            generation = np.where(fresh, 0, -1).astype(np.int64)  # -1: a duplicate
-            taken = np.flatnonzero(~fresh)
-            if taken.size:
-                found = dedup.resolve(self.session, self.raw, seen[taken], self.seen)
-                generation[taken] = [-1 if g is None else g for g in found]
-            generations.append(generation)
-        booked = [self._charge(g, gen >= 0) for g, gen in zip(groups, generations, strict=True)]
-        for group, generation, charged in zip(groups, generations, booked, strict=True):
-            self._settle(group, generation, charged)
+        kinds = [
+            np.array([self.sequences.kind(g, k) for k in range(len(g.positions))], dtype=np.int64)
+            for g in groups
+        ]
+        booked = [self._charge(g, kind >= 0) for g, kind in zip(groups, kinds, strict=True)]
+        for group, kind, charged in zip(groups, kinds, booked, strict=True):
+            self._settle(group, kind, charged)
 
     def _charge(self, group: Group, candidates: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
         """Which of the group's new batches the stream's privacy policy lets in."""
@@ -75,38 +113,30 @@ class Round:
         return booked
 
     def _settle(
-        self, group: Group, generation: npt.NDArray[np.int64], stored: npt.NDArray[np.bool_]
+        self, group: Group, kind: npt.NDArray[np.int64], stored: npt.NDArray[np.bool_]
     ) -> None:
-        """Outcomes, device counters and segment parts of one group: `generation` of each
-        batch (-1: a duplicate), `stored` whether it is in (within the policy)."""
-        duplicate, reset = generation < 0, generation > 0
+        """Outcomes, device counters and segment parts of one group: `kind` of each batch
+        (Sequences.kind), `stored` whether it is in (within the policy)."""
+        duplicate, reset = kind == DUPLICATE, kind == RESET
         counts = group.batches.counts
         counts_of, resets_of = counts.tolist(), reset.tolist()
-        sequences = group.batches.sequences.tolist()
-        signed = group.batches.sequences.view(np.int64).tolist()
-        for k in np.flatnonzero((generation >= 0) & ~stored).tolist():  # over the policy
-            self.session.execute(
-                delete(BatchSeen).where(
-                    BatchSeen.device_id == int(group.device_ids[k]),
-                    BatchSeen.sequence == signed[k],
-                    BatchSeen.generation == int(generation[k]),
-                )
-            )
+        sequences_of = group.batches.sequences.tolist()
+        for k in np.flatnonzero((kind != DUPLICATE) & ~stored).tolist():  # over the policy
             names, when = (group.stream, group.names[k]), int(group.received[k])
             self.outcomes[group.positions[k]] = self.refuse(
-                self.writes, names, "over_budget", when=when, sequence=sequences[k]
+                self.writes, names, "over_budget", when=when, sequence=sequences_of[k]
             )
         for k in np.flatnonzero(duplicate).tolist():
             self.outcomes[group.positions[k]] = Outcome(
-                "duplicate", None, group.stream, group.names[k], 0, sequences[k]
+                "duplicate", None, group.stream, group.names[k], 0, sequences_of[k]
             )
-        lasts = self._last_sequences(group, generation, reset & stored)
         stream, outcomes, new = group.stream, self.outcomes, tuple.__new__
         for k in np.flatnonzero(stored).tolist():  # a tuple each, without Outcome's __new__
+            last = self.sequences.store(group, k, resets_of[k])
             outcomes[group.positions[k]] = new(
                 Outcome,
-                ("stored", None, stream, group.names[k], counts_of[k], sequences[k],
-                 resets_of[k], lasts.get(k)),
+                ("stored", None, stream, group.names[k], counts_of[k], sequences_of[k],
+                 resets_of[k], last if resets_of[k] else None),
             )  # fmt: skip
         self.writes.count_devices(
             group.device_ids,
@@ -121,20 +151,3 @@ class Round:
         )
         chosen = group.select(stored)
         collect(group.entry, chosen.batches, chosen.device_ids, self.writes)
-
-    def _last_sequences(
-        self, group: Group, generation: npt.NDArray[np.int64], resets: npt.NDArray[np.bool_]
-    ) -> dict[int, int | None]:
-        """For each stored reset: the highest sequence stored from its device at that
-        point of a one-by-one ingest."""
-        out: dict[int, int | None] = {}
-        signed = group.batches.sequences.view(np.int64)
-        for k in np.flatnonzero(resets).tolist():
-            device = group.device_ids[k]
-            later = {
-                (int(signed[j]), int(generation[j]))
-                for j in range(k + 1, len(group.positions))
-                if group.device_ids[j] == device and generation[j] >= 0
-            }
-            out[k] = dedup.last_sequence(self.session, int(device), later)
-        return out

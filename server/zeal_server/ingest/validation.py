@@ -2,17 +2,17 @@
 transaction).
 
 Ingest validates a message completely before it writes anything; a rejected message leaves
-only its reject count. A batch is stored once: its dedup row, its device counters and its
-raw segment part go in together, so a redelivery changes nothing. A redelivery is the
-same device, sequence number *and content* (a digest of the payload); the same sequence
-with other content comes from an outbox that started again (a reinstalled device) and is
-stored, counted as a sequence reset, never dropped. A batch that would take its device past
-the stream's privacy policy (readings per UTC day and per UTC hour) is refused whole as
-``over_budget``.
+only its reject count. A batch is stored once: its device's sequence state, its device
+counters and its raw segment part go in together, so a redelivery changes nothing. A
+redelivery is the same device, sequence number *and content*; the same sequence with other
+content comes from an outbox that started again (a reinstalled device) and is stored,
+counted as a sequence reset, never dropped (``store.sequences``). A batch that would take
+its device past the stream's privacy policy (readings per UTC day and per UTC hour) is
+refused whole as ``over_budget``.
 
 A transaction's messages are stored side by side: each stream's payloads decoded together
 (``zeal.wirebatches``), checked with array operations, and written with a few statements
-per table (``dedup``, ``ledger``, ``writes``), in one order of tables and keys so that
+per table (``sequences``, ``ledger``, ``writes``), in one order of tables and keys so that
 collectors sharing a database do not deadlock. The outcome is, message for message, that
 of storing them one at a time in topic order (tests/server/ingest/test_ingest_many.py checks it).
 A device that sends one sequence number twice in a transaction has its later messages
@@ -37,12 +37,12 @@ from zeal.wirebatches import Batches
 from zeal_server.ingest.bounded import Bounded
 from zeal_server.ingest.groups import Group, Outcome, implausible, rounds, select_batches
 from zeal_server.ingest.rejectkeys import MAX_REJECT_ROWS, RejectKeys, check_reason
-from zeal_server.ingest.settle import Round
+from zeal_server.ingest.settle import Round, Sequences
 from zeal_server.ingest.undecodable import decode_contained
-from zeal_server.store.dedup import payload_digests
 from zeal_server.store.fleet import LORAWAN, MQTT, add_devices, device_ids, set_transports
 from zeal_server.store.models import Stream
 from zeal_server.store.rawsql import Raw
+from zeal_server.store.sequences import payload_digests
 from zeal_server.store.streams import params_of, stream_by_name
 from zeal_server.store.writes import StreamEntry, Writes, build_statement, write
 
@@ -196,7 +196,7 @@ class Ingest:
 
     def _horizon(self, session: Session, entry: StreamEntry) -> None:
         """Read the stream's dedup horizon into `entry`, the stream row share-locked until
-        the commit on PostgreSQL (a prune moving it waits; see dedup.prune)."""
+        the commit on PostgreSQL (a prune moving it waits; see sequences.prune)."""
         key = (session.get_bind().dialect.name, "horizon")
         if key not in self._statements:
             query = select(Stream.horizon_ms).where(Stream.id == bindparam("sid"))
@@ -331,13 +331,12 @@ class Ingest:
         ) -> Outcome:
             return self._refuse(session, writes, names, reason, when=when, sequence=sequence)
 
-        def seen() -> Any:  # the dedup lookup's statement, prepared on this batch's cursor
-            return self._statement(session, "seen")
-
         try:  # the statements' cursor lives as long as this batch of messages
             groups = self._validate(session, messages, outcomes, writes, originals)
-            for round_ in rounds(groups):
-                Round(session, self._raw, seen, refuse, outcomes, writes).store(round_)
+            if groups:
+                seq = Sequences(session, writes, groups)
+                for round_ in rounds(groups):
+                    Round(session, self._raw, seq, refuse, outcomes, writes).store(round_)
         finally:
             self._raw.close()
         write(session, writes, self._statement)

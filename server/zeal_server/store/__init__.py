@@ -8,7 +8,7 @@ over time buckets (``store.sums``), compaction and verify (``store.compaction``)
 (``store.footprint``, ``store.efficiency``) and the implausible devices
 (``store.influence``). Those layers import a module of the store only for its tables
 (``store.models``) or the engine (``store.db``); ingest, which decides what is written,
-also uses the parts of the write path (``writes``, ``rawsql``, ``dedup``). The caller owns
+also uses the parts of the write path (``writes``, ``rawsql``, ``sequences``). The caller owns
 the session and the transaction; no function here commits.
 """
 
@@ -53,7 +53,7 @@ from zeal_server.store.fleet import (
     stream_totals,
     streams_at_a_glance,
 )
-from zeal_server.store.footprint import segment_totals, stream_bytes
+from zeal_server.store.footprint import segment_totals, sequence_state_bytes, stream_bytes
 from zeal_server.store.influence import ALL_TIME, implausible, without_implausible
 from zeal_server.store.retention import delete_device_data, housekeep
 from zeal_server.store.signing import Signer, signer
@@ -151,6 +151,7 @@ __all__ = [
     "release_stream",
     "segment_columns",
     "segment_totals",
+    "sequence_state_bytes",
     "series_sums",
     "set_policy",
     "set_retention",

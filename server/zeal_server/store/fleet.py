@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Select, delete, func, insert, select, update
 from sqlalchemy.orm import Session
@@ -54,7 +54,9 @@ def new_device_row(
     stream_id: int, name: str, when: int, transport: int | None = None
 ) -> dict[str, Any]:
     """The columns of a device row that has sent nothing yet."""
-    counters = dict.fromkeys(("readings", "batches", "bytes", "duplicates", "sequence_resets"), 0)
+    counters = dict.fromkeys(
+        ("readings", "batches", "bytes", "duplicates", "sequence_resets", "missing", "late"), 0
+    )
     return {
         "stream_id": stream_id,
         "name": name,
@@ -212,6 +214,7 @@ DEVICE_ORDER = {
     "last_seen": Device.last_seen_ms,
     "readings": Device.readings,
     "epsilon_spent": Device.readings,
+    "missing": Device.missing,
 }
 
 
@@ -245,18 +248,31 @@ class StreamTotals:
     last_seen_ms: int | None
     duplicates: int
     sequence_resets: int
+    missing: int
+    late: int
 
 
-def streams_at_a_glance(session: Session) -> list[tuple[str, int, int]]:
-    """(stream name, readings received, devices known) of every stream, by name, in one
-    statement (/metrics)."""
+class Glance(NamedTuple):
+    """A stream's figures on /metrics."""
+
+    name: str
+    readings: int
+    devices: int
+    missing: int
+    late: int
+
+
+def streams_at_a_glance(session: Session) -> list[Glance]:
+    """Readings received, devices known, batches missing and late of every stream, by name,
+    in one statement (/metrics)."""
+    total = [func.coalesce(func.sum(c), 0) for c in (Device.readings, Device.missing, Device.late)]
     rows = session.execute(
-        select(Stream.name, func.coalesce(func.sum(Device.readings), 0), func.count(Device.id))
+        select(Stream.name, total[0], func.count(Device.id), *total[1:])
         .outerjoin(Device, Device.stream_id == Stream.id)
         .group_by(Stream.name)
         .order_by(Stream.name)
     ).all()
-    return [(str(name), int(total), int(known)) for name, total, known in rows]
+    return [Glance(str(name), *(int(v) for v in values)) for name, *values in rows]
 
 
 def last_seen_per_device(session: Session) -> list[tuple[str, str, int]]:
@@ -273,17 +289,21 @@ def last_seen_per_device(session: Session) -> list[tuple[str, str, int]]:
 def stream_totals(session: Session, stream: Stream) -> StreamTotals:
     """The stream's devices' counters summed (what was received and stored, whatever
     retention deleted since)."""
-    readings, messages, received, last_ms, active, duplicates, resets = session.execute(
-        select(
-            func.coalesce(func.sum(Device.readings), 0),
-            func.coalesce(func.sum(Device.batches), 0),
-            func.coalesce(func.sum(Device.bytes), 0),
-            func.max(Device.last_seen_ms),
-            func.count().filter(Device.last_seen_ms >= now_ms() - 3_600_000),
-            func.coalesce(func.sum(Device.duplicates), 0),
-            func.coalesce(func.sum(Device.sequence_resets), 0),
-        ).where(Device.stream_id == stream.id)
-    ).one()
+    readings, messages, received, last_ms, active, duplicates, resets, missing, late = (
+        session.execute(
+            select(
+                func.coalesce(func.sum(Device.readings), 0),
+                func.coalesce(func.sum(Device.batches), 0),
+                func.coalesce(func.sum(Device.bytes), 0),
+                func.max(Device.last_seen_ms),
+                func.count().filter(Device.last_seen_ms >= now_ms() - 3_600_000),
+                func.coalesce(func.sum(Device.duplicates), 0),
+                func.coalesce(func.sum(Device.sequence_resets), 0),
+                func.coalesce(func.sum(Device.missing), 0),
+                func.coalesce(func.sum(Device.late), 0),
+            ).where(Device.stream_id == stream.id)
+        ).one()
+    )
     return StreamTotals(
         readings=int(readings),
         messages=int(messages),
@@ -293,6 +313,8 @@ def stream_totals(session: Session, stream: Stream) -> StreamTotals:
         last_seen_ms=None if last_ms is None else int(last_ms),
         duplicates=int(duplicates),
         sequence_resets=int(resets),
+        missing=int(missing),
+        late=int(late),
     )
 
 

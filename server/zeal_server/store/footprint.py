@@ -2,9 +2,10 @@
 PostgreSQL), less the pages an empty table and its indexes keep; and a stream's share of it.
 
 A table's bytes are shared among the streams by what each holds of it: the segments by their
-data, the dedup rows by the batches each stream received, the other tables keyed by device
-(devices, tags, the privacy ledger) by the stream's share of the devices, the rejects by the
-stream's rows, the streams table evenly.
+data, the tables keyed by device (devices with their sequence states, tags, the privacy
+ledger) by the stream's share of the devices, the rejects by the stream's rows, the streams
+table evenly. ``sequence_state_bytes`` gives the sequence states' own bytes (part of the
+devices table).
 ``bench/store_footprint.py`` measures the same figure as the growth of a database over its
 empty schema (after ``VACUUM FULL``); docs/server.md compares the two.
 """
@@ -19,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from zeal_server.store.models import Device, Reject, Segment, Stream
 
-__all__ = ["database_bytes", "segment_totals", "stream_bytes"]
+__all__ = ["database_bytes", "segment_totals", "sequence_state_bytes", "stream_bytes"]
 
 #: Tables whose rows belong to devices (their bytes are shared by the devices' streams).
 _BY_DEVICE = ("devices", "device_tags", "device_periods")
@@ -95,17 +96,25 @@ def stream_bytes(session: Session, stream: Stream) -> dict[str, int]:
     )
     for table in _BY_DEVICE:
         shares[table] = _share(ours, every)
-    batches = func.coalesce(func.sum(Device.batches), 0)  # the dedup rows follow the batches
-    shares["batches"] = _share(
-        session.scalar(select(batches).where(Device.stream_id == stream.id)),
-        session.scalar(select(batches)),
-    )
     shares["streams"] = _share(1, session.scalar(select(func.count(Stream.id))))
     rejects = select(func.count()).select_from(Reject)
     ours = session.scalar(rejects.where(Reject.stream == stream.name))
     every = session.scalar(rejects)
     shares["rejects"] = _share(ours, every)
     return {t: round(max(0, sizes.get(t, 0)) * share) for t, share in shares.items()}
+
+
+def sequence_state_bytes(session: Session, stream: Stream) -> int:
+    """The bytes of the stream's devices' sequence states (store.sequences): their values,
+    eight per integer column set (floor, head, newest reading, missing, late), and the
+    bitmap's and recent digests' lengths (a row's header is the device's, not theirs)."""
+    integers = [Device.seq_floor, Device.seq_head, Device.seq_newest_ms]
+    total = select(
+        8 * (2 * func.count(Device.id) + sum(func.count(c) for c in integers)),
+        func.coalesce(func.sum(func.length(Device.seq_bits)), 0),
+        func.coalesce(func.sum(func.length(Device.seq_recent)), 0),
+    ).where(Device.stream_id == stream.id)
+    return sum(int(v or 0) for v in session.execute(total).one())
 
 
 def segment_totals(session: Session, stream: Stream) -> tuple[int, int]:

@@ -30,7 +30,6 @@ __all__ = [
     "SQUARE_LIMBS",
     "SUM_LIMBS",
     "Base",
-    "BatchSeen",
     "Device",
     "DevicePeriod",
     "DeviceTag",
@@ -40,6 +39,9 @@ __all__ = [
     "Segment",
     "Stream",
 ]
+
+#: ``bytes`` by another name: inside ``Device`` the name is its byte counter.
+Blob = bytes
 
 LIMB_BITS = 24
 SUM_LIMBS = 3
@@ -77,8 +79,8 @@ class Stream(Base):
     #: readings' timestamps. None only for streams made before policies existed.
     max_epsilon_per_day: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
     #: The dedup horizon: a batch with a reading stamped before this is refused (too_old),
-    #: and the dedup rows of such batches are deleted (zeal_server.store.dedup.prune). It only
-    #: moves forward (the import window, then the retention); None before the first prune.
+    #: and its devices' gaps behind it are counted missing (zeal_server.store.sequences.prune).
+    #: It only moves forward (the import window, then the retention); None before the first prune.
     horizon_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
     #: When the operator released the agents halted on this stream (``zeal-server streams
     #: release``): its configuration then says so, signed, and they adopt it. None: never.
@@ -107,6 +109,23 @@ class Device(Base):
     #: for a device not heard from since revision 0011): a message by the other way under
     #: its name is refused (transport_mismatch), never merged into it.
     transport: Mapped[int | None] = mapped_column(SmallInteger, nullable=True, default=None)
+    # Its sequence state (zeal_server.store.sequences, revision 0012): what exactly-once
+    # needs, in place of a row per batch. Sequences as signed 64-bit integers.
+    #: Every sequence below it is settled (stored, or counted missing); None: none yet.
+    seq_floor: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
+    #: The highest sequence stored.
+    seq_head: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
+    #: Bitmap of the sequences stored above the floor (little-endian; None: empty).
+    seq_bits: Mapped[Blob | None] = mapped_column(LargeBinary, nullable=True, default=None)
+    #: (sequence, BLAKE2b-64 digest) of the last batches stored, 16 bytes each.
+    seq_recent: Mapped[Blob | None] = mapped_column(LargeBinary, nullable=True, default=None)
+    #: The newest first reading of a stored batch (ms): its gaps are given up once the
+    #: stream's dedup horizon passes it.
+    seq_newest_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
+    #: Sequences that never arrived, counted once they no longer can (sequences.settle).
+    missing: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Batches stored after a higher sequence of the device (out of order).
+    late: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class DevicePeriod(Base):
@@ -136,33 +155,6 @@ class DeviceTag(Base):
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(String(200))
-
-
-class BatchSeen(Base):
-    """One row per accepted batch, kept while a copy of it could still be accepted: until
-    its first reading falls behind the stream's dedup horizon (``Stream.horizon_ms``).
-
-    A batch is a duplicate only if the same device already sent the same sequence number
-    with the same content (``digest``). The same sequence with other content is new data
-    from a reset outbox: it is stored under the next ``generation`` of that sequence.
-    Rows written before digests existed have ``digest`` NULL and match any content.
-    """
-
-    __tablename__ = "batches"
-    __table_args__ = (Index("ix_batches_first_ms", "first_ms"),)
-
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), primary_key=True)
-    #: The sequence number as a signed 64-bit integer (two's complement of the unsigned one).
-    sequence: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    #: 0 for the first batch with this sequence, 1 for the next after a reset, ...
-    generation: Mapped[int] = mapped_column(Integer, primary_key=True, default=0)
-    #: BLAKE2b-64 of the payload, as a signed 64-bit integer.
-    digest: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    #: The timestamp of the batch's first reading (for rows from before revision 0007, an
-    #: upper bound: the arrival time plus the default clock lead of 10 minutes).
-    first_ms: Mapped[int] = mapped_column(BigInteger)
-    readings: Mapped[int] = mapped_column(Integer)
-    bytes: Mapped[int] = mapped_column(Integer)
 
 
 class _Sums:

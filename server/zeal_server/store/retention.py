@@ -8,11 +8,11 @@ collector's periodic housekeeping.
   dedup horizon moves up to the cutoff: the ingest refuses readings older than it
   (``too_old``), so no batch of the deleted buckets can come back.
 * :func:`delete_device_data` removes one device's readings from every segment row that
-  holds some (each row written again without them), and its dedup rows, ledger, tags and
-  device row.
-* :func:`housekeep` compacts closed buckets, expires, and prunes the dedup rows and the
-  privacy ledger behind the import window (``ZEAL_MAX_AGE_SECONDS``): state that can no
-  longer change any outcome.
+  holds some (each row written again without them), and its ledger, tags and device row
+  (with its sequence state).
+* :func:`housekeep` compacts closed buckets, expires, counts the gaps behind the import
+  window (``ZEAL_MAX_AGE_SECONDS``) as missing and prunes the privacy ledger behind it:
+  state that can no longer change any outcome.
 
 The caller owns the transaction (functions take a session and never commit).
 """
@@ -27,10 +27,10 @@ from sqlalchemy import delete, func, insert, select, tuple_
 from sqlalchemy.orm import Session
 
 from zeal_server.store.compaction import chunk_rows, compact, delete_rows
-from zeal_server.store.dedup import prune as prune_dedup
 from zeal_server.store.ledger import prune as prune_ledger
-from zeal_server.store.models import BatchSeen, Device, DevicePeriod, DeviceTag, Segment, Stream
+from zeal_server.store.models import Device, DevicePeriod, DeviceTag, Segment, Stream
 from zeal_server.store.segments import PART, Columns, decode, encode_part, limb_sums
+from zeal_server.store.sequences import prune as prune_sequences
 from zeal_server.store.sums import VALUE_COLUMNS
 
 __all__ = [
@@ -82,7 +82,7 @@ def expire(session: Session, stream: Stream, now_ms: int) -> int:
         keep = columns.timestamps // size >= first_kept
         readings += int(np.count_nonzero(~keep))
         _rewrite(session, stream, row, columns.take(keep))
-    prune_dedup(session, stream.id, cutoff)
+    prune_sequences(session, stream.id, cutoff)
     return readings
 
 
@@ -132,7 +132,6 @@ def delete_device_data(session: Session, stream: Stream, device: Device) -> int:
             if theirs.any():
                 readings += int(np.count_nonzero(theirs))
                 _rewrite(session, stream, row, columns.take(~theirs))
-    session.execute(delete(BatchSeen).where(BatchSeen.device_id == device.id))
     session.execute(delete(DeviceTag).where(DeviceTag.device_id == device.id))
     session.execute(delete(DevicePeriod).where(DevicePeriod.device_id == device.id))
     session.execute(delete(Device).where(Device.id == device.id))
@@ -150,9 +149,9 @@ def housekeep(
     """The collector's periodic housekeeping: compact each stream's closed buckets (into the
     open chunks of their periods: compaction.compact), delete what is past its retention, then
     move each stream's dedup horizon to the import window (now - `max_age_ms`: older
-    batches are refused anyway) and delete the dedup rows and the ledger's days and hours
-    behind it. The horizons are moved last, so the stream rows are locked only from there
-    to the commit."""
+    batches are refused anyway), count its devices' gaps behind it as missing, and delete
+    the ledger's days and hours behind it. The horizons are moved last, so the stream rows
+    are locked only from there to the commit."""
     for stream in streams:
         closed = now_ms // (stream.bucket_seconds * 1000) - 1
         compact(session, stream, before_bucket=closed, max_periods=max_periods)
@@ -167,5 +166,5 @@ def housekeep(
     if max_age_ms is None:
         return
     for stream in streams:
-        prune_dedup(session, stream.id, now_ms - max_age_ms)
+        prune_sequences(session, stream.id, now_ms - max_age_ms)
     prune_ledger(session, now_ms - max_age_ms)

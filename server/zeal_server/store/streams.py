@@ -28,7 +28,6 @@ from zeal.protocol import BUCKET_SECONDS, EPSILON_CEILING, check_name
 from zeal.signed import CONFIG_PURPOSE
 from zeal_server.errors import StoreError
 from zeal_server.store.models import (
-    BatchSeen,
     Device,
     DevicePeriod,
     DeviceTag,
@@ -216,7 +215,6 @@ def delete_stream(session: Session, stream: Stream) -> int:
         or 0
     )
     devices = select(Device.id).where(Device.stream_id == stream.id).scalar_subquery()
-    session.execute(delete(BatchSeen).where(BatchSeen.device_id.in_(devices)))
     session.execute(delete(DeviceTag).where(DeviceTag.device_id.in_(devices)))
     session.execute(delete(DevicePeriod).where(DevicePeriod.device_id.in_(devices)))
     session.execute(delete(Segment).where(Segment.stream_id == stream.id))

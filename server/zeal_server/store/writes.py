@@ -26,8 +26,9 @@ from sqlalchemy.orm import Session
 
 from zeal import Zeal
 from zeal.wirebatches import Batches
-from zeal_server.store.models import BatchSeen, Device, DevicePeriod, Reject, Segment
+from zeal_server.store.models import Device, DevicePeriod, Reject, Segment
 from zeal_server.store.segments import PART, Columns, encode_part, limb_sums
+from zeal_server.store.sequences import SequenceState
 from zeal_server.store.streams import insert_for
 from zeal_server.store.sums import VALUE_COLUMNS
 
@@ -45,10 +46,6 @@ class StreamEntry:
     horizon_ms: int | None = None
 
 
-#: The columns of a dedup row (``batches``), in the order ``Raw.many`` takes them.
-SEEN_COLUMNS = ("device_id", "sequence", "generation", "digest", "first_ms", "readings", "bytes")
-
-
 class Writes:
     """Everything one transaction's accepted batches add, written with one executemany each."""
 
@@ -58,6 +55,9 @@ class Writes:
         self.parts: dict[tuple[int, int], tuple[int, list[Columns]]] = {}
         # id -> [last_seen, readings, batches, bytes, duplicates, sequence resets]
         self.devices: dict[int, list[int]] = {}
+        #: The sequence states of the transaction's devices (read, locked, then changed in
+        #: place by the store phase; written back with their counters).
+        self.states: dict[int, SequenceState] = {}
         #: (stream, device, reason) -> [count, last_ms] of the transaction's rejects.
         self.rejects: dict[tuple[str, str, str], list[int]] = {}
 
@@ -116,10 +116,7 @@ def build_statement(session: Session, name: str) -> Any:
     dialect = session.get_bind().dialect.name
     insert_ = insert_for(session)
     stmt: Any
-    if name == "seen":
-        seen = typing.cast(Table, BatchSeen.__table__)
-        stmt = insert_(seen).on_conflict_do_nothing().returning(seen.c.sequence)
-    elif name == "device":
+    if name == "device":
         devices = typing.cast(Table, Device.__table__)
         greatest = func.max if dialect == "sqlite" else func.greatest
         stmt = (
@@ -132,6 +129,13 @@ def build_statement(session: Session, name: str) -> Any:
                 bytes=devices.c.bytes + bindparam("size"),
                 duplicates=devices.c.duplicates + bindparam("dup"),
                 sequence_resets=devices.c.sequence_resets + bindparam("rst"),
+                seq_floor=bindparam("floor"),
+                seq_head=bindparam("head"),
+                seq_bits=bindparam("bits"),
+                seq_recent=bindparam("recent"),
+                seq_newest_ms=bindparam("newest"),
+                missing=bindparam("missing"),
+                late=bindparam("late"),
             )
         )
     elif name.startswith(("charge", "uncharge")):  # charge_day, uncharge_hour, ...
@@ -167,24 +171,12 @@ def build_statement(session: Session, name: str) -> Any:
 
 
 def build_rows(session: Session, name: str, rows: int) -> Any:
-    """The multi-row form of a per-message statement (``seen``, ``charge_day``,
-    ``charge_hour``) for `rows` rows, its parameters named ``r{row}_{column}``: one
-    statement stores a transaction's dedup rows, or books its devices' days, and RETURNING
-    names the rows it wrote."""
+    """The multi-row form of a per-message statement (``charge_day``, ``charge_hour``) for
+    `rows` rows, its parameters named ``r{row}_{column}``: one statement books a
+    transaction's devices' days, and RETURNING names the rows it wrote."""
     insert_ = insert_for(session)
-    if name == "seen":
-        seen = typing.cast(Table, BatchSeen.__table__)
-        values: list[dict[str, Any]] = [
-            {c: bindparam(f"r{r}_{c}") for c in SEEN_COLUMNS} for r in range(rows)
-        ]
-        return (
-            insert_(seen)
-            .values(values)
-            .on_conflict_do_nothing()
-            .returning(seen.c.device_id, seen.c.sequence)
-        )
     if name in ("charge_day", "charge_hour"):
-        values = [
+        values: list[dict[str, Any]] = [
             {
                 "device_id": bindparam(f"r{r}_did"),
                 "hours": _hours(name),
@@ -252,6 +244,7 @@ def write(session: Session, writes: Writes, statement: Callable[[Session, str], 
             [
                 {"did": d, "seen": v[0], "n": v[1], "b": v[2], "size": v[3]}
                 | {"dup": v[4], "rst": v[5]}
+                | writes.states[d].values()
                 for d, v in sorted(writes.devices.items())
             ],
         )

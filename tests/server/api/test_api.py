@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
 from tests.server.helpers import (
     OPERATOR,
@@ -32,9 +32,9 @@ from zeal_server import store
 from zeal_server.app import create_app
 from zeal_server.ingest import Ingest
 from zeal_server.settings import SettingsError
-from zeal_server.store import efficiency, retention
+from zeal_server.store import efficiency, retention, sequences
 from zeal_server.store.db import make_engine
-from zeal_server.store.models import BatchSeen, DevicePeriod, Segment
+from zeal_server.store.models import DevicePeriod, Segment
 from zeal_server.store.segments import CHUNK, section_sizes
 
 
@@ -330,19 +330,21 @@ def test_redelivered_batches_change_nothing(client: TestClient) -> None:
     )
 
 
+def payload(sequence: int, start_ms: int, rng: int) -> bytes:
+    """A batch of dev0 on temps: 10 readings a second apart from `start_ms`."""
+    codes = PARAMS.perturb(np.full(10, 50.0), rng=np.random.default_rng(rng))
+    stamps = start_ms + 1000 * np.arange(10)
+    return encode_batch(
+        PARAMS, stream="temps", device="dev0", sequence=sequence, codes=codes, timestamps=stamps
+    )
+
+
 def test_a_reused_sequence_with_other_content_is_stored_as_a_reset(client: TestClient) -> None:
     """A reset outbox sends sequences 0 and 1 again with new readings: stored, not dropped,
     counted as sequence resets; each of those batches redelivered is then a duplicate, and
     a third generation of sequence 0 is stored too."""
     create(client)
     ingest = Ingest()
-
-    def payload(sequence: int, start_ms: int, rng: int) -> bytes:
-        codes = PARAMS.perturb(np.full(10, 50.0), rng=np.random.default_rng(rng))
-        stamps = start_ms + 1000 * np.arange(10)
-        return encode_batch(
-            PARAMS, stream="temps", device="dev0", sequence=sequence, codes=codes, timestamps=stamps
-        )
 
     first = [payload(s, T0 + 60_000 * s, s) for s in range(3)]
     again = [payload(s, T0 + 600_000 + 60_000 * s, 10 + s) for s in range(2)]
@@ -364,26 +366,41 @@ def test_a_reused_sequence_with_other_content_is_stored_as_a_reset(client: TestC
         assert store.verify(session, stream) == []
 
 
-def test_rows_from_before_digests_still_deduplicate(client: TestClient) -> None:
-    """A batch stored before the upgrade (digest NULL) redelivered after it is a duplicate,
-    whatever its content: the old rule, so an upgrade never double-counts."""
+def test_redeliveries_deeper_than_the_recent_digests_are_told_by_the_store(
+    client: TestClient,
+) -> None:
+    """A device keeps the digests of its last RECENT batches only; a batch further back sent
+    again is a duplicate by the store's own readings (its timestamps and codes are there),
+    in a later transaction and in the same one, and the same sequence with new readings is
+    still a reset, stored."""
     create(client)
-    feed(client, "dev0", 4, np.full(10, 50.0), T0)
+    ingest = Ingest()
+
+    sent = [payload(s, T0 + 60_000 * s, s) for s in range(3 * sequences.RECENT)]
+    topic = "zeal/v1/temps/dev0/up"
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
-        session.execute(update(BatchSeen).values(digest=None))
-    codes = PARAMS.perturb(np.full(10, 50.0), rng=np.random.default_rng(5))
-    redelivered = encode_batch(
-        PARAMS,
-        stream="temps",
-        device="dev0",
-        sequence=4,
-        codes=codes,
-        timestamps=T0 + 1000 * np.arange(10),
+        assert {o.status for o in ingest.add_many(session, [(topic, p, T0) for p in sent])} == {
+            "stored"
+        }
+    before = client.get("/api/v1/streams/temps/average").json()
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        again = ingest.add_many(session, [(topic, p, T0) for p in [*sent, *sent]])
+    assert {o.status for o in again} == {"duplicate"}
+    assert client.get("/api/v1/streams/temps/average").json() == before
+    reset = payload(1, T0 + 3_600_000, 99)
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        outcome = ingest.add(session, topic, reset, T0)
+    assert (outcome.status, outcome.reset, outcome.last_sequence) == (
+        "stored",
+        True,
+        3 * sequences.RECENT - 1,
     )
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
-        outcome = Ingest().add(session, "zeal/v1/temps/dev0/up", redelivered, T0)
-    assert outcome.status == "duplicate"
-    assert client.get("/api/v1/streams/temps/stats").json()["readings"] == 10
+    s = client.get("/api/v1/streams/temps/stats").json()
+    assert (s["messages"], s["duplicates"], s["sequence_resets"]) == (
+        3 * sequences.RECENT + 1,
+        6 * sequences.RECENT,
+        1,
+    )
 
 
 def test_deleting_a_stream_removes_it_and_its_data_only(client: TestClient) -> None:

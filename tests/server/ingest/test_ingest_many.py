@@ -24,7 +24,7 @@ from zeal import Zeal, encode_batch
 from zeal_server import store
 from zeal_server.ingest import Ingest
 from zeal_server.store.db import make_engine, migrate, session_factory
-from zeal_server.store.models import BatchSeen, Device, DevicePeriod, Reject, Segment, Stream
+from zeal_server.store.models import Device, DevicePeriod, Reject, Segment, Stream
 from zeal_server.store.segments import decode
 from zeal_server.store.sums import VALUE_COLUMNS
 
@@ -163,17 +163,18 @@ def contents(sessions: Any) -> dict[str, Any]:
                 )
                 for d in s.scalars(select(Device))
             ),
-            "batches": sorted(
+            "sequences": sorted(
                 (
-                    dev[b.device_id],
-                    b.sequence,
-                    b.generation,
-                    b.digest,
-                    b.first_ms,
-                    b.readings,
-                    b.bytes,
+                    dev[d.id],
+                    d.seq_floor,
+                    d.seq_head,
+                    d.seq_bits,
+                    d.seq_recent,
+                    d.seq_newest_ms,
+                    d.missing,
+                    d.late,
                 )
-                for b in s.scalars(select(BatchSeen))
+                for d in s.scalars(select(Device))
             ),
             "ledger": sorted(
                 (dev[r.device_id], r.hours, r.period, r.readings)

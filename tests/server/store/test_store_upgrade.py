@@ -85,8 +85,8 @@ def withdrawn(query: dict[str, Any]) -> bool:
 def answers(url: str) -> dict[str, Any]:
     """The fixture's questions, answered by this code. A comparison's `estimand`, and its
     `group_a`, `group_b` and `independent` (the new names of its `a`, `b` and `unit`), and a
-    device's `rejects`, were added after the fixture was written and are left out; a
-    withdrawn question must answer 422 and is left out too."""
+    device's `rejects`, `missing` and `late`, were added after the fixture was written and
+    are left out; a withdrawn question must answer 422 and is left out too."""
     settings = ServerSettings.from_env({"ZEAL_DATABASE_URL": url, "ZEAL_MQTT_URL": "off"})
     out: dict[str, Any] = {}
     with TestClient(create_app(settings)) as client:
@@ -103,6 +103,8 @@ def answers(url: str) -> dict[str, Any]:
             if path.endswith("/devices"):
                 for device in body["devices"]:
                     device.pop("rejects")
+                    # added by revision 0012, which starts them at 0
+                    assert (device.pop("missing"), device.pop("late")) == (0, 0)
             out[json.dumps([path, query], sort_keys=True)] = body
         for name in ("temps", "wide"):
             stats = client.get(f"/api/v1/streams/{name}/stats").json()
@@ -144,9 +146,19 @@ def test_a_0006_database_converts_in_place_and_serves_the_same_figures(
     # fails whichever test runs when it is collected (a ResourceWarning).
     request.addfinalizer(engine.dispose)
     before, after = migrate(engine)
-    assert (before, after) == ("0006", "0011")
-    old = {"aggregates", "bucket_totals", "device_days", "device_hours"}
+    assert (before, after) == ("0006", "0012")
+    old = {"aggregates", "bucket_totals", "device_days", "device_hours", "batches"}
     assert old.isdisjoint(inspect(engine).get_table_names())
+    kept: dict[int, set[int]] = {}
+    for device_id, sequence, *_ in FIXTURE["tables"]["batches"]["rows"]:
+        kept.setdefault(device_id, set()).add(sequence)
+    with engine.connect() as connection:  # 0012: each device's dedup rows became its state
+        states = connection.execute(
+            text("SELECT id, seq_floor, seq_head FROM devices WHERE seq_head IS NOT NULL")
+        ).all()
+    assert {d: (floor, head) for d, floor, head in states} == {
+        d: (min(set(range(min(s), max(s) + 2)) - s), max(s)) for d, s in kept.items()
+    }
     with engine.connect() as connection:  # 0009: the ledger's days and hours in one table
         ledger = connection.execute(text("SELECT * FROM device_periods")).all()
     assert sorted(tuple(row) for row in ledger) == sorted(

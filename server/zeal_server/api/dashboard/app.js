@@ -549,7 +549,8 @@ function streamView(main, name, params) {
   const columns = [
     ["name", "Device", false], [null, "Tags", false], ["first_seen", "First seen", false],
     ["last_seen", "Last seen", false], ["readings", "Readings", true], ["epsilon_spent", "ε spent", true],
-    [null, "ε today", true], [null, "Sequence resets", true], [null, "Flags", false],
+    [null, "ε today", true], [null, "Sequence resets", true], ["missing", "Missing", true],
+    [null, "Flags", false],
   ];
 
   function drawDeviceHead() {
@@ -591,11 +592,14 @@ function streamView(main, name, params) {
       el("td", { class: "num", text: fmtInt(d.sequence_resets),
         title: "batches stored although their sequence number had been used before: the " +
           "device's outbox started again, or two agents share its id" }),
+      el("td", { class: "num", text: fmtInt(d.missing),
+        title: `sequence numbers that never arrived, counted once they no longer can; ` +
+          `${fmtInt(d.late)} batches came out of order` }),
       el("td", { class: d.flags.length ? "flags flagged" : "flags", text: d.flags.join(", ") || "–",
         title: "implausible: its readings prove it dishonest (exclude=implausible leaves it out " +
           "of averages); over_budget: batches refused at the privacy policy; at_cap: today's " +
           "readings, or those of one of today's UTC hours, reached the policy" }))));
-    if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 9, text: "No devices yet." })));
+    if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 10, text: "No devices yet." })));
     const first = out.total ? out.offset + 1 : 0;
     pagerText.textContent = `${fmtInt(first)}–${fmtInt(out.offset + out.devices.length)} of ${fmtInt(out.total)}`;
     prev.disabled = state.page === 0;
@@ -833,7 +837,7 @@ function streamView(main, name, params) {
         "Zeal's wire figure includes its headers and timestamps; the JSON row includes a timestamp; " +
         "the float64 row is the value alone. The segments row is the stored readings alone; the " +
         "database row is this stream's share of everything the database holds for it (devices, " +
-        `the privacy ledger, recent batches for deduplication, indexes), per stored reading. ${compaction}`);
+        `the privacy ledger, each device's sequence state for exactly-once, indexes), per stored reading. ${compaction}`);
       set("efficiency-paper-note",
         `Compression ratio CR = ${fmt(e.compression_ratio_cr, 4)} (Eq. 34), transmission ratio ` +
         `TR = ${fmt(e.transmission_ratio_tr, 4)} (Eq. 27): the paper sends ${fmt(e.paper_wire_bits, 0)} ` +
@@ -849,7 +853,10 @@ function streamView(main, name, params) {
         : [el("tr", {}, el("td", { colspan: 2, text: "No message rejected." }))]),
       row("duplicate", stats.duplicates, "received again, already stored: dropped", "row-duplicates"),
       row("sequence_reset", stats.sequence_resets,
-        "a device's outbox started again: stored, nothing lost", "row-sequence-resets"));
+        "a device's outbox started again: stored, nothing lost", "row-sequence-resets"),
+      row("missing", stats.missing,
+        "sequence numbers that never arrived, counted once they no longer can", "row-missing"),
+      row("late", stats.late, "stored after a later batch of their device", "row-late"));
   }
 
   function changed() {

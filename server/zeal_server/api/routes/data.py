@@ -64,9 +64,15 @@ def stats(
         bytes_received=received,
         duplicates=totals.duplicates,
         sequence_resets=totals.sequence_resets,
+        missing=totals.missing,
+        late=totals.late,
         wire_bytes_per_reading=received / readings if readings else None,
         stored_readings=stored,
-        store_bytes={"segments": segment_bytes, "database": database},
+        store_bytes={
+            "segments": segment_bytes,
+            "database": database,
+            "sequence_state": store.sequence_state_bytes(db, stream),
+        },
         store_bits_per_reading=(
             {"segments": 8 * segment_bytes / stored, "database": 8 * database / stored}
             if stored

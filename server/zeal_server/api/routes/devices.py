@@ -51,6 +51,8 @@ def device_out(
         flags=flags or [],
         duplicates=device.duplicates,
         sequence_resets=device.sequence_resets,
+        missing=device.missing,
+        late=device.late,
         rejects=rejects or {},
     )
 
@@ -89,7 +91,7 @@ def devices(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     sort: Annotated[
-        Literal["name", "first_seen", "last_seen", "readings", "epsilon_spent"],
+        Literal["name", "first_seen", "last_seen", "readings", "epsilon_spent", "missing"],
         Query(description="column to order by (epsilon_spent orders as readings)"),
     ] = "name",
     descending: bool = False,
