@@ -34,21 +34,42 @@ class Sequences:
     transaction (not in the segments yet), and the store's own answer for a sequence used
     before (``sequences.Holdings``)."""
 
-    def __init__(self, session: Session, writes: Writes, groups: list[Group]) -> None:
+    def __init__(
+        self, session: Session, writes: Writes, groups: list[Group], rounds: int = 1
+    ) -> None:
         wanted = {int(d) for g in groups for d in g.device_ids.tolist()} - set(writes.states)
         writes.states.update(sequences.load(session, wanted))
         self.states = writes.states
-        self.here: dict[tuple[int, int], set[int]] = {}
+        #: (device, sequence, digest) of the batches stored in this transaction, kept when
+        #: it has more than one round (``groups.rounds``: a device's sequence repeated).
+        self.rounds = rounds
+        self.here: set[tuple[int, int, int]] = set()
         self.holdings = sequences.Holdings(session)
+
+    def _state(self, device: int) -> sequences.SequenceState:
+        return self.states.setdefault(device, sequences.SequenceState())  # deleted meanwhile
+
+    def kinds(self, group: Group) -> npt.NDArray[np.int64]:
+        """What each batch of the group is (``kind``): NEW at once for a sequence above its
+        device's highest (most batches), the others one by one."""
+        found, inverse = np.unique(group.device_ids, return_inverse=True)
+        states = [self._state(d) for d in found.tolist()]
+        heads = np.array([s.head or 0 for s in states], dtype=np.uint64)
+        fresh = np.array([s.head is None for s in states], dtype=bool)
+        above = fresh[inverse] | (group.batches.sequences > heads[inverse])
+        out = np.full(len(group.positions), NEW, dtype=np.int64)
+        for k in np.flatnonzero(~above).tolist():
+            out[k] = self.kind(group, k)
+        return out
 
     def kind(self, group: Group, k: int) -> int:
         """What batch `k` of the group is: NEW (its sequence never stored), DUPLICATE (its
         content stored before) or RESET (its sequence stored before with other content)."""
         device, sequence = int(group.device_ids[k]), int(group.batches.sequences[k])
         digest = int(group.digests[k])
-        if digest in self.here.get((device, sequence), ()):
+        if (device, sequence, digest) in self.here:
             return DUPLICATE
-        state = self.states.setdefault(device, sequences.SequenceState())  # deleted meanwhile
+        state = self._state(device)
         if state.recent_digest(sequence, digest):
             return DUPLICATE
         if state.is_new(sequence):
@@ -63,16 +84,35 @@ class Sequences:
         )
         return DUPLICATE if held else RESET
 
-    def store(self, group: Group, k: int, reset: bool) -> int:
-        """Record stored batch `k`: its device's highest sequence then."""
-        device, sequence = int(group.device_ids[k]), int(group.batches.sequences[k])
-        digest = int(group.digests[k])
-        first_ms = int(group.batches.timestamps[group.batches.starts[k]])
-        state = self.states.setdefault(device, sequences.SequenceState())
-        state.store(sequence, digest, first_ms, reset=reset)
-        self.here.setdefault((device, sequence), set()).add(digest)
-        assert state.head is not None
-        return state.head
+    def store(
+        self, group: Group, stored: npt.NDArray[np.int64], resets: npt.NDArray[np.bool_]
+    ) -> dict[int, int]:
+        """Record the group's stored batches `stored` (indices, in message order; `resets`
+        beside them): for each reset, its device's highest sequence then. A device whose
+        batches continue its sequence without a gap is updated at once."""
+        if not stored.size:
+            return {}
+        devices = group.device_ids[stored]
+        chosen = group.batches.sequences[stored]
+        digests = group.digests[stored]
+        firsts = group.batches.timestamps[group.batches.starts[:-1][stored]]
+        if self.rounds > 1:  # a later round may hold one of these again
+            self.here.update(zip(devices.tolist(), chosen.tolist(), digests.tolist(), strict=True))
+        order = np.argsort(devices, kind="stable")
+        found, starts = np.unique(devices[order], return_index=True)
+        lasts: dict[int, int] = {}
+        for device, run in zip(found.tolist(), np.split(order, starts[1:]), strict=True):
+            state, mine = self._state(device), chosen[run]
+            if not resets[run].any() and state.continued_by(mine):
+                state.extend(mine, digests[run], int(firsts[run].max()))
+                continue
+            for i in run.tolist():
+                reset = bool(resets[i])
+                state.store(int(chosen[i]), int(digests[i]), int(firsts[i]), reset=reset)
+                if reset:
+                    assert state.head is not None
+                    lasts[int(stored[i])] = state.head
+        return lasts
 
 
 @dataclass
@@ -92,10 +132,7 @@ class Round:
         what the stored batches add."""
         if not groups:
             return
-        kinds = [
-            np.array([self.sequences.kind(g, k) for k in range(len(g.positions))], dtype=np.int64)
-            for g in groups
-        ]
+        kinds = [self.sequences.kinds(g) for g in groups]
         booked = [self._charge(g, kind >= 0) for g, kind in zip(groups, kinds, strict=True)]
         for group, kind, charged in zip(groups, kinds, booked, strict=True):
             self._settle(group, kind, charged)
@@ -131,13 +168,17 @@ class Round:
                 "duplicate", None, group.stream, group.names[k], 0, sequences_of[k]
             )
         stream, outcomes, new = group.stream, self.outcomes, tuple.__new__
-        for k in np.flatnonzero(stored).tolist():  # a tuple each, without Outcome's __new__
-            last = self.sequences.store(group, k, resets_of[k])
+        kept = np.flatnonzero(stored)
+        lasts = self.sequences.store(group, kept, reset[kept])
+        for k in kept.tolist():  # a tuple each, without Outcome's __new__
             outcomes[group.positions[k]] = new(
                 Outcome,
                 ("stored", None, stream, group.names[k], counts_of[k], sequences_of[k],
-                 resets_of[k], last if resets_of[k] else None),
+                 resets_of[k], None),
             )  # fmt: skip
+        for k, last in lasts.items():
+            position = group.positions[k]
+            outcomes[position] = outcomes[position]._replace(last_sequence=last)  # type: ignore[union-attr]
         self.writes.count_devices(
             group.device_ids,
             [

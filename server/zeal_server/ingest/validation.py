@@ -334,8 +334,9 @@ class Ingest:
         try:  # the statements' cursor lives as long as this batch of messages
             groups = self._validate(session, messages, outcomes, writes, originals)
             if groups:
-                seq = Sequences(session, writes, groups)
-                for round_ in rounds(groups):
+                split = rounds(groups)
+                seq = Sequences(session, writes, groups, len(split))
+                for round_ in split:
                     Round(session, self._raw, seq, refuse, outcomes, writes).store(round_)
         finally:
             self._raw.close()

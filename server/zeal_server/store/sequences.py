@@ -125,6 +125,29 @@ class SequenceState:
         self.late += int(late)
         return late
 
+    def continued_by(self, run: npt.NDArray[np.uint64]) -> bool:
+        """True when `run` (sequences in arrival order) continues the device's sequence
+        without a gap: no gap now, and the run is head + 1, head + 2, ... (or 0, 1, ... for
+        a device's first batches)."""
+        if self.floor is None:
+            start = 0 if self.newest_ms is None else None
+        else:
+            start = self.floor if self.bits == 0 and self.head == self.floor - 1 else None
+        if start is None or int(run[0]) != start or start + len(run) > _U64:
+            return False
+        return len(run) == 1 or bool((np.diff(run.astype(np.int64)) == 1).all())
+
+    def extend(
+        self, run: npt.NDArray[np.uint64], digests: npt.NDArray[np.int64], newest: int
+    ) -> None:
+        """Record the stored batches `run` that ``continued_by`` accepted, at once: what
+        ``store`` would make of them one by one."""
+        last = int(run[-1])
+        self.floor, self.head = last + 1, last
+        pairs = zip(run[-RECENT:].tolist(), digests[-RECENT:].tolist(), strict=True)
+        self.recent = [*self.recent, *pairs][-RECENT:]
+        self.newest_ms = newest if self.newest_ms is None else max(self.newest_ms, newest)
+
     def settle(self) -> int:
         """Give up every gap below the head (none of its batches can be accepted any more):
         the sequences counted missing."""
