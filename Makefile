@@ -57,6 +57,7 @@ bench: install
 	$(BIN)/python bench/lorawan.py      # bytes on the air and airtime against CayenneLPP: bench/LORAWAN.md
 	$(BIN)/python bench/report.py   # baselines side by side: writes bench/REPORT.md (+ server speed)
 	$(BIN)/python bench/message_cost.py --out bench/message_cost.json  # collector vs a bare subscriber
+	$(BIN)/python bench/writer_cost.py --baseline be2b583 --out bench/writer_cost.json  # the writer fed directly, against a row per batch
 
 reliability: install   # the timed parts of docs/reliability.md (not in make test)
 	$(BIN)/python bench/flood.py --out bench/flood.json             # about 3 minutes

@@ -5,7 +5,8 @@ A fleet of devices reads once a second (each at its own phase, its clock jitteri
 with the stream's mechanism and sent through the real ingest path (``Ingest.add_many``, in
 transactions of the messages that arrive within 100 ms, as the collector gathers them),
 into a real PostgreSQL database and a SQLite file, with the collector's housekeeping every
-30 s of the simulated clock and ``ZEAL_MAX_AGE_SECONDS`` = 60. Three fleet patterns:
+30 s of the simulated clock and ``ZEAL_MAX_AGE_SECONDS`` at its default (7 days). Three
+fleet patterns:
 
 * firmware: one reading per message, one reading per device and bucket (1 s buckets);
 * gateway: 60 readings per message, one reading per device and bucket (1 s buckets);
@@ -13,9 +14,11 @@ into a real PostgreSQL database and a SQLite file, with the collector's housekee
 
 Each figure is the *marginal* bytes over the empty schema (both after ``VACUUM FULL`` on
 PostgreSQL, ``VACUUM`` on SQLite), per table with its indexes and TOAST, divided by the
-readings stored. It is taken twice: at the end of ingest ("live": the dedup rows of the
-last minute, the horizon, are still needed), and once the horizon has passed and the
-housekeeping has run ("settled": what a long-lived store costs per reading). Beside them,
+readings stored. It is taken twice: at the end of ingest ("live": the import window has
+not passed, every device's sequence state and the privacy ledger of the day are held),
+and once the horizon has passed and the housekeeping has run ("settled": what a
+long-lived store costs per reading); beside them the sequence states' own bytes per device
+(``/stats``' ``store_bytes.sequence_state``). Beside them,
 in the same database: a plain table ``(device_id int, ts timestamptz, value float8,
 primary key (device_id, ts))`` holding the same readings, and the empirical entropy of the
 codes; and what ``/stats`` reports as the stream's all-in bytes per reading.
@@ -47,12 +50,13 @@ from zeal import Zeal, encode_batch  # noqa: E402
 from zeal.mqtt.topics import data_topic  # noqa: E402
 from zeal_server import store  # noqa: E402
 from zeal_server.ingest import Ingest  # noqa: E402
+from zeal_server.settings import ServerSettings  # noqa: E402
 from zeal_server.store import retention  # noqa: E402
 from zeal_server.store.db import make_engine, migrate, session_factory  # noqa: E402
-from zeal_server.store.footprint import stream_bytes  # noqa: E402
+from zeal_server.store.footprint import sequence_state_bytes, stream_bytes  # noqa: E402
 
 DATA = ROOT / "data" / "seattle-temps.csv"
-MAX_AGE_MS = 60_000
+MAX_AGE_MS = ServerSettings.max_age_seconds * 1000  # the default import window (7 days)
 MAX_FUTURE_MS = 600_000
 HOUSEKEEP_EVERY_MS = 30_000
 STREAM = "temps"
@@ -264,6 +268,7 @@ def run(
             assert stream is not None
             problems = store.verify(session, stream)
             reported = sum(stream_bytes(session, stream).values())
+            state = sequence_state_bytes(session, stream)
         if problems:
             raise SystemExit(f"verify failed: {problems[:3]}")
         plain = plain_table_bytes(engine, fleet)
@@ -280,7 +285,9 @@ def run(
         "live_total": sum(live.values()) / n,
         "settled": {t: b / n for t, b in settled.items()},
         "settled_total": sum(settled.values()) / n,
+        "live_ratio": sum(live.values()) / max(1, sum(settled.values())),
         "stats_reported": reported / n,
+        "state_per_device": state / devices,
         "plain_table": plain / n,
         "code_entropy": entropy_bytes(fleet.codes.ravel()),
     }
@@ -299,7 +306,8 @@ def show(result: dict[str, Any]) -> None:
             print(f"  {table:<16} {live:>15.2f} {settled:>18.2f}")
     print(f"  {'all in':<16} {result['live_total']:>15.2f} {result['settled_total']:>18.2f}")
     print(
-        f"  /stats all-in {result['stats_reported']:.2f} B/reading; plain float8 table "
+        f"  sequence state {result['state_per_device']:.1f} B/device; "
+        f"/stats all-in {result['stats_reported']:.2f} B/reading; plain float8 table "
         f"{result['plain_table']:.1f} B/reading; code entropy {result['code_entropy']:.3f} B"
     )
 
@@ -309,16 +317,16 @@ def markdown(results: list[dict[str, Any]], jitter: int) -> str:
     lines = [
         "# The store all in: bytes per reading on disk",
         "",
-        f"Written by `python bench/store_footprint.py`: devices reading once a second (clock "
-        f"jitter up to {jitter} ms either way), 300 readings each, `ZEAL_MAX_AGE_SECONDS` = "
-        "60, the collector's housekeeping every 30 s of the simulated clock. Marginal bytes "
-        "over the empty schema (after `VACUUM FULL` on PostgreSQL, `VACUUM` on SQLite), every "
-        "table with its indexes and TOAST, per stored reading. *Settled*: once the import "
-        "window has passed (the dedup rows of its batches pruned); *live*: at the end of "
-        "ingest, the last minute's dedup rows still kept. Beside them, in the same database: "
-        "a plain table `(device_id int, ts timestamptz, value float8, primary key (device_id, "
-        "ts))` of the same readings, the codes' empirical entropy, and what `/stats` reports "
-        "as the stream's all-in figure.",
+        "Written by `python bench/store_footprint.py`: devices reading once a second (clock "
+        f"jitter up to {jitter} ms either way), 300 readings each, `ZEAL_MAX_AGE_SECONDS` at its"
+        " default (7 days), the collector's housekeeping every 30 s of the simulated clock. "
+        "Marginal bytes over the empty schema (after `VACUUM FULL` on PostgreSQL, `VACUUM` on "
+        "SQLite), every table with its indexes and TOAST, per stored reading. *Settled*: once "
+        "the import window has passed; *live*: at the end of ingest, within the import window "
+        "(each device's sequence state, revision 0012, in place of a row per batch before). "
+        "Beside them, in the same database: a plain table `(device_id int, ts timestamptz, "
+        "value float8, primary key (device_id, ts))` of the same readings, the codes' empirical"
+        " entropy, and what `/stats` reports as the stream's all-in figure.",
         "",
     ]
     for devices in sorted({r["devices"] for r in results}):
@@ -337,6 +345,8 @@ def markdown(results: list[dict[str, Any]], jitter: int) -> str:
         rows = [
             ("**all in, settled**", "settled_total", 2),
             ("all in, live", "live_total", 2),
+            ("live / settled", "live_ratio", 2),
+            ("sequence state, B/device", "state_per_device", 1),
             ("`/stats` all in", "stats_reported", 2),
             ("plain float8 table", "plain_table", 1),
             ("entropy of the codes", "code_entropy", 3),

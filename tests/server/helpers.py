@@ -160,7 +160,7 @@ def stalled(database_url: str, seconds: float) -> Iterator[threading.Event]:
         else:
             url = database_url.replace("postgresql+psycopg://", "postgresql://")
             with psycopg.connect(url) as conn:
-                conn.execute("LOCK TABLE batches IN ACCESS EXCLUSIVE MODE")
+                conn.execute("LOCK TABLE device_periods IN ACCESS EXCLUSIVE MODE")
                 held.set()
                 time.sleep(seconds)  # time is the scenario: a database that stalls this long
         held.clear()

@@ -84,7 +84,7 @@ def stall(database_url: str, seconds: float) -> threading.Thread:
     def hold() -> None:
         url = database_url.replace("postgresql+psycopg://", "postgresql://")
         with psycopg.connect(url) as conn:
-            conn.execute("LOCK TABLE devices IN ACCESS EXCLUSIVE MODE")
+            conn.execute("LOCK TABLE device_periods IN ACCESS EXCLUSIVE MODE")
             held.set()
             time.sleep(seconds)  # time is the scenario: a database that stalls this long
 
