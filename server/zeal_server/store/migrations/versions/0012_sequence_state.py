@@ -35,6 +35,7 @@ depends_on = None
 
 WINDOW = 256
 RECENT = 4
+_DEVICES_AT_ONCE = 100
 _PAIR = struct.Struct("<Qq")
 _U64 = 1 << 64
 
@@ -82,24 +83,29 @@ def upgrade() -> None:
             "devices", sa.Column(name, sa.BigInteger(), nullable=False, server_default="0")
         )
     bind = op.get_bind()
-    rows: dict[int, list[Any]] = {}
-    found = bind.execute(
-        sa.text(
-            "SELECT device_id, sequence, generation, digest, first_ms FROM batches"
-            " ORDER BY device_id"
-        )
-    )
-    for device_id, *row in found:
-        rows.setdefault(int(device_id), []).append(tuple(row))
     update = sa.text(
         "UPDATE devices SET seq_floor = :floor, seq_head = :head, seq_bits = :bits,"
         " seq_recent = :recent, seq_newest_ms = :newest WHERE id = :id"
     ).bindparams(
         sa.bindparam("bits", type_=sa.LargeBinary()), sa.bindparam("recent", type_=sa.LargeBinary())
     )
-    states = [{"id": device_id, **_state(kept)} for device_id, kept in sorted(rows.items())]
-    for first in range(0, len(states), 1000):
-        bind.execute(update, states[first : first + 1000])
+    # A few devices at a time: a week of rows of a large fleet does not fit in memory (the
+    # reason for this revision).
+    devices = [int(d) for (d,) in bind.execute(sa.text("SELECT DISTINCT device_id FROM batches"))]
+    devices.sort()
+    for first in range(0, len(devices), _DEVICES_AT_ONCE):
+        chosen = devices[first : first + _DEVICES_AT_ONCE]
+        rows: dict[int, list[Any]] = {}
+        found = bind.execute(
+            sa.text(
+                "SELECT device_id, sequence, generation, digest, first_ms FROM batches"
+                " WHERE device_id IN :ids"
+            ).bindparams(sa.bindparam("ids", expanding=True)),
+            {"ids": chosen},
+        )
+        for device_id, *row in found:
+            rows.setdefault(int(device_id), []).append(tuple(row))
+        bind.execute(update, [{"id": d, **_state(kept)} for d, kept in sorted(rows.items())])
     # Devices heard from whose rows were all pruned: no state, but not new either.
     bind.execute(
         sa.text(
