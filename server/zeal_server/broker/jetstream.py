@@ -9,7 +9,7 @@ hands each message to one of them, and redelivers what is not acknowledged withi
 ``ZEAL_NATS_ACK_WAIT`` seconds (a collector that died); through a database stall the
 collector keeps extending the wait of what it holds (``in_progress``). A collector
 acknowledges a message only after the transaction that stored it committed; a redelivered
-message that had been stored is a duplicate to the store (``batches``), so nothing is
+message that had been stored is a duplicate to the store (``store.sequences``), so nothing is
 stored twice. The stream keeps a message while a consumer has yet to acknowledge it
 (interest retention).
 
