@@ -48,7 +48,7 @@ from zeal_server.settings import ServerSettings
 from zeal_server.status import CollectorStatus, SourceStatus
 from zeal_server.store.db import error_text as db_error_text
 
-__all__ = ["Collector", "tally"]
+__all__ = ["Collector", "tally", "transaction_max"]
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,12 @@ class Collector:
         self.acknowledged = 0
         #: When the oldest message the writer holds arrived (ms), None when it holds none.
         self.oldest_ms: int | None = None
-        #: Messages stored in one transaction at most: by default all the broker may have
-        #: in flight (Inbox.take gathers that many only under a heavy inflow).
-        self.batch_max = batch_max or settings.collector_inflight
+        #: Messages stored in one transaction at most (Inbox.take gathers that many only
+        #: under a heavy inflow): by default half of what the source may hold
+        #: unacknowledged, so that it goes on receiving the other half while a transaction
+        #: stores; all of it on SQLite over MQTT (deploy/SCALING.md, "Fetching and storing in
+        #: turn").
+        self.batch_max = batch_max or transaction_max(settings)
         self.compact_every = compact_every
         self.ingest = Ingest(
             max_future_ms=settings.max_future_seconds * 1000,
@@ -528,6 +531,18 @@ class Collector:
             outcomes[k] = outcome
         assert all(o is not None for o in outcomes)
         return outcomes  # type: ignore[return-value]
+
+
+def transaction_max(settings: ServerSettings) -> int:
+    """The most messages one transaction stores by default: half of
+    ``ZEAL_COLLECTOR_INFLIGHT`` where the writer waits on something other than the
+    interpreter (PostgreSQL's answers) or the source must ask for more (JetStream), all of
+    it on SQLite over MQTT, where SQLite works in this process and paho's network thread
+    reading beside it slowed the drain by a tenth (bench/message_cost.py)."""
+    inflight = settings.collector_inflight
+    if settings.database_url.startswith("sqlite") and not settings.nats_servers:
+        return inflight
+    return max(1, inflight // 2)
 
 
 def tally(

@@ -23,9 +23,13 @@ deploy/SCALING.md has the measurements behind both choices.
 
 The collector logs in to NATS with its broker login (``ZEAL_MQTT_USERNAME``, ``_PASSWORD``),
 which on a NATS deployment is one login for both (deploy/nats/users.conf.example).
-nats-py is asyncio; it runs in a thread of its own, which fetches only while the
+nats-py is asyncio; it runs in a thread of its own, which asks for messages only while the
 collector's queue has room (at most ``ZEAL_COLLECTOR_INFLIGHT`` unacknowledged, which is
-also the consumer's ``max_ack_pending``) and acknowledges on the writer's behalf.
+also the consumer's ``max_ack_pending``) and acknowledges on the writer's behalf. It asks
+with JetStream's pull requests itself (:class:`Pulls`), two in flight, and takes what they
+bring in a subscription callback: nats-py's ``fetch`` spends a task and a timer on each
+message, 60 µs a message against 15 this way (deploy/SCALING.md), which capped one
+collector below what its writer stores.
 
 NATS subjects cannot carry a ``.`` inside a name (it separates tokens), so a server with
 ``ZEAL_NATS_URL`` refuses stream and device names with one (:func:`name_problem`).
@@ -34,6 +38,7 @@ NATS subjects cannot carry a ``.`` inside a name (it separates tokens), so a ser
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -41,13 +46,13 @@ from collections.abc import Callable
 from typing import Any
 
 import nats
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, Header
 from nats.js.errors import NotFoundError
 
 from zeal.mqtt.topics import parse_data_topic
 from zeal_server.broker.sources import Offer
 
-__all__ = ["MQTT_STREAM", "JetStreamSource", "topic_of"]
+__all__ = ["MQTT_STREAM", "JetStreamSource", "Pulls", "topic_of"]
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +60,70 @@ log = logging.getLogger(__name__)
 MQTT_STREAM = "$MQTT_msgs"
 #: Its subjects: this prefix and the NATS subject of the MQTT topic.
 MQTT_PREFIX = "$MQTT.msgs."
-#: At most this many messages per fetch.
+#: The API subject of a pull request to a consumer of ``$MQTT_msgs``, less its name.
+PULL_SUBJECT = f"$JS.API.CONSUMER.MSG.NEXT.{MQTT_STREAM}."
+#: At most this many messages per pull request, and twice as many asked for at once: the
+#: server fills one request while the messages of the other are being taken.
 FETCH_MAX = 1000
+ASKED_MAX = 2 * FETCH_MAX
+#: How long a pull request waits on the server for messages (seconds). One sent longer ago
+#: than this and PULL_GRACE has ended on the server, whether or not its end was heard.
+PULL_EXPIRES = 1.0
+PULL_GRACE = 1.0
+#: The headers of a status message (``Header``'s values, as nats-py keys them).
+STATUS, DESCRIPTION = Header.STATUS.value, Header.DESCRIPTION.value
+PENDING = "Nats-Pending-Messages"
 
 
 def topic_of(subject: str) -> str:
     """The MQTT topic a subject of ``$MQTT_msgs`` came from (no name holds a '.', see
     name_problem)."""
     return subject.removeprefix(MQTT_PREFIX).replace(".", "/")
+
+
+class Pulls:
+    """How many messages the pull requests in flight may still bring.
+
+    JetStream sends a request's messages with no mark of which request they answer, and
+    says nothing when one is filled; it says how many one did not bring when the request
+    expires (408) or is given up (409, ``Nats-Pending-Messages``). So the count goes up by
+    each request's batch, down by each message and by what a status says was not brought,
+    and to zero once the last request sent has surely ended on the server (a status not
+    heard, after a reconnection say, costs a pause, never a message)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.sent_at = -1e18  # when the last request was sent (monotonic seconds)
+        self.ends = 0  # statuses heard: requests that ended before they were filled
+
+    def next_batch(self, room: int, now: float) -> int:
+        """How many to ask for in a request now, 0 for none: up to min(room, ASKED_MAX) in
+        flight (room: what the collector can still hold), asked again once half is in."""
+        if self.asked and now - self.sent_at > PULL_EXPIRES + PULL_GRACE:
+            self.asked = 0
+        cap = min(room, ASKED_MAX)
+        want = cap - self.asked
+        if want < 1 or want < cap // 2:
+            return 0
+        return min(FETCH_MAX, want)
+
+    def sent(self, batch: int, now: float) -> None:
+        self.asked += batch
+        self.sent_at = now
+
+    def delivered(self) -> None:
+        if self.asked:
+            self.asked -= 1
+
+    def ended(self, headers: dict[str, str]) -> None:
+        """A status message: take off what its request will not bring."""
+        self.ends += 1
+        pending = headers.get(PENDING, "")
+        if pending.isdigit():
+            self.asked = max(0, self.asked - int(pending))
+
+    def forget(self) -> None:
+        self.asked = 0
 
 
 class JetStreamSource:
@@ -91,6 +152,8 @@ class JetStreamSource:
         self._logged = -1e18  # connection errors are logged once a minute
         self._last_progress = time.monotonic()
         self._next_token = 0
+        self._pulls = Pulls()
+        self._failure: str | None = None  # why the consumer cannot be asked (a status)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop = threading.Event()
@@ -170,26 +233,47 @@ class JetStreamSource:
         try:
             js = client.jetstream()
             await self._ensure(js)
-            subscription = await js.pull_subscribe_bind(self.consumer, MQTT_STREAM)
+            inbox = client.new_inbox()
+            await client.subscribe(inbox, cb=self._delivered)
+            subject = PULL_SUBJECT + self.consumer
+            self._pulls.forget()
+            self._failure = None
             self.connected, self.last_error = True, None
             log.info("collector %s pulls from JetStream %s", self.client_name, MQTT_STREAM)
             while not self._stop.is_set():
+                if self._failure is not None:
+                    raise RuntimeError(self._failure)
                 await self._still_working()
-                room = min(FETCH_MAX, self.room())
-                if room < 1:
-                    await asyncio.sleep(0.02)
-                    continue
-                try:
-                    messages = await subscription.fetch(room, timeout=0.5)
-                except TimeoutError:  # nats-py raises its own and asyncio's (a slow fetch)
-                    continue
-                for message in messages:
-                    self._take(message)
                 refused, self._refused = self._refused, []
                 await self._ack_all(refused)
+                now = time.monotonic()
+                batch = self._pulls.next_batch(self.room(), now)
+                if batch:
+                    expires = int(PULL_EXPIRES * 1e9)
+                    request = json.dumps({"batch": batch, "expires": expires}).encode()
+                    await client.publish(subject, request, reply=inbox)
+                    self._pulls.sent(batch, now)
+                else:  # what is asked for arrives meanwhile, in _delivered
+                    await asyncio.sleep(0.01)
         finally:
             self.connected = False
             await client.close()
+
+    async def _delivered(self, message: Any) -> None:
+        """A message of a pull request (nats-py's subscription task), or a status that ends
+        one: 408 when it expired, 409 when the server gave it up (both say how many it did
+        not bring), 503 when there is no consumer to ask (deleted: made again on
+        reconnecting)."""
+        headers = message.headers
+        status = headers.get(STATUS) if headers else None
+        if status is None:
+            self._pulls.delivered()
+            self._take(message)
+            return
+        self._pulls.ended(headers)
+        description = str(headers.get(DESCRIPTION, "")).strip()
+        if status == "503" or (status == "409" and "deleted" in description.lower()):
+            self._failure = f"JetStream consumer {self.consumer}: {status} {description}"
 
     def _describe(self, exc: Exception) -> str:
         return f"NATS {','.join(self.servers)}: {type(exc).__name__}: {exc}"
@@ -207,6 +291,7 @@ class JetStreamSource:
 
     async def _reconnected(self) -> None:
         self.connected, self.last_error = True, None
+        self._pulls.forget()  # the requests of the old connection are not heard of again
         log.info("collector %s reconnected to NATS", self.client_name)
 
     async def _still_working(self) -> None:

@@ -20,7 +20,7 @@ from sqlalchemy.exc import OperationalError
 from tests.server.helpers import settings
 from tools.testbed.fakepaho import FakeClient
 from zeal_server.app import create_app
-from zeal_server.broker.collector import Collector, tally
+from zeal_server.broker.collector import Collector, tally, transaction_max
 from zeal_server.broker.inbox import Inbox, Received
 from zeal_server.ingest.groups import Outcome
 from zeal_server.settings import ServerSettings
@@ -118,6 +118,26 @@ def test_the_inbox_hands_messages_over_in_order_at_most_batch_max_at_a_time() ->
     assert [m.mid for m in first] == list(range(10))
     assert [m.mid for m in rest] == list(range(10, 25))
     assert inbox.empty()
+
+
+@pytest.mark.parametrize(
+    ("database", "nats", "expected"),
+    [
+        ("sqlite:///z.sqlite", "", 20_000),  # SQLite works in-process: the whole window
+        ("sqlite:///z.sqlite", "nats://127.0.0.1:4222", 10_000),  # JetStream asks for more
+        ("postgresql+psycopg://127.0.0.1/test", "", 10_000),
+        ("postgresql+psycopg://127.0.0.1/test", "nats://127.0.0.1:4222", 10_000),
+    ],
+)
+def test_a_transaction_leaves_half_the_window_to_the_source_unless_sqlite_works_beside_paho(
+    database: str, nats: str, expected: int
+) -> None:
+    env = {"ZEAL_DATABASE_URL": database, "ZEAL_MQTT_URL": "mqtt://127.0.0.1:1"}
+    if nats:
+        env["ZEAL_NATS_URL"] = nats
+    assert transaction_max(ServerSettings.from_env(env)) == expected
+    env["ZEAL_COLLECTOR_INFLIGHT"] = "11"
+    assert transaction_max(ServerSettings.from_env(env)) == (11 if expected == 20_000 else 5)
 
 
 def test_a_full_inbox_holds_the_network_thread_until_the_writer_takes_some() -> None:
