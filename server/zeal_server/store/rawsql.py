@@ -11,7 +11,7 @@ import numpy.typing as npt
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from zeal_server.store.writes import build_rows, build_statement
+from zeal_server.store.writes import build_rows, build_statement, unnest_rows
 
 __all__ = ["MAX_ROWS", "Raw"]
 
@@ -72,9 +72,19 @@ class Raw:
     ) -> list[Any]:
         """The multi-row form of `name` (``build_rows``) over `rows` (one value per name of
         `columns` each; `extra`: the statement's other parameters), in chunks of a power of
-        two up to MAX_ROWS: every row RETURNING gives."""
+        two up to MAX_ROWS (on PostgreSQL one statement over arrays, ``unnest_rows``):
+        every row RETURNING gives."""
         extra = extra or {}
         dialect = session.get_bind().dialect
+        if dialect.name == "postgresql":  # one statement, its rows as arrays
+            if not len(rows):
+                return []
+            key = (dialect.name, name, 0, columns, tuple(extra))
+            plan = _PLANS.get(key)
+            if plan is None:
+                plan = _PLANS[key] = (unnest_rows(name, columns), None)
+            arrays = dict(zip(columns, np.asarray(rows).T.tolist(), strict=True))
+            return self._run(session, plan[0], arrays | extra)
         out: list[Any] = []
         at = 0
         while at < len(rows):

@@ -189,6 +189,26 @@ def build_rows(session: Session, name: str, rows: int) -> Any:
     raise KeyError(name)
 
 
+def unnest_rows(name: str, columns: tuple[str, ...]) -> str:
+    """PostgreSQL's form of a multi-row statement (``build_rows``): its rows passed as one
+    array per column (``columns``, bigints) and unnested, so that the statement is one short
+    text whatever the rows. psycopg caches the parsing of a statement and PostgreSQL
+    prepares it only below 4,096 characters and 50 parameters; a VALUES list of 128 rows
+    was parsed again on every call (bench/writer_cost.py, deploy/SCALING.md)."""
+    if name not in ("charge_day", "charge_hour") or columns != ("did", "start", "n"):
+        raise KeyError((name, columns))
+    table, hours = _LEDGER.name, 1 if name.endswith("hour") else 24
+    return (
+        f"INSERT INTO {table} (device_id, hours, period, readings) "
+        f"SELECT r.did, {hours}, r.start, r.n "
+        "FROM unnest(%(did)s::bigint[], %(start)s::bigint[], %(n)s::bigint[]) AS r(did, start, n) "
+        "ON CONFLICT (device_id, hours, period) DO UPDATE "
+        f"SET readings = {table}.readings + excluded.readings "
+        f"WHERE {table}.readings + excluded.readings <= %(allowed)s "
+        f"RETURNING {table}.device_id, {table}.period"
+    )
+
+
 def collect(
     entry: StreamEntry, batches: Batches, device_ids: npt.NDArray[np.int64], writes: Writes
 ) -> None:
