@@ -79,12 +79,8 @@ class Raw:
         if dialect.name == "postgresql":  # one statement, its rows as arrays
             if not len(rows):
                 return []
-            key = (dialect.name, name, 0, columns, tuple(extra))
-            plan = _PLANS.get(key)
-            if plan is None:
-                plan = _PLANS[key] = (unnest_rows(name, columns), None)
-            arrays = dict(zip(columns, np.asarray(rows).T.tolist(), strict=True))
-            return self._run(session, plan[0], arrays | extra)
+            arrays = dict(zip(columns, rows.T.tolist(), strict=True))
+            return self._run(session, unnest_rows(name, columns), arrays | extra)
         out: list[Any] = []
         at = 0
         while at < len(rows):

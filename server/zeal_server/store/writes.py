@@ -197,7 +197,7 @@ def unnest_rows(name: str, columns: tuple[str, ...]) -> str:
     was parsed again on every call (bench/writer_cost.py, deploy/SCALING.md)."""
     if name not in ("charge_day", "charge_hour") or columns != ("did", "start", "n"):
         raise KeyError((name, columns))
-    table, hours = _LEDGER.name, 1 if name.endswith("hour") else 24
+    table, hours = _LEDGER.name, _hours(name).name
     return (
         f"INSERT INTO {table} (device_id, hours, period, readings) "
         f"SELECT r.did, {hours}, r.start, r.n "
