@@ -52,6 +52,7 @@ bench: install
 	$(BIN)/python bench/comparison.py   # group comparisons on simulated fleets: bench/COMPARISON.md
 	$(BIN)/python bench/validity.py     # every /compare method on 32 fleets, about 12 minutes: bench/VALIDITY.md
 	$(BIN)/python bench/bayes.py        # Bayes estimates for small windows: bench/BAYES.md
+	$(BIN)/python bench/distribution.py --server  # quantiles from codes, about 15 minutes: bench/DISTRIBUTION.md
 	$(BIN)/python bench/store_footprint.py --out bench/footprint.json --markdown bench/STORE_FOOTPRINT.md  # bytes on disk, all in
 	$(BIN)/python bench/group_latency.py --baseline d89e174 --out bench/group_latency.json --markdown bench/GROUP_LATENCY.md  # against the store with per-device aggregates
 	$(BIN)/python bench/lorawan.py      # bytes on the air and airtime against CayenneLPP: bench/LORAWAN.md

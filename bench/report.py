@@ -774,6 +774,7 @@ def write_report(res: Results, path: Path) -> None:
     lines += ["", *embedded_section(HERE / "COMPARISON.md", COMPARISON_TITLE)]
     lines += ["", *embedded_section(HERE / "VALIDITY.md", VALIDITY_TITLE)]
     lines += ["", *embedded_section(HERE / "BAYES.md", BAYES_TITLE)]
+    lines += ["", *embedded_section(HERE / "DISTRIBUTION.md", DISTRIBUTION_TITLE)]
     lines += ["", *embedded_section(HERE / "STORE_FOOTPRINT.md", FOOTPRINT_TITLE)]
     lines += ["", *embedded_section(HERE / "GROUP_LATENCY.md", LATENCY_TITLE)]
     lines += ["", *embedded_section(HERE / "LORAWAN.md", LORAWAN_TITLE)]
@@ -791,6 +792,7 @@ def write_report(res: Results, path: Path) -> None:
 COMPARISON_TITLE = "## Group comparisons on simulated fleets (paper 003)"
 VALIDITY_TITLE = "## Validity of every comparison method on simulated fleets"
 BAYES_TITLE = "## Bayes estimates for small windows (paper 004)"
+DISTRIBUTION_TITLE = "## The readings' distribution: quantiles and histograms from the codes"
 FOOTPRINT_TITLE = "## The store all in: bytes per reading on disk"
 LATENCY_TITLE = "## Group queries over a month of a large fleet"
 LORAWAN_TITLE = "## LoRaWAN: bytes on the air and airtime per reading"

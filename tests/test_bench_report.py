@@ -36,6 +36,7 @@ def test_quick_report_runs_and_passes_its_tolerances(tmp_path: Path) -> None:
         "## Speed",
         "## Group comparisons on simulated fleets (paper 003)",
         "## Bayes estimates for small windows (paper 004)",
+        "## The readings' distribution: quantiles and histograms from the codes",
     ):
         assert heading in report
     assert (tmp_path / "cr-tr.png").stat().st_size > 10_000

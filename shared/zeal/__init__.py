@@ -22,6 +22,7 @@ tests/test_architecture.py holds it to the files)::
                  paho clients: the one module that imports paho, the ``mqtt`` extra)
     signed       what a server signs: the bytes a signature covers
     estimate     an average's estimate and intervals
+    distribution the readings' distribution (histogram, quantiles) estimated from codes
     compare, bayes, censored   group comparisons, small-window estimates
     planning     planners: planning.comparison (a group comparison's power before the data
                  exist), planning.windows (a fleet's window averages under a policy)
@@ -46,6 +47,7 @@ PUBLIC_MODULES = (
     "bayes",
     "censored",
     "compare",
+    "distribution",
     "errors",
     "estimate",
     "lorawan",

@@ -804,3 +804,55 @@ def publish(server: Server, batches: list[tuple[str, bytes]]) -> None:
         client.publish(f"zeal/v1/few/{device}/up", payload, qos=1).wait_for_publish(10)
     client.disconnect()
     client.loop_stop()
+
+
+def test_distribution_card_and_quantile_line_show_the_api_figures(
+    page: Any, server: Server
+) -> None:
+    """The histogram's bars, the quantile marks and their figures, and the share above a
+    threshold are /distribution's for the page's window; a quantile line on the chart is
+    /series?quantile='s, point by point."""
+    page.goto(server.origin + "/#/stream/temps?window=all&above=60&quantiles=0.25,0.5,0.9")
+    page.wait_for_function(
+        "() => document.getElementById('dist-box').dataset.asked !== undefined", timeout=30000
+    )
+    asked = json.loads(page.get_attribute("#dist-box", "data-asked"))
+    body = server.get("/api/v1/streams/temps/distribution", **asked)
+    assert body["n"] == DEVICES * READINGS
+    shares = page.eval_on_selector_all(
+        "#histogram rect.bar", "rs => rs.map(r => Number(r.dataset.share))"
+    )
+    assert shares == body["probabilities"]
+    marks = page.eval_on_selector_all(
+        "#histogram line.quantile-mark",
+        "ls => ls.map(l => [Number(l.dataset.q), Number(l.dataset.value)])",
+    )
+    assert marks == [[q["q"], q["value"]] for q in body["quantiles"]]
+    figures = page.eval_on_selector_all("#dist-figures .quantile", "fs => fs.map(f => f.innerText)")
+    for shown, q in zip(figures, body["quantiles"], strict=True):
+        assert f"{q['value']:.3f} ({q['low']:.3f} – {q['high']:.3f}) {UNIT}" in shown
+    share = body["above"]
+    assert float(page.get_attribute("#dist-above-out", "data-share")) == share["share"]
+    assert f"{100 * share['share']:.1f} %" in text(page, "#dist-above-out")
+    assert page.locator("#histogram line.threshold").count() == 1
+
+    page.select_option("#quantile-line", "0.9")
+    page.wait_for_selector("#chart circle.quantile-point", timeout=30000)
+    summary = wait_for_summary(page, group="")
+    interval = page.get_attribute("#chart", "data-quantile-interval")
+    series = server.get(
+        "/api/v1/streams/temps/series",
+        start=summary["start"] or None,
+        end=summary["end"] or None,
+        interval_seconds=interval,
+        quantile=0.9,
+    )["points"]
+    drawn = page.eval_on_selector_all(
+        "#chart circle.quantile-point",
+        "cs => cs.map(c => [c.dataset.start, Number(c.dataset.value)])",
+    )
+    expected = [[p["start"], p["quantile"]["value"]] for p in series if p["quantile"]]
+    assert [[datetime.fromisoformat(s), v] for s, v in drawn] == [
+        [datetime.fromisoformat(s), v] for s, v in expected
+    ]
+    assert not page.locator("#legend-quantile").is_hidden()

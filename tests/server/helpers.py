@@ -52,6 +52,14 @@ def operator_client(url: str) -> Iterator[TestClient]:
         yield c
 
 
+def answered(client: TestClient, url: str, **query: Any) -> dict[str, Any]:
+    """A read's 200 body (the test fails with the answer's text otherwise)."""
+    answer = client.get(url, params=query)
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
 def create(client: TestClient, **overrides: Any) -> dict[str, Any]:
     body = {
         "name": "temps",

@@ -38,7 +38,8 @@ def test_show_average_series_devices_and_tail_ask_the_running_server(
     """Run from another directory (which would hold a database of its own): every command
     reads the server's stream, and no database is made there. Before: `streams create`
     run elsewhere wrote a new zeal-data/zeal.sqlite the server never listed, and there was
-    no show, average, series, devices or tail."""
+    no show, average, series, devices or tail; distribution prints /distribution's
+    histogram and quantiles."""
     server = Server(f"sqlite:///{tmp_path / 'zeal.sqlite'}", broker, tmp_path / "s.log").start()
     try:
         params = create(server)
@@ -59,6 +60,18 @@ def test_show_average_series_devices_and_tail_ask_the_running_server(
         series = zeal_server(server, elsewhere, "series", "temps", "--interval-seconds", "60")
         assert series.returncode == 0, series.stderr
         assert sum(int(line.split()[1]) for line in series.stdout.splitlines()) == 30
+        histogram = zeal_server(
+            server, elsewhere, "distribution", "temps", "--bins", "4", "--above", "50"
+        )
+        assert histogram.returncode == 0, histogram.stderr
+        asked = {"bins": 4, "above": 50}
+        served_q = server.http.get("/api/v1/streams/temps/distribution", params=asked).json()
+        lines = histogram.stdout.splitlines()
+        assert lines[0] == "temps: 30 readings from 1 devices"
+        assert len([line for line in lines if line.startswith("  [")]) == 4
+        median = served_q["quantiles"][0]["value"]
+        assert f"  q0.5 {median:.4g}" in lines  # one device: no interval, and it says why
+        assert any("no intervals" in line for line in lines)
         devices = zeal_server(server, elsewhere, "streams", "devices", "temps")
         assert devices.stdout.startswith("dev1 "), devices.stdout
         assert "1 of 1 devices" in devices.stdout

@@ -38,6 +38,7 @@ from zeal_server.api.routes import (
     compare,
     data,
     devices,
+    distribution,
     health,
     logins,
     lorawan,
@@ -246,7 +247,17 @@ def build_app(
     _database_errors(app)
     _dashboard(app)
 
-    for module in (streams, averages, compare, devices, data, health, logins, lorawan):
+    for module in (
+        streams,
+        averages,
+        distribution,
+        compare,
+        devices,
+        data,
+        health,
+        logins,
+        lorawan,
+    ):
         app.include_router(module.router, dependencies=[Depends(known_query)])
     return app
 

@@ -24,7 +24,7 @@ from zeal.bayes import (
     mean_posterior,
 )
 from zeal_server import store
-from zeal_server.api.deps import invalid
+from zeal_server.api.deps import devices_in, invalid
 from zeal_server.api.schemas import BayesOut
 from zeal_server.store.models import Stream
 
@@ -37,6 +37,7 @@ __all__ = [
     "Reader",
     "bayes_reader",
     "device_ids",
+    "selected_devices",
     "window_codes",
 ]
 
@@ -172,6 +173,17 @@ def bayes_reader(params: Zeal, model: str, prior_text: str | None, level: float)
         return found
 
     return read
+
+
+def selected_devices(
+    session: Session, stream: Stream, group: str | None, device: str | None
+) -> store.Devices:
+    """The devices a window read asks for: a group, one device, or all (None)."""
+    if group is not None and device is not None:
+        raise invalid("query", "device", "give a group or a device, not both")
+    if device is not None:
+        return device_ids(session, stream, device)
+    return devices_in(session, stream, group)
 
 
 def device_ids(session: Session, stream: Stream, device: str) -> list[int]:

@@ -74,6 +74,7 @@ _DATA = re.compile(r"/api/v1/streams/[^/]+/(?P<what>[a-z]+)/?$")
 #: What each read of a stream's data is counted as (the label of REFUSED).
 _DATA_KINDS = {
     "average": "average",
+    "distribution": "distribution",
     "series": "series",
     "export": "export",
     "compare": "compare",
@@ -103,6 +104,8 @@ def _window_kind(what: str, query: Mapping[str, str]) -> str:
         return "exclusion"
     if query.get("estimator") == "bayes" and query.get("model", "mean") != "mean":
         return "bayes over codes"
+    if "quantile" in query:
+        return "quantile series"
     if what == "series" and not (interval.isdigit() and int(interval) >= 3600):
         return "fine series"
     return what

@@ -20,18 +20,22 @@ __all__ = [
     "DeletedOut",
     "DeviceOut",
     "DevicesOut",
+    "DistributionOut",
     "EfficiencyOut",
     "EstimateOut",
     "GroupOut",
     "PointOut",
     "Problem",
+    "QuantileOut",
     "SeriesOut",
+    "ShareOut",
     "StatsOut",
     "StatusOut",
     "StreamIn",
     "StreamOut",
     "StreamPatch",
     "TagsIn",
+    "ValueOut",
 ]
 
 
@@ -224,6 +228,56 @@ class AverageOut(BaseModel):
     )
 
 
+class QuantileOut(BaseModel):
+    q: float = Field(description="the level asked for")
+    value: float = Field(
+        description="the estimated quantile: the least reading with at "
+        "least this share of the readings at or below it"
+    )
+    low: float | None = Field(description="its interval's lower end (null: see intervals)")
+    high: float | None = Field(description="its interval's upper end")
+
+
+class ShareOut(BaseModel):
+    threshold: float
+    share: float = Field(description="the estimated share of readings above the threshold")
+    low: float | None = Field(description="its interval's lower end (null: see intervals)")
+    high: float | None = Field(description="its interval's upper end")
+
+
+class ValueOut(BaseModel):
+    value: float
+    low: float | None = Field(description="its interval's lower end (null: see intervals)")
+    high: float | None = Field(description="its interval's upper end")
+
+
+class DistributionOut(BaseModel):
+    stream: str
+    start: datetime | None = Field(description="start of the first bucket used")
+    end: datetime | None = Field(description="end of the last bucket used")
+    group: str | None
+    device: str | None = None
+    n: int = Field(description="readings in the window")
+    devices: int = Field(description="devices with readings in the window")
+    confidence: float = Field(description="the intervals' nominal level")
+    edges: list[float] = Field(description="the histogram's bins + 1 edges, lower to upper")
+    probabilities: list[float] = Field(
+        description="each bin's share of the readings (sums to 1; readings at a bound count "
+        "in the first or the last bin)"
+    )
+    quantiles: list[QuantileOut]
+    above: ShareOut | None = Field(description="with above=: the share above the threshold")
+    mean: ValueOut = Field(
+        description="the distribution's mean (AVG* at /average is the unbiased estimate; "
+        "this one agrees with it within its interval)"
+    )
+    intervals: str | None = Field(
+        description="null when the intervals are given; else why they are not"
+    )
+    method: str
+    estimand: str
+
+
 class PointOut(BaseModel):
     start: datetime
     end: datetime
@@ -231,6 +285,11 @@ class PointOut(BaseModel):
     estimate: EstimateOut | None
     bayes: BayesOut | None = Field(
         default=None, description="with estimator=bayes: the point's posterior summary"
+    )
+    quantile: QuantileOut | None = Field(
+        default=None,
+        description="with quantile=Q: the point's quantile, its interval at 0.95 (null ends: "
+        "fewer devices than an interval needs, docs/distribution.md)",
     )
 
 

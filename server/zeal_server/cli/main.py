@@ -39,7 +39,8 @@ zeal-server streams release NAME             agents halted on the stream adopt i
 zeal-server streams delete-device NAME DEVICE --confirm DEVICE   one device's data
 zeal-server export STREAM [--start T] [--end T]   decoded estimates as CSV
 zeal-server average STREAM [--start T] [--end T] [--group K:V] [--device D]
-zeal-server series STREAM [--interval-seconds S] ...  |  zeal-server tail STREAM
+zeal-server series STREAM [--interval-seconds S] [--quantile Q] ...  |  zeal-server tail STREAM
+zeal-server distribution STREAM [--bins B] [--quantiles 0.5,0.9] [--above X] ...  histogram
 zeal-server enroll STREAM DEVICE  |  zeal-server policy set STREAM EPSILON_PER_DAY
 
 On the database itself (ZEAL_DATABASE_URL or ZEAL_DATA_DIR; the line on stderr names it):

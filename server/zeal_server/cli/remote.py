@@ -1,7 +1,8 @@
 """``zeal-server`` commands carried out by the running server over HTTP: ``streams show``,
-``streams devices``, ``average``, ``series`` and ``tail`` read it, ``streams release``,
-``enroll`` and ``policy set`` change it; ``streams create|list|delete|retention|
-delete-device`` and ``export`` do too unless given ``--local`` (zeal_server.cli.local)."""
+``streams devices``, ``average``, ``series``, ``distribution`` and ``tail`` read it,
+``streams release``, ``enroll`` and ``policy set`` change it; ``streams
+create|list|delete|retention|delete-device`` and ``export`` do too unless given
+``--local`` (zeal_server.cli.local)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
     for name, text in (
         ("average", "the debiased average over a window, with its interval"),
         ("series", "the average per interval, on the clock"),
+        ("distribution", "the readings' histogram and quantiles over a window, with intervals"),
         ("tail", "the readings stored and the average, again every few seconds (Ctrl-C ends)"),
     ):
         p = command(commands, name, text + over_http, variables=())
@@ -72,6 +74,13 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
                 help="seconds per point [the bucket]",
             )
             renamed(p, "--interval", "--interval-seconds", "interval")
+            p.add_argument("--quantile", type=float, help="a quantile per point too, e.g. 0.9")
+        if name == "distribution":
+            p.add_argument("--bins", type=int, help="histogram bins [one code step wide each]")
+            p.add_argument(
+                "--quantiles", default="0.5,0.9,0.95", help="levels, comma-separated [0.5,0.9,0.95]"
+            )
+            p.add_argument("--above", type=float, help="a threshold: the share above it")
         add_server_argument(p)
     enroll = command(
         commands, "enroll", "let a device send to an enrolled-only stream" + over_http, ()
@@ -149,10 +158,43 @@ def _series(args: argparse.Namespace, env: Mapping[str, str]) -> None:
         env,
         f"{stream_path(args.stream)}/series",
         interval_seconds=args.interval,
+        quantile=args.quantile,
         **_window(args),
     )
     for point in out["points"]:
-        print(f"{point['start']}  {point['n']:>8,}  {_estimate({**out, **point})}")
+        quantile = f"  {_quantile(point['quantile'])}" if point.get("quantile") else ""
+        print(f"{point['start']}  {point['n']:>8,}  {_estimate({**out, **point})}{quantile}")
+
+
+def _quantile(item: Mapping[str, Any]) -> str:
+    ends = "" if item["low"] is None else f" [{item['low']:.4g}, {item['high']:.4g}]"
+    return f"q{item['q']:g} {item['value']:.4g}{ends}"
+
+
+def _distribution(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    out = get(
+        args,
+        env,
+        f"{stream_path(args.stream)}/distribution",
+        bins=args.bins,
+        quantiles=args.quantiles,
+        above=args.above,
+        **_window(args),
+    )
+    print(f"{args.stream}: {out['n']:,} readings from {out['devices']:,} devices")
+    edges, shares = out["edges"], out["probabilities"]
+    widest = max(shares) or 1.0
+    for i, share in enumerate(shares):
+        bar = "#" * round(40 * share / widest)
+        print(f"  [{edges[i]:>9.4g}, {edges[i + 1]:>9.4g})  {share:6.1%}  {bar}")
+    for item in out["quantiles"]:
+        print(f"  {_quantile(item)}")
+    if out["above"]:
+        a = out["above"]
+        ends = "" if a["low"] is None else f" [{a['low']:.1%}, {a['high']:.1%}]"
+        print(f"  above {a['threshold']:g}: {a['share']:.1%}{ends}")
+    if out["intervals"]:
+        print(f"  {out['intervals']}")
 
 
 def _tail(args: argparse.Namespace, env: Mapping[str, str]) -> None:
@@ -275,6 +317,7 @@ HANDLERS: dict[tuple[str, str | None], Handler] = {
     ("streams", "delete-device"): _delete_device,
     ("average", None): _average,
     ("series", None): _series,
+    ("distribution", None): _distribution,
     ("tail", None): _tail,
     ("enroll", None): _enroll,
     ("policy", "set"): _policy,

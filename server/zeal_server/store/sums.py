@@ -22,6 +22,7 @@ from sqlalchemy import ColumnElement, Select, func, select
 from sqlalchemy.orm import Session
 
 from zeal import Estimate, Zeal, exact_sum, exact_sum_squares
+from zeal.distribution import code_index, code_rows
 from zeal_server.store.models import LIMB_BITS, SQUARE_LIMBS, SUM_LIMBS, Segment, Stream
 from zeal_server.store.segments import LIMBS, decode, decode_runs
 
@@ -228,6 +229,44 @@ def device_sums(
         total_squares=None if found.squares is None else sum(found.squares),
         order=tuple(ids),
     )
+
+
+@dataclass(frozen=True)
+class DeviceCodes:
+    """The codes of a window counted per device: ``ids`` ascending, ``counts[i, row]``
+    device ``ids[i]``'s readings with a code of that row (zeal.distribution.code_rows: one
+    code a row but on the widest streams), the input of zeal.distribution."""
+
+    ids: npt.NDArray[np.int64]
+    counts: npt.NDArray[np.int64]
+
+    @property
+    def n(self) -> int:
+        return int(self.counts.sum())
+
+
+def device_codes(
+    session: Session,
+    stream: Stream,
+    params: Zeal,
+    window: tuple[int, int],
+    device_ids: Devices = None,
+) -> DeviceCodes:
+    """The codes of buckets [first, stop) per device (of `device_ids`, or all); devices
+    without readings are absent."""
+    members = _members(session, device_ids)
+    where = touching(stream, *window)
+    width = code_rows(params)
+    devices: list[npt.NDArray[np.int64]] = []
+    codes: list[npt.NDArray[np.int64]] = []
+    for d, c, _ in _readings(session, stream, where, window, members=members):
+        devices.append(d)
+        codes.append(code_index(params, c))
+    if not devices:
+        return DeviceCodes(np.zeros(0, np.int64), np.zeros((0, width), np.int64))
+    ids, index = np.unique(np.concatenate(devices), return_inverse=True)
+    flat = np.bincount(index * width + np.concatenate(codes), minlength=ids.size * width)
+    return DeviceCodes(ids.astype(np.int64), flat.reshape(ids.size, width).astype(np.int64))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 
-from tests.server.helpers import PARAMS, T0, create, feed, operator_client
+from tests.server.helpers import PARAMS, T0, answered, create, feed, operator_client
 from zeal.bayes import NormalPrior, binary_posterior, constant_posterior, mean_posterior
 
 URL = "/api/v1/streams/temps/average"
@@ -41,10 +41,7 @@ def doors(client: TestClient) -> dict[str, list[np.ndarray]]:
 
 
 def ask(client: TestClient, url: str = URL, **query: Any) -> dict[str, Any]:
-    answer = client.get(url, params=query)
-    assert answer.status_code == 200, answer.text
-    body: dict[str, Any] = answer.json()
-    return body
+    return answered(client, url, **query)
 
 
 def test_each_model_is_zeal_bayes_on_the_stored_codes(client: TestClient) -> None:

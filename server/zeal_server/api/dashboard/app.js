@@ -32,6 +32,10 @@ const NICE_SECONDS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7
 const PAGE = 25;
 // Up to this many readings in a window, the page also shows the Bayes estimate of its mean.
 const FEW_READINGS = 1000;
+// The quantile lines the chart offers, and about how many points such a line has at most
+// (each is a fit and a bootstrap on the server).
+const QUANTILE_LINES = ["0.5", "0.9", "0.95"];
+const QUANTILE_POINTS = 24;
 
 // -- small helpers ---------------------------------------------------------------------------
 
@@ -71,6 +75,14 @@ function withUnit(text, unit) {
 function within(interval, stream) {
   const lo = Math.max(interval[0], stream.lower), hi = Math.min(interval[1], stream.upper);
   return withUnit(`${fmt(lo)} – ${fmt(hi)}`, stream.unit);
+}
+
+function fmtQ(q) {
+  return `${Number((q * 100).toPrecision(6))} %`;
+}
+
+function fmtShare(share) {
+  return `${(share * 100).toFixed(1)} %`;
 }
 
 function fmtInt(x) {
@@ -313,6 +325,9 @@ function streamView(main, name, params) {
     a: params.get("a") || "",
     b: params.get("b") || "",
     method: COMPARE_METHODS.some(([m]) => m === params.get("method")) ? params.get("method") : "cluster",
+    quantiles: params.get("quantiles") || "0.5,0.9,0.95",
+    above: params.get("above") || "",
+    quantile: QUANTILE_LINES.includes(params.get("quantile")) ? params.get("quantile") : "",
     sort: "name",
     descending: false,
     page: 0,
@@ -348,6 +363,15 @@ function streamView(main, name, params) {
     el("p", { class: "note", id: "range-note",
       text: "Intervals are cut to the stream's range: the average cannot lie outside it." }));
   const chartBox = el("div", { id: "chart-box" });
+  const quantileSelect = el("select", { id: "quantile-line" },
+    el("option", { value: "", text: "None" }),
+    ...QUANTILE_LINES.map((q) => el("option", { value: q, text: `${Math.round(Number(q) * 100)} % quantile` })));
+  const distLevels = el("input", { id: "dist-quantiles", type: "text", value: state.quantiles,
+    inputmode: "decimal", spellcheck: "false" });
+  const distAbove = el("input", { id: "dist-above", type: "number", step: "any", value: state.above });
+  const distBox = el("div", { id: "dist-box" });
+  const distFigures = el("div", { class: "figures", id: "dist-figures" });
+  const distNote = el("p", { class: "muted", id: "dist-note", "aria-live": "polite" });
   const pointsBody = el("tbody", { id: "points-body" });
   const compareOut = el("div", { class: "figures", id: "compare-out" },
     figure("Group A average", "compare-a"),
@@ -402,14 +426,17 @@ function streamView(main, name, params) {
         el("label", { for: "window" }, "Window", windowSelect),
         customBox,
         el("label", { for: "interval" }, "Interval per point", intervalSelect),
-        el("label", { for: "group" }, "Devices", groupSelect)),
+        el("label", { for: "group" }, "Devices", groupSelect),
+        el("label", { for: "quantile-line" }, "Quantile line on the chart", quantileSelect)),
       summary,
       chartBox,
       el("div", { class: "legend", id: "legend" },
         el("span", {}, el("span", { class: "swatch mean" }), "debiased average per interval"),
         el("span", {}, el("span", { class: "swatch normal" }), "95 % normal-approximation interval"),
         el("span", {}, el("span", { class: "swatch guaranteed" }),
-          "guaranteed interval (Bernstein bound, holds for any data)")),
+          "guaranteed interval (Bernstein bound, holds for any data)"),
+        el("span", { id: "legend-quantile", hidden: !state.quantile },
+          el("span", { class: "swatch quantile" }), "the chosen quantile of the readings per interval")),
       el("details", {}, el("summary", { text: "The numbers behind the chart" }),
         el("table", { id: "points" },
           el("thead", {}, el("tr", {},
@@ -420,6 +447,14 @@ function streamView(main, name, params) {
             el("th", { scope: "col", class: "num", text: "Guaranteed" }),
             el("th", { scope: "col", class: "num", text: `Bayes estimate (at most ${fmtInt(FEW_READINGS)} readings; uniform prior)` }))),
           pointsBody))),
+    el("section", { class: "card", "aria-labelledby": "dist-title" },
+      el("h2", { id: "dist-title", text: "Distribution of the readings" }),
+      el("p", { class: "muted", text: "Estimated from the privatized codes of the window above " +
+        "(same window and devices), at no further privacy cost: each reading weighs the same." }),
+      el("div", { class: "controls" },
+        el("label", { for: "dist-quantiles" }, "Quantiles (comma-separated)", distLevels),
+        el("label", { for: "dist-above" }, "Share above", distAbove)),
+      distFigures, distBox, distNote),
     el("section", { class: "card", "aria-labelledby": "compare-title" },
       el("h2", { id: "compare-title", text: "Compare two groups" }),
       el("div", { class: "controls" },
@@ -467,7 +502,9 @@ function streamView(main, name, params) {
   function keepInUrl() {
     const keep = { window: state.window, interval: state.interval === "auto" ? "" : state.interval,
       group: state.group, a: state.a, b: state.b,
-      method: state.method === "cluster" ? "" : state.method };
+      method: state.method === "cluster" ? "" : state.method,
+      quantiles: state.quantiles === "0.5,0.9,0.95" ? "" : state.quantiles,
+      above: state.above, quantile: state.quantile };
     if (state.window === "custom") Object.assign(keep, { start: state.start, end: state.end });
     history.replaceState(null, "", `#/stream/${encodeURIComponent(name)}${query(keep)}`);
   }
@@ -674,9 +711,13 @@ function streamView(main, name, params) {
     // estimator=bayes (model mean) reads what AVG* reads: with few readings AVG* can leave
     // the range and its interval can be wider than it, so the page shows the Bayes
     // estimate of the window's mean beside it then (docs/bayes.md).
-    const [avg, series] = await Promise.all([
+    const qInterval = quantileInterval(bounds, interval);
+    const [avg, series, quantiles] = await Promise.all([
       api(`${streamPath(name)}/average${query({ ...common, estimator: "bayes" })}`),
       api(`${streamPath(name)}/series${query({ ...common, interval_seconds: interval, estimator: "bayes" })}`),
+      // each point of a quantile line is a fit and a bootstrap: fewer, longer intervals
+      state.quantile ? api(`${streamPath(name)}/series${query({ ...common,
+        interval_seconds: qInterval, quantile: state.quantile })}`) : null,
     ]);
     if (mine !== windowAsked) return; // a newer choice is on its way
     const e = avg.estimate;
@@ -697,7 +738,11 @@ function streamView(main, name, params) {
     set("window-guaranteed", e ? within(e.guaranteed, stream) : "–");
     set("window-se", e ? withUnit(fmt(e.std_error, 4), unit) : "–");
     set("window-n", fmtInt(avg.n));
-    chartBox.replaceChildren(drawChart(series.points, stream, interval, name, state.group));
+    const line = quantiles ? quantiles.points.filter((p) => p.quantile) : [];
+    const chart = drawChart(series.points, stream, interval, name, state.group, line);
+    chart.dataset.quantileInterval = state.quantile ? String(qInterval) : "";
+    chartBox.replaceChildren(chart);
+    document.getElementById("legend-quantile").hidden = !state.quantile;
     pointsBody.replaceChildren(...series.points.map((p) => el("tr", {},
       el("td", { text: fmtTime(p.start) }),
       el("td", { class: "num", text: fmtInt(p.n) }),
@@ -706,6 +751,54 @@ function streamView(main, name, params) {
       el("td", { class: "num", text: p.estimate ? within(p.estimate.guaranteed, stream) : "–" }),
       el("td", { class: "num bayes", text: p.bayes && p.n <= FEW_READINGS
         ? withUnit(`${fmt(p.bayes.mean)} (${fmt(p.bayes.interval[0])} – ${fmt(p.bayes.interval[1])})`, unit) : "–" }))));
+  }
+
+  function quantileInterval(bounds, interval) {
+    const bucket = stream.bucket_seconds;
+    const from = bounds.start ? new Date(bounds.start).getTime() : new Date(stream.created).getTime();
+    const to = bounds.end ? new Date(bounds.end).getTime() : Date.now();
+    const wanted = Math.max(interval, (to - from) / 1000 / QUANTILE_POINTS);
+    const nice = NICE_SECONDS.filter((s) => s % bucket === 0 && s >= wanted);
+    return nice.length ? nice[0] : Math.ceil(wanted / bucket) * bucket;
+  }
+
+  let distAsked = 0;
+
+  async function loadDistribution() {
+    const mine = ++distAsked;
+    const bounds = windowBounds();
+    const asked = { start: bounds.start, end: bounds.end, group: state.group,
+      quantiles: state.quantiles, above: state.above };
+    let body;
+    try {
+      body = await api(`${streamPath(name)}/distribution${query(asked)}`);
+    } catch (error) {
+      if (mine !== distAsked) return;
+      // an empty window, or levels the server refuses: its reason, in place of the figures
+      distFigures.replaceChildren();
+      distBox.replaceChildren();
+      distNote.textContent = error.message;
+      distBox.dataset.asked = JSON.stringify(asked);
+      return;
+    }
+    if (mine !== distAsked) return;
+    const unit = stream.unit;
+    const ends = (x) => (x.low === null ? "no interval" : `${fmt(x.low)} – ${fmt(x.high)}`);
+    distFigures.replaceChildren(
+      ...body.quantiles.map((item) => el("div", { class: "figure quantile", "data-q": String(item.q),
+        "data-value": String(item.value) },
+      el("div", { class: "label", text: `${fmtQ(item.q)} quantile, ${Math.round(body.confidence * 100)} % interval` }),
+      el("div", { class: "value", text: withUnit(`${fmt(item.value)} (${ends(item)})`, unit) }))),
+      ...(body.above ? [el("div", { class: "figure", id: "dist-above-out", "data-share": String(body.above.share) },
+        el("div", { class: "label", text: withUnit(`Share above ${fmt(body.above.threshold)}`, unit) }),
+        el("div", { class: "value", text: body.above.low === null ? fmtShare(body.above.share)
+          : `${fmtShare(body.above.share)} (${fmtShare(body.above.low)} – ${fmtShare(body.above.high)})` }))] : []),
+      el("div", { class: "figure" }, el("div", { class: "label", text: "Readings (devices)" }),
+        el("div", { class: "value", id: "dist-n", text: `${fmtInt(body.n)} (${fmtInt(body.devices)})` })));
+    distBox.replaceChildren(drawHistogram(body, stream, name));
+    const why = body.intervals || `Intervals: a bootstrap over the window's ${fmtInt(body.devices)} devices.`;
+    distNote.textContent = `${why} Estimated: ${body.estimand}.`;
+    distBox.dataset.asked = JSON.stringify(asked);
   }
 
   async function loadCompare() {
@@ -880,6 +973,9 @@ function streamView(main, name, params) {
   endInput.addEventListener("change", () => { state.end = withSeconds(endInput.value); changed(); });
   intervalSelect.addEventListener("change", () => { state.interval = intervalSelect.value; changed(); });
   groupSelect.addEventListener("change", () => { state.group = groupSelect.value; changed(); });
+  quantileSelect.addEventListener("change", () => { state.quantile = quantileSelect.value; changed(); });
+  distLevels.addEventListener("change", () => { state.quantiles = distLevels.value.replace(/\s+/g, ""); changed(); });
+  distAbove.addEventListener("change", () => { state.above = distAbove.value; changed(); });
   groupA.addEventListener("change", () => { state.a = groupA.value; changed(); });
   groupB.addEventListener("change", () => { state.b = groupB.value; changed(); });
   methodSelect.addEventListener("change", () => {
@@ -908,7 +1004,9 @@ function streamView(main, name, params) {
       }
       groups = await api(`${streamPath(name)}/groups`);
       fillGroups();
-      await Promise.all([loadWindow(), loadCompare(), loadStats(), state.editing ? null : loadDevices()]);
+      quantileSelect.value = state.quantile;
+      await Promise.all([loadWindow(), loadDistribution(), loadCompare(), loadStats(),
+        state.editing ? null : loadDevices()]);
       main.dataset.ready = String(Date.now());
     },
   };
@@ -941,7 +1039,7 @@ function timeTicks(from, to) {
   return ticks.map((t) => [t, label(t)]);
 }
 
-function drawChart(points, stream, interval, name, group) {
+function drawChart(points, stream, interval, name, group, quantiles = []) {
   const W = 900;
   const H = 320;
   const m = { l: 58, r: 14, t: stream.unit ? 24 : 12, b: 30 };
@@ -964,8 +1062,9 @@ function drawChart(points, stream, interval, name, group) {
   const means = pts.map((p) => p.estimate.mean);
   const bandLo = Math.min(...pts.map((p) => Math.min(p.estimate.guaranteed[0], p.estimate.ci[0])));
   const bandHi = Math.max(...pts.map((p) => Math.max(p.estimate.guaranteed[1], p.estimate.ci[1])));
-  let lo = Math.min(...means, Math.max(bandLo, stream.lower - 0.25 * range));
-  let hi = Math.max(...means, Math.min(bandHi, stream.upper + 0.25 * range));
+  const qs = quantiles.map((p) => p.quantile.value);
+  let lo = Math.min(...means, ...qs, Math.max(bandLo, stream.lower - 0.25 * range));
+  let hi = Math.max(...means, ...qs, Math.min(bandHi, stream.upper + 0.25 * range));
   if (hi - lo < 1e-9) { lo -= 1; hi += 1; }
   const pad = (hi - lo) * 0.04;
   lo -= pad; hi += pad;
@@ -1026,7 +1125,67 @@ function drawChart(points, stream, interval, name, group) {
     svgEl("title", {}, `${fmtTime(p.start)}: average ${fmt(e.mean)} from ${fmtInt(p.n)} readings; ` +
       `95 % ${fmt(e.ci[0])} – ${fmt(e.ci[1])}; guaranteed ${fmt(e.guaranteed[0])} – ${fmt(e.guaranteed[1])}`)));
   }
+  if (quantiles.length) {
+    const at = (p) => `${px(mid(p)).toFixed(1)},${py(p.quantile.value).toFixed(1)}`;
+    plot.append(svgEl("path", { class: "quantile-line", d: `M${quantiles.map(at).join("L")}` }));
+    for (const p of quantiles) {
+      const q = p.quantile;
+      plot.append(svgEl("circle", { class: "quantile-point", cx: px(mid(p)), cy: py(q.value), r: 3,
+        "data-start": p.start, "data-value": String(q.value) },
+      svgEl("title", {}, `${fmtTime(p.start)}: ${fmtQ(q.q)} quantile ${fmt(q.value)}` +
+        (q.low === null ? " (no interval: too few devices)" : `, 95 % ${fmt(q.low)} – ${fmt(q.high)}`))));
+    }
+  }
   root.append(plot);
+  return root;
+}
+
+// The histogram of a window (GET …/distribution): a bar per bin, the quantiles marked with
+// their intervals shaded, the threshold as a dashed line.
+
+function drawHistogram(body, stream, name) {
+  const W = 900;
+  const H = 260;
+  const m = { l: 58, r: 14, t: 16, b: 30 };
+  const edges = body.edges;
+  const top = Math.max(...body.probabilities) * 1.08 || 1;
+  const root = svgEl("svg", { class: "chart", id: "histogram", viewBox: `0 0 ${W} ${H}`, role: "img",
+    "aria-label": `Histogram of ${name}'s readings in ${body.probabilities.length} bins, with the ` +
+      `${body.quantiles.map((q) => fmtQ(q.q)).join(", ")} quantiles marked`,
+    "data-bins": body.probabilities.length });
+  const px = (v) => m.l + ((v - stream.lower) / (stream.upper - stream.lower)) * (W - m.l - m.r);
+  const py = (share) => m.t + (1 - share / top) * (H - m.t - m.b);
+  const grid = svgEl("g", { class: "grid" });
+  const axis = svgEl("g", { class: "axis" });
+  for (const v of niceTicks(0, top, 4)) {
+    grid.append(svgEl("line", { x1: m.l, x2: W - m.r, y1: py(v), y2: py(v) }));
+    axis.append(svgEl("text", { x: m.l - 6, y: py(v) + 4, "text-anchor": "end" }, `${Math.round(v * 1000) / 10} %`));
+  }
+  for (const v of niceTicks(stream.lower, stream.upper, 8)) {
+    axis.append(svgEl("text", { x: px(v), y: H - m.b + 16, "text-anchor": "middle" }, String(v)));
+  }
+  axis.append(svgEl("line", { x1: m.l, x2: W - m.r, y1: H - m.b, y2: H - m.b }));
+  root.append(grid, axis);
+  body.probabilities.forEach((share, i) => {
+    const x = px(edges[i]);
+    root.append(svgEl("rect", { class: "bar", x: x + 0.5, y: py(share), width: Math.max(0.5, px(edges[i + 1]) - x - 1),
+      height: py(0) - py(share), "data-share": String(share) },
+    svgEl("title", {}, `${fmt(edges[i])} – ${fmt(edges[i + 1])}: ${fmtShare(share)} of the readings`)));
+  });
+  for (const q of body.quantiles) {
+    if (q.low !== null) {
+      root.append(svgEl("rect", { class: "quantile-interval", x: px(q.low), y: m.t,
+        width: Math.max(1, px(q.high) - px(q.low)), height: H - m.t - m.b }));
+    }
+    root.append(svgEl("line", { class: "quantile-mark", x1: px(q.value), x2: px(q.value), y1: m.t, y2: H - m.b,
+      "data-q": String(q.q), "data-value": String(q.value) },
+    svgEl("title", {}, `${fmtQ(q.q)} quantile ${fmt(q.value)}`)));
+    root.append(svgEl("text", { class: "quantile-label", x: px(q.value) + 3, y: m.t + 10 }, fmtQ(q.q)));
+  }
+  if (body.above) {
+    root.append(svgEl("line", { class: "threshold", x1: px(body.above.threshold), x2: px(body.above.threshold),
+      y1: m.t, y2: H - m.b }));
+  }
   return root;
 }
 

@@ -21,7 +21,7 @@ from zeal_server.api.bayesian import (
     Estimator,
     PriorText,
     bayes_reader,
-    device_ids,
+    selected_devices,
     window_codes,
 )
 from zeal_server.api.deps import (
@@ -39,7 +39,6 @@ from zeal_server.api.deps import (
     Upper,
     as_datetime,
     bounds_out,
-    devices_in,
     echoed,
     estimate_out,
     invalid,
@@ -47,12 +46,15 @@ from zeal_server.api.deps import (
     window,
 )
 from zeal_server.api.previews import PreviewOut, WindowPlanOut
-from zeal_server.api.schemas import HEAVY, AverageOut, PointOut, SeriesOut
+from zeal_server.api.routes.distribution import quantiles_of
+from zeal_server.api.schemas import HEAVY, AverageOut, PointOut, QuantileOut, SeriesOut
 from zeal_server.store.models import Stream
 
 __all__ = ["router"]
 
 router = APIRouter()
+#: Points of a series with quantile=: each is a fit and a bootstrap of its own.
+MAX_QUANTILE_POINTS = 100
 
 
 @router.get(f"{API}/preview", dependencies=READ, response_model=PreviewOut, responses=HEAVY)
@@ -212,12 +214,6 @@ Exclude = Annotated[
 ]
 
 
-def _devices(db: Db, stream: Stream, group: str | None, device: str | None) -> store.Devices:
-    if group is not None and device is not None:
-        raise invalid("query", "device", "give a group or a device, not both")
-    return devices_in(db, stream, group) if device is None else device_ids(db, stream, device)
-
-
 @router.get(
     f"{API}/streams/{{name}}/average", dependencies=READ, response_model=AverageOut, responses=HEAVY
 )
@@ -240,7 +236,7 @@ def average(
     first, stop = window(stream, start, end)
     params = store.params_of(stream)
     read = bayes_reader(params, model, prior, confidence) if estimator == "bayes" else None
-    devices = _devices(db, stream, group, device)
+    devices = selected_devices(db, stream, group, device)
     excluded: list[str] = []
     if exclude == "implausible":
         devices, excluded = store.without_implausible(db, stream, params, first, stop, devices)
@@ -295,11 +291,22 @@ def series(
     model: BayesModel = "mean",
     prior: PriorText = None,
     exclude: Exclude = "none",
+    quantile: Annotated[
+        float | None,
+        Query(
+            gt=0,
+            lt=1,
+            description="a quantile level: each point's quantile of the readings beside its "
+            f"average, with its interval (docs/distribution.md; at most {MAX_QUANTILE_POINTS} "
+            "points)",
+        ),
+    ] = None,
 ) -> SeriesOut:
     """The average per interval (for charts); intervals without readings are omitted. Points
     are aligned to the clock: they begin at `start` when it is given, else at UTC multiples
     of the interval (an hour's points at whole hours, a day's at midnight UTC). With
-    estimator=bayes, each point's Bayes estimate beside its AVG* (docs/bayes.md)."""
+    estimator=bayes, each point's Bayes estimate beside its AVG* (docs/bayes.md); with
+    quantile=Q, each point's quantile Q as /distribution estimates it."""
     stream = stream_or_404(db, name)
     step = interval or stream.bucket_seconds
     if step % stream.bucket_seconds:
@@ -312,7 +319,7 @@ def series(
     per = step // stream.bucket_seconds
     params = store.params_of(stream)
     read = bayes_reader(params, model, prior, confidence) if estimator == "bayes" else None
-    devices = _devices(db, stream, group, device)
+    devices = selected_devices(db, stream, group, device)
     excluded: list[str] = []
     first, stop = window(stream, start, end)
     if exclude == "implausible":
@@ -334,11 +341,13 @@ def series(
     origin = first if start is not None else 0
     first, stop = span
     first = origin + (first - origin) // per * per
-    if (stop - first) / per > MAX_POINTS:
+    most = MAX_POINTS if quantile is None else MAX_QUANTILE_POINTS
+    if (stop - first) / per > most:
         raise invalid(
             "query",
             "interval_seconds",
-            f"more than {MAX_POINTS} points; choose a longer interval or a shorter window",
+            f"more than {most} points{' with a quantile' if quantile is not None else ''}; "
+            "choose a longer interval or a shorter window",
         )
     size = stream.bucket_seconds * 1000
     sums = store.series_sums(db, stream, first, stop, buckets_per_point=per, device_ids=devices)
@@ -356,9 +365,26 @@ def series(
         )
         if read is not None:
             point.bayes = read(s.n, found.mean if found else None, codes.get(b))
+        if quantile is not None and s.n:
+            point.quantile = _point_quantile(db, stream, params, (b, b + per), devices, quantile)
         points.append(point)
     empty.points = points
     return empty
+
+
+def _point_quantile(
+    db: Db,
+    stream: Stream,
+    params: Zeal,
+    span: tuple[int, int],
+    devices: store.Devices,
+    level: float,
+) -> QuantileOut:
+    """A series point's quantile, as /distribution answers it for the point's window."""
+    codes = store.device_codes(db, stream, params, span, devices)
+    found, boot = quantiles_of(params, codes, (level,), (), 0.95)
+    low, high = boot.quantiles[level] if boot else (None, None)
+    return QuantileOut(q=level, value=found.quantile(level), low=low, high=high)
 
 
 def _point_codes(
