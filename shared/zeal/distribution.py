@@ -370,8 +370,7 @@ def fit(params: Zeal, counts: npt.ArrayLike, *, lam: float | None = None) -> Fit
     n = float(c.sum())
     count = splines(params)
     choices = LAMBDAS if lam is None else (check_real("lam", lam),)
-    # score, g, lam, edf, coefficients, has point masses
-    candidates: list[tuple[float, _F64, float, float, _F64, bool]] = []
+    candidates: list[tuple[float, _F64, float, float, _F64]] = []  # score, g, lam, edf, a
     for atoms in (False, True):
         _, base = _design(count, atoms)
         a = np.zeros(count + (2 if atoms else 0))
@@ -383,13 +382,13 @@ def fit(params: Zeal, counts: npt.ArrayLike, *, lam: float | None = None) -> Fit
             score = -2.0 * loglik + 2.0 * AIC_WEIGHT * edf
             if atoms:
                 score += ATOM_PRICE * math.log(n)
-            candidates.append((score, g, weight, edf, a, atoms))
+            candidates.append((score, g, weight, edf, a))
     least = min(candidate[0] for candidate in candidates)
     weights = np.array([math.exp(-(candidate[0] - least) / 2) for candidate in candidates])
     weights /= weights.sum()
     g = np.sum([w * candidate[1] for w, candidate in zip(weights, candidates, strict=True)], 0)
     g /= g.sum()
-    _, _, best_lam, _, best_a, _ = candidates[int(np.argmax(weights))]
+    _, _, best_lam, _, best_a = candidates[int(np.argmax(weights))]
     edf = float(weights @ np.array([candidate[3] for candidate in candidates]))
     loglik = float(c @ np.log(np.maximum(matrix @ g, 1e-300)))
     low, high = float(params.lower), float(params.upper)
@@ -440,10 +439,12 @@ def device_bootstrap(
     thresholds: tuple[float, ...] = (),
     level: float = 0.95,
     reps: int = BOOTSTRAP_REPS,
+    estimate: Fit | None = None,
 ) -> Bootstrap:
     """Intervals for the distribution of the codes in `per_device` (one row of code counts
     per device): devices resampled with replacement `reps` times, each resample refitted
-    at the penalty ``min(lam, INTERVAL_LAM)``, percentile intervals.
+    at the penalty ``min(lam, INTERVAL_LAM)``, percentile intervals. `estimate` is the fit
+    of the summed rows when the caller has it (else it is fitted here).
 
     The refits are rougher than the estimate: its smoothing biases it, most in a tail, and
     a bootstrap of the smoothed fit would be centred on that bias. Each interval is then
@@ -461,8 +462,9 @@ def device_bootstrap(
     if devices < 2:
         raise ParameterError("a bootstrap over devices needs at least two devices")
     rows = rows.astype(np.int64)
-    found = fit(params, rows.sum(axis=0))
-    found = fit(params, rows.sum(axis=0), lam=min(found.lam, INTERVAL_LAM))
+    total = rows.sum(axis=0)
+    lam = (fit(params, total) if estimate is None else estimate).lam
+    found = fit(params, total, lam=min(lam, INTERVAL_LAM))
     pad = (found.upper - found.lower) / FINE_BINS
     rng = np.random.default_rng(_seed(rows))
     weights = rng.multinomial(devices, np.full(devices, 1.0 / devices), size=reps)
@@ -496,6 +498,8 @@ def device_bootstrap(
     def widened(low: float, high: float) -> tuple[float, float]:
         return max(found.lower, low - pad), min(found.upper, high + pad)
 
+    mean_low, mean_high = bounds(means)
+
     return Bootstrap(
         level=level,
         reps=reps,
@@ -504,5 +508,5 @@ def device_bootstrap(
         above={
             t: (bounds(ts[:, 0, i])[0], bounds(ts[:, 1, i])[1]) for i, t in enumerate(thresholds)
         },
-        mean=(bounds(means)[0] - pad / 2, bounds(means)[1] + pad / 2),
+        mean=(mean_low - pad / 2, mean_high + pad / 2),
     )

@@ -34,6 +34,7 @@ __all__ = [
     "Confidence",
     "Confirm",
     "Db",
+    "Device",
     "End",
     "Epsilon",
     "Group",
@@ -281,6 +282,10 @@ Upper = Annotated[float, Query(description="upper end of the feasible range")]
 Epsilon = Annotated[float, Query(gt=0, le=EPSILON_MAX, description="privacy budget per reading")]
 PayloadBits = Annotated[
     int | None, Query(ge=PAYLOAD_BITS[0], le=store.MAX_SERVER_BITS, description="code width")
+]
+Device = Annotated[
+    str | None,
+    Query(description="one device's readings only (instead of a group)", max_length=200),
 ]
 Group = Annotated[
     str | None, Query(description="devices whose tag matches key:value", max_length=200)

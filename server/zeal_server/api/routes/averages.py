@@ -30,6 +30,7 @@ from zeal_server.api.deps import (
     READ,
     Confidence,
     Db,
+    Device,
     End,
     Epsilon,
     Group,
@@ -196,12 +197,6 @@ def preview(
 def window_out(plan: WindowPlan) -> WindowPlanOut:
     # the plan's fields by name; the fleet asked about (nested) is left out
     return WindowPlanOut(**{**asdict(plan), "readings_per_window": plan.per_window})
-
-
-Device = Annotated[
-    str | None,
-    Query(description="one device's readings only (instead of a group)", max_length=200),
-]
 
 
 Exclude = Annotated[

@@ -16,6 +16,7 @@ from zeal_server.api.deps import (
     READ,
     Confidence,
     Db,
+    Device,
     End,
     Group,
     Start,
@@ -89,7 +90,12 @@ def quantiles_of(
         if dist.why_no_interval(params, codes.ids.size, codes.n) is not None:
             return found, None
         return found, dist.device_bootstrap(
-            params, codes.counts, quantiles=levels, thresholds=thresholds, level=confidence
+            params,
+            codes.counts,
+            quantiles=levels,
+            thresholds=thresholds,
+            level=confidence,
+            estimate=found,
         )
     except ParameterError as exc:
         raise invalid("query", None, str(exc)) from exc
@@ -107,10 +113,7 @@ def distribution(
     start: Start = None,
     end: End = None,
     group: Group = None,
-    device: Annotated[
-        str | None,
-        Query(description="one device's readings only (instead of a group)", max_length=200),
-    ] = None,
+    device: Device = None,
     bins: Annotated[
         int | None,
         Query(
