@@ -42,7 +42,7 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fastapi.testclient import TestClient  # noqa: E402
 
-from bench.server_bench import private_broker, stream_body  # noqa: E402
+from bench.server_bench import RAISED_DEVICE_CAP, private_broker, stream_body  # noqa: E402
 from zeal import Zeal, encode_batch  # noqa: E402
 from zeal.mqtt.streamconfig import read_config  # noqa: E402
 from zeal_server.app import create_app  # noqa: E402
@@ -147,6 +147,7 @@ def measure(tmp: str, port: int, size: int, total: int, rounds: int) -> dict[str
             "ZEAL_MQTT_URL": f"mqtt://127.0.0.1:{port}",
             "ZEAL_COLLECTOR_ID": f"bench-collector-{size}",
             "ZEAL_BACKFILL_SECONDS": "86400",  # the messages are stamped from an hour ago
+            "ZEAL_DEVICE_MAX_EPSILON_PER_DAY": RAISED_DEVICE_CAP,  # as the stream's policy
         }
     )
     bare, collector = [], []

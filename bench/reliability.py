@@ -29,7 +29,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_bench import private_broker, stream_body
+from server_bench import RAISED_DEVICE_CAP, private_broker, stream_body
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             "ZEAL_DATABASE_URL": os.environ.get("ZEAL_DATABASE_URL", f"sqlite:///{tmp}/z.sqlite"),
             "ZEAL_MQTT_URL": broker_url,
             "ZEAL_COLLECTOR_ID": "load",
+            "ZEAL_DEVICE_MAX_EPSILON_PER_DAY": RAISED_DEVICE_CAP,  # as the stream's policy
         }
         server = subprocess.Popen(
             [sys.executable, "-m", "zeal_server", "serve", "--port", str(http_port)],

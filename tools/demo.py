@@ -153,6 +153,9 @@ def main() -> int:
             "ZEAL_SHARE_GROUP": f"demo-{os.getpid()}",
             "ZEAL_COLLECTOR_ID": f"demo-{os.getpid()}",
             "ZEAL_MODE": "development",
+            # ... and so is the device cap across streams (8 a day by default, as the
+            # policy's): the demo's devices send one stream each, at a reading a second.
+            "ZEAL_DEVICE_MAX_EPSILON_PER_DAY": "100000",
         }
         env.pop("ZEAL_OPERATOR_TOKEN", None)
         start(
@@ -206,6 +209,8 @@ def main() -> int:
                 str(BATCH),
                 "--data-dir",
                 str(STATE / "fleet"),
+                "--device-max-epsilon-per-day",
+                "100000",
                 "--log-level",
                 "WARNING",
             ],

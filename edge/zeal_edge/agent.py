@@ -42,6 +42,7 @@ from zeal.mqtt.topics import (
 from zeal_edge.budget import micro_epsilon
 from zeal_edge.configs import ConfigDesk
 from zeal_edge.datadir import DataDirLock
+from zeal_edge.device import DeviceLedger
 from zeal_edge.errors import AgentError, UnservedStreamError
 from zeal_edge.holding import Holding
 from zeal_edge.mqtt import BrokerSettings, Connection, Message
@@ -74,8 +75,14 @@ class Agent:
     """One device's agent. ``run(source)`` returns when the source ends and all is sent."""
 
     def __init__(
-        self, options: AgentOptions, broker: BrokerSettings, clock: Callable[[], float] = time.time
+        self,
+        options: AgentOptions,
+        broker: BrokerSettings,
+        clock: Callable[[], float] = time.time,
+        ledger: DeviceLedger | None = None,
     ) -> None:
+        """`ledger`: the device's ledger across streams, shared by the agents of its other
+        streams in this process (zeal_edge.device); by default one for this stream alone."""
         self.options = options
         self.clock = clock
         self.broker = broker
@@ -118,7 +125,11 @@ class Agent:
         self.parked: Halt | None = None
         self._stop = threading.Event()
         self._throttle = Throttle(60)
-        self.holding = Holding(self.outbox, self.namespace, options, self._throttle)
+        if ledger is None:
+            ledger = DeviceLedger(
+                self.outbox, options.device, options.device_max_epsilon_per_day, [options.stream]
+            )
+        self.holding = Holding(self.outbox, self.namespace, options, self._throttle, ledger)
         self.configs = ConfigDesk(self.outbox, self.namespace, options, self._throttle)
         self.notices = NoticeDesk(
             self.outbox, self.namespace, options, self._throttle, self.configs

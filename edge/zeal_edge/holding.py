@@ -14,6 +14,7 @@ import numpy as np
 from zeal import Zeal
 from zeal.policy import DAY_MS, HOUR_MS, MICRO, cap_micro
 from zeal_edge.budget import micro_epsilon
+from zeal_edge.device import DeviceLedger
 from zeal_edge.options import AgentOptions, Throttle
 from zeal_edge.outbox import Outbox
 from zeal_edge.pipeline import Draft
@@ -29,9 +30,16 @@ class Holding:
     seconds."""
 
     def __init__(
-        self, outbox: Outbox, namespace: str, options: AgentOptions, throttle: Throttle
+        self,
+        outbox: Outbox,
+        namespace: str,
+        options: AgentOptions,
+        throttle: Throttle,
+        device: DeviceLedger | None = None,
     ) -> None:
         self.outbox, self.namespace = outbox, namespace
+        #: The device's cap across its streams, shared by its streams' agents.
+        self.device = device
         self.options, self.throttle = options, throttle
         self._readings: list[Reading] = []
         self._since = 0.0
@@ -53,27 +61,20 @@ class Holding:
         counts."""
         policy, cost = self.options.budget, micro_epsilon(params.epsilon)
         stamp = max(self._last, now_ms if reading.timestamp_ms is None else reading.timestamp_ms)
-        if params.max_epsilon_per_day is not None and params.readings_per_hour is not None:
-            caps = (
-                ("day", DAY_MS, cap_micro(params.max_epsilon_per_day)),
-                ("hour", HOUR_MS, cost * params.readings_per_hour),
-            )
+        policed = params.max_epsilon_per_day is not None and params.readings_per_hour is not None
+        if policed:
+            assert params.max_epsilon_per_day is not None
+            assert params.readings_per_hour is not None
+            caps = [
+                ("stream policy", "day", DAY_MS, cap_micro(params.max_epsilon_per_day)),
+                ("stream policy", "hour", HOUR_MS, cost * params.readings_per_hour),
+            ]
+            share = None if self.device is None else self.device.share(self.options.stream)
+            if share is not None:
+                caps.append(("stream's share of the device cap", "day", DAY_MS, share))
             over = self._over(caps, stamp, cost)
             if over is not None:
-                self._skipped, self._skip_ms = self._skipped + 1, now_ms
-                if self.throttle.ready("policy"):
-                    kind, period, spent, cap = over
-                    when = datetime.fromtimestamp(
-                        period * (DAY_MS if kind == "day" else HOUR_MS) / 1000, UTC
-                    )
-                    log.warning(
-                        "stream policy reached: %.6f of %g epsilon spent on readings of the "
-                        "UTC %s from %s; its readings are neither perturbed nor sent",
-                        spent / MICRO,
-                        cap / MICRO,
-                        kind,
-                        when.isoformat(timespec="minutes"),
-                    )
+                self._skip(now_ms, over)
                 return
         if policy.cap_micro is not None:  # without a cap, no query per reading
             spent = self.outbox.spent(self.namespace, now_ms=now_ms, window_s=policy.window_s)
@@ -83,6 +84,11 @@ class Holding:
                 if self.throttle.ready("budget"):
                     log.warning("%s", policy.reached(spent))
                 return
+        if policed and self.device is not None:  # last: it books the reading
+            taken = self.device.take(stamp // DAY_MS, cost)
+            if taken is not None:
+                self._skip(now_ms, ("device cap", "day", stamp // DAY_MS, *taken))
+                return
         if not self._readings:
             self._since = time.monotonic()
         self._readings.append(replace(reading, timestamp_ms=stamp))
@@ -90,13 +96,32 @@ class Holding:
         for key in (("day", stamp // DAY_MS), ("hour", stamp // HOUR_MS)):
             self._held[key] = self._held.get(key, 0) + 1
 
+    def _skip(self, now_ms: int, over: tuple[str, str, int, int, int]) -> None:
+        """Count a reading skipped at a cap (`over`: which cap, its period's kind and
+        number, micro-epsilon spent and the cap), and say so at most once a minute."""
+        what, kind, period, spent, cap = over
+        self._skipped, self._skip_ms = self._skipped + 1, now_ms
+        if self.throttle.ready("policy"):
+            when = datetime.fromtimestamp(
+                period * (DAY_MS if kind == "day" else HOUR_MS) / 1000, UTC
+            )
+            log.warning(
+                "%s reached: %.6f of %g epsilon spent on readings of the UTC %s from %s; its "
+                "readings are neither perturbed nor sent",
+                what,
+                spent / MICRO,
+                cap / MICRO,
+                kind,
+                when.isoformat(timespec="minutes"),
+            )
+
     def _over(
-        self, caps: tuple[tuple[str, int, int], ...], stamp: int, cost: int
-    ) -> tuple[str, int, int, int] | None:
-        """The period a reading stamped `stamp` would take past its cap (kind, number,
+        self, caps: list[tuple[str, str, int, int]], stamp: int, cost: int
+    ) -> tuple[str, str, int, int, int] | None:
+        """The cap a reading stamped `stamp` would pass (what, period kind, number,
         micro-epsilon spent on it, cap), or None if it fits. What the outbox booked for a
         period is read once per batch held: only this holding commits to its namespace."""
-        for kind, size, cap in caps:
+        for what, kind, size, cap in caps:
             key = (kind, stamp // size)
             booked = self._booked_in.get(key)
             if booked is None:
@@ -104,7 +129,7 @@ class Holding:
                 booked = self._booked_in[key] = found.get(key[1], 0)
             spent = booked + cost * self._held.get(key, 0)
             if spent + cost > cap:
-                return kind, key[1], spent, cap
+                return what, kind, key[1], spent, cap
         return None
 
     def book_skips(self, *, final: bool = False) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from zeal import ParameterError
 from zeal.mqtt.streamconfig import StreamConfig, read_config
-from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
+from zeal.policy import DEFAULT_DEVICE_MAX_EPSILON_PER_DAY, DEFAULT_MAX_EPSILON_PER_DAY
 from zeal.protocol import EPSILON_CEILING
 from zeal.signed import CONFIG_PURPOSE
 from zeal_edge.budget import BudgetPolicy
@@ -64,6 +64,9 @@ class AgentOptions:
     #: Refuse a configuration whose privacy policy (epsilon per device per UTC day) exceeds
     #: this.
     max_epsilon_per_day: float = DEFAULT_MAX_EPSILON_PER_DAY
+    #: The device's daily cap across its streams, as its server holds it (zeal.policy: the
+    #: device cap; None: none): the agent keeps within it (zeal_edge.device).
+    device_max_epsilon_per_day: float | None = DEFAULT_DEVICE_MAX_EPSILON_PER_DAY
     #: Adopt only the configuration with this parameter fingerprint (16 hex digits).
     pin: str | None = None
     #: The server's public key its configurations and notices must verify under (None: the

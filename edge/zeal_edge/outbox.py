@@ -371,6 +371,17 @@ class Outbox:
         with self._lock:
             return {int(p): int(m) for p, m in self._db.execute(query, (namespace, since))}
 
+    def device_spent(self, device: str, day: int) -> int:
+        """Micro-epsilon booked for readings of UTC day `day` over every stream of `device`
+        this outbox holds (its cap across streams)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COALESCE(SUM(s.micro), 0) FROM day_spend s JOIN namespaces n "
+                "ON n.namespace = s.namespace WHERE n.device = ? AND s.day = ?",
+                (device, day),
+            ).fetchone()
+        return int(row[0])
+
     def set_policy(
         self,
         namespace: str,

@@ -18,7 +18,11 @@ from typing import Any
 
 from zeal.mqtt.brokerurl import parse_protocol
 from zeal.mqtt.topics import PREFIX
-from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
+from zeal.policy import (
+    DEFAULT_DEVICE_MAX_EPSILON_PER_DAY,
+    DEFAULT_MAX_EPSILON_PER_DAY,
+    check_device_cap,
+)
 from zeal.protocol import EPSILON_CEILING, check_name
 from zeal.vocabulary import renamed, renamed_env, said
 from zeal_edge.errors import SettingsError
@@ -63,6 +67,26 @@ def _positive(text: str) -> float:
     return value
 
 
+def _streams(text: str) -> str:
+    names = [check_name("stream", part.strip()) for part in text.split(",")]
+    if len(set(names)) != len(names):
+        raise ValueError("a stream is named twice")
+    return ",".join(names)
+
+
+def _shares(text: str) -> list[float]:
+    values = [float(part) for part in text.split(",")]
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError("shares must be finite numbers > 0")
+    return values
+
+
+def _cap_or_none(text: str) -> float | None:
+    if text.strip().lower() == "none":
+        return None
+    return check_device_cap(float(text), what="the device cap")
+
+
 def _on_halt(text: str) -> str:
     value = text.strip().lower()
     if value not in ("exit", "wait"):
@@ -86,10 +110,11 @@ def _fingerprint(text: str) -> str:
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "stream",
-        lambda s: check_name("stream", s),
+        _streams,
         None,
         "ZEAL_STREAM",
-        "stream name (a single MQTT topic level)",
+        "stream name (a single MQTT topic level); several, comma-separated, run one device's "
+        "sensors together, sharing its privacy cap across streams (docs/edge-agent.md)",
     ),
     Setting(
         "device",
@@ -105,7 +130,14 @@ SETTINGS: tuple[Setting, ...] = (
         "ZEAL_SOURCE",
         "where readings come from: csv:PATH, stdin, or cmd:COMMAND",
     ),
-    Setting("column", str, "temp", "ZEAL_COLUMN", "CSV column holding the readings"),
+    Setting(
+        "column",
+        str,
+        "temp",
+        "ZEAL_COLUMN",
+        "CSV column holding the readings (several streams: one per stream, comma-separated; "
+        "unless given so, each stream reads the column named like it)",
+    ),
     Setting(
         "speedup",
         _non_negative,
@@ -202,6 +234,22 @@ SETTINGS: tuple[Setting, ...] = (
         "ZEAL_MAX_EPSILON_PER_DAY",
         "refuse a stream configuration whose privacy policy (epsilon per device per UTC "
         "day) exceeds this",
+    ),
+    Setting(
+        "device_max_epsilon_per_day",
+        _cap_or_none,
+        DEFAULT_DEVICE_MAX_EPSILON_PER_DAY,
+        "ZEAL_DEVICE_MAX_EPSILON_PER_DAY",
+        "the device's daily cap across all its streams, as its server holds it "
+        "(zeal-server policy show DEVICE; none: no cap): the agent keeps within it",
+    ),
+    Setting(
+        "shares",
+        _shares,
+        None,
+        "ZEAL_SHARES",
+        "how the device cap is split between the streams, comma-separated numbers, one per "
+        "stream (default: evenly)",
     ),
     Setting(
         "pin",

@@ -26,7 +26,7 @@ import numpy.typing as npt
 from zeal import Zeal
 from zeal.mqtt.streamconfig import is_tombstone, params_from_config
 from zeal.mqtt.topics import config_topic
-from zeal.policy import DAY_MS, HOUR_MS, tally
+from zeal.policy import DAY_MS, HOUR_MS, cap_micro, micro_epsilon, tally
 from zeal.protocol import check_name
 from zeal.vocabulary import renamed
 from zeal_edge.mqtt import Connection, parse_broker_url
@@ -51,6 +51,7 @@ _SETTINGS = {
     "data_dir",
     "batch",
     "column",
+    "device_max_epsilon_per_day",
     "log_level",
 }
 
@@ -136,19 +137,24 @@ def _progress(last_report: float, committed: int, pipeline: Pipeline) -> float:
 
 class _Ledger:
     """The stream's policy for the simulated devices (which all read on one schedule): a
-    round whose readings would take a UTC day or hour past the policy is skipped whole,
-    never privatized (the agent's rule; the collector would refuse it as over_budget)."""
+    round whose readings would take a UTC day or hour past the policy, or a device past its
+    cap across streams (`device_cap`, epsilon per UTC day: the stream is each device's only
+    one), is skipped whole, never privatized (the agent's rule; the collector would refuse
+    it as over_budget or device_cap)."""
 
-    def __init__(self, params: Zeal) -> None:
+    def __init__(self, params: Zeal, device_cap: float | None = None) -> None:
         self.allowed, self.skipped = params.readings_per_day, 0
-        self.caps = [(DAY_MS, params.readings_per_day), (HOUR_MS, params.readings_per_hour)]
+        if self.allowed is not None and device_cap is not None:
+            self.allowed = min(self.allowed, cap_micro(device_cap) // micro_epsilon(params.epsilon))
+        self.caps = [(DAY_MS, self.allowed), (HOUR_MS, params.readings_per_hour)]
         self.booked: dict[tuple[int, int], int] = {}  # (period size, period) -> readings
 
     def report(self, devices: int) -> None:
         if self.skipped:
             print(
-                f"skipped {self.skipped * devices} readings at the stream's privacy policy "
-                f"({self.allowed} readings per device per UTC day): never privatized or sent"
+                f"skipped {self.skipped * devices} readings at the stream's privacy policy and "
+                f"the device cap ({self.allowed} readings per device per UTC day): never "
+                "privatized or sent"
             )
 
     def admit(self, stamps: npt.NDArray[np.int64]) -> bool:
@@ -219,6 +225,8 @@ def run_simulation(args: argparse.Namespace) -> int:
         raise ValueError("--devices must be >= 1 and --rate >= 0")
     prefix = check_name("device prefix", args.device_prefix)
     stream = str(values["stream"])
+    if "," in stream:
+        raise ValueError("simulate runs one stream: give --stream one name")
     data = _dataset(values, args)
     connection = _connection(values, stream, prefix)
     outbox = Outbox(Path(str(values["data_dir"])) / "simulate.sqlite")
@@ -228,7 +236,9 @@ def run_simulation(args: argparse.Namespace) -> int:
         log.info("simulating %d devices on stream %s with %r", args.devices, stream, params)
         names = [outbox.ensure(stream, f"{prefix}-{i:05d}") for i in range(args.devices)]
         pipeline = Pipeline(outbox, connection, window=max(100, 2 * args.devices))
+        cap = values["device_max_epsilon_per_day"]
         fleet = _Fleet(args, params, data, names, int(values["batch"]))
+        fleet.ledger = _Ledger(params, None if cap is None else float(str(cap)))
         fleet.run(Batcher(outbox, pipeline), pipeline)
         return _drain_and_report(
             pipeline, args.devices, fleet.batch, fleet.committed_readings, fleet.began

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from zeal.mqtt.brokerurl import BrokerSettings, parse_broker_url, parse_protocol
+from zeal.policy import DEFAULT_DEVICE_MAX_EPSILON_PER_DAY, check_device_cap
 from zeal_server.errors import SettingsError
 
 __all__ = ["CHIRPSTACK_TOPIC", "VARIABLES", "ServerSettings", "SettingsError", "variables_help"]
@@ -91,6 +92,11 @@ VARIABLES: dict[str, tuple[str, str]] = {
     ),
     "ZEAL_BACKFILL_SECONDS": ("300", "reject readings stamped before stream creation - this"),
     "ZEAL_MAX_BUCKETS_PER_BATCH": ("1440", "reject a batch spanning more time buckets"),
+    "ZEAL_DEVICE_MAX_EPSILON_PER_DAY": (
+        "8",
+        "privacy loss one device may spend per UTC day over all its streams with a policy, "
+        "unless a device or tag cap is set (none: no device cap; docs/privacy.md)",
+    ),
     "ZEAL_HEAVY_READS": (
         "half the CPUs, at least 1",
         "costly reads (of a stream's data: averages, series, exports, devices, ...) at once; "
@@ -127,6 +133,8 @@ class ServerSettings:
     max_age_seconds: int = 7 * 86_400
     backfill_seconds: int = 300
     max_buckets_per_batch: int = 1440
+    #: A device's default daily cap across streams (ZEAL_DEVICE_MAX_EPSILON_PER_DAY).
+    device_max_epsilon_per_day: float | None = DEFAULT_DEVICE_MAX_EPSILON_PER_DAY
     #: Messages received and not yet committed, at most (ZEAL_COLLECTOR_INFLIGHT).
     collector_inflight: int = 20_000
     #: NATS servers to pull data from (JetStream); empty: data arrive over MQTT.
@@ -212,6 +220,7 @@ class ServerSettings:
             max_age_seconds=limits["ZEAL_MAX_AGE_SECONDS"],
             backfill_seconds=limits["ZEAL_BACKFILL_SECONDS"],
             max_buckets_per_batch=buckets,
+            device_max_epsilon_per_day=_device_cap(env.get("ZEAL_DEVICE_MAX_EPSILON_PER_DAY")),
             collector_inflight=inflight,
             http_per_peer=per_peer,
             heavy_reads=heavy,
@@ -227,6 +236,19 @@ class ServerSettings:
             admin_username=env.get("ZEAL_MQTT_ADMIN_USERNAME") or None,
             admin_password=env.get("ZEAL_MQTT_ADMIN_PASSWORD") or None,
         )
+
+
+def _device_cap(text: str | None) -> float | None:
+    if text is None or not text.strip():
+        return DEFAULT_DEVICE_MAX_EPSILON_PER_DAY
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return check_device_cap(float(text), what="ZEAL_DEVICE_MAX_EPSILON_PER_DAY")
+    except ValueError as exc:
+        raise SettingsError(
+            f"ZEAL_DEVICE_MAX_EPSILON_PER_DAY must be a number in (0, 1e8] or none, got {text!r}"
+        ) from exc
 
 
 def _chirpstack(env: Mapping[str, str], broker: BrokerSettings | None) -> BrokerSettings | None:

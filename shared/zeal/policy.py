@@ -17,6 +17,13 @@ the hour cap as they enforce the day's.
 
 The default, DEFAULT_MAX_EPSILON_PER_DAY = 8, is of the order of the daily budgets of
 deployed local differential privacy (docs/privacy.md says why, and what raising it costs).
+
+A device that sends to several streams spends each stream's loss; the *device cap* bounds
+their sum per UTC day of the readings' timestamps (DEFAULT_DEVICE_MAX_EPSILON_PER_DAY, the
+same 8 by default), booked in the same integer micro-epsilon over every stream with a
+policy. Both bounds hold. An agent running several streams of one device splits the cap
+between them (``split``: each stream's share rounded down, so the shares never sum past
+the cap), and a stream's allowance is then the lower of its policy and its share.
 """
 
 from __future__ import annotations
@@ -33,17 +40,21 @@ from zeal.errors import ParameterError
 
 __all__ = [
     "DAY_MS",
+    "DEFAULT_DEVICE_MAX_EPSILON_PER_DAY",
     "DEFAULT_MAX_EPSILON_PER_DAY",
     "HOUR_MS",
     "HOUR_SLACK",
     "MAX_EPSILON_PER_DAY",
     "MICRO",
     "cap_micro",
+    "check_device_cap",
     "check_policy",
+    "check_shares",
     "day_of",
     "micro_epsilon",
     "readings_per_day",
     "readings_per_hour",
+    "split",
     "tally",
 ]
 
@@ -53,6 +64,8 @@ HOUR_MS: Final = 3_600_000
 #: An hour may hold this many times the day's allowance spread evenly over its hours.
 HOUR_SLACK: Final = 2
 DEFAULT_MAX_EPSILON_PER_DAY: Final = 8.0
+#: The default daily cap of one device over all its streams.
+DEFAULT_DEVICE_MAX_EPSILON_PER_DAY: Final = 8.0
 #: The largest cap a stream may declare (a reading a millisecond at epsilon 1, about).
 MAX_EPSILON_PER_DAY: Final = 1e8
 
@@ -105,17 +118,47 @@ def check_policy(epsilon: float, max_epsilon_per_day: object) -> float | None:
     """The checked cap: None (no policy) or a number in [epsilon, MAX_EPSILON_PER_DAY]."""
     if max_epsilon_per_day is None:
         return None
-    if isinstance(max_epsilon_per_day, bool) or not isinstance(max_epsilon_per_day, int | float):
-        raise ParameterError(f"max_epsilon_per_day must be a number, got {max_epsilon_per_day!r}")
-    cap = float(max_epsilon_per_day)
-    if not (math.isfinite(cap) and 0 < cap <= MAX_EPSILON_PER_DAY):
-        raise ParameterError(
-            f"max_epsilon_per_day must be in (0, {MAX_EPSILON_PER_DAY:g}], got "
-            f"{max_epsilon_per_day!r}"
-        )
+    cap = check_device_cap(max_epsilon_per_day)
     if readings_per_day(epsilon, cap) < 1:
         raise ParameterError(
             f"max_epsilon_per_day={cap:g} allows no reading at epsilon={epsilon!r} per "
             "reading: raise the cap or lower epsilon"
         )
     return cap
+
+
+def check_device_cap(max_epsilon_per_day: object, *, what: str = "max_epsilon_per_day") -> float:
+    """A cap per UTC day (a device's, or a stream's before check_policy's own test) checked:
+    a number in (0, MAX_EPSILON_PER_DAY]."""
+    if isinstance(max_epsilon_per_day, bool) or not isinstance(max_epsilon_per_day, int | float):
+        raise ParameterError(f"{what} must be a number, got {max_epsilon_per_day!r}")
+    cap = float(max_epsilon_per_day)
+    if not (math.isfinite(cap) and 0 < cap <= MAX_EPSILON_PER_DAY):
+        raise ParameterError(
+            f"{what} must be in (0, {MAX_EPSILON_PER_DAY:g}], got {max_epsilon_per_day!r}"
+        )
+    return cap
+
+
+def check_shares(shares: Sequence[object], streams: int) -> list[Fraction]:
+    """The shares of a device cap between `streams` streams, checked and normalized (they
+    sum to 1): positive finite numbers, one per stream; none given: an even split."""
+    if not shares:
+        return [Fraction(1, streams)] * streams
+    if len(shares) != streams:
+        raise ParameterError(f"give one share per stream: {streams} streams, {len(shares)} shares")
+    out: list[Fraction] = []
+    for share in shares:
+        if isinstance(share, bool) or not isinstance(share, int | float):
+            raise ParameterError(f"a share must be a number, got {share!r}")
+        if not (math.isfinite(share) and share > 0):
+            raise ParameterError(f"a share must be a finite number > 0, got {share!r}")
+        out.append(Fraction(share))
+    total = sum(out)
+    return [s / total for s in out]
+
+
+def split(cap: int, shares: Sequence[Fraction]) -> list[int]:
+    """A device cap (micro-epsilon) split between streams by `shares` (check_shares): each
+    share rounded down, so the parts never sum past the cap."""
+    return [math.floor(cap * s) for s in shares]

@@ -83,6 +83,8 @@ COLLECTOR_REASONS: Final[Mapping[str, str]] = MappingProxyType(
         "(less ZEAL_BACKFILL_SECONDS)",
         "over_budget": "the batch would take its device past the stream's privacy policy "
         "(max_epsilon_per_day: readings per UTC day of their timestamps)",
+        "device_cap": "the batch would take its device past its daily cap across all its "
+        "streams (ZEAL_DEVICE_MAX_EPSILON_PER_DAY, or the device's or a tag's own cap)",
         "bad_event": "a message on ChirpStack's uplink topic is not an uplink event Zeal "
         "reads (not an UplinkEvent in JSON or protobuf, or without its time)",
         "bad_device_name": "a LoRaWAN device's ChirpStack name is not a valid Zeal device name "

@@ -85,6 +85,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "ZEAL_MQTT_URL": broker.url,
         "ZEAL_OPERATOR_TOKEN": TOKEN,
         "ZEAL_COLLECTOR_ID": "dashboard-test",
+        # its stream's policy is raised for the fleet (stream_body), and the device cap
+        # across streams with it
+        "ZEAL_DEVICE_MAX_EPSILON_PER_DAY": "1000000",
     }
     log = (tmp / "server.log").open("w")
     process = subprocess.Popen(
@@ -581,6 +584,23 @@ def test_creating_a_stream_needs_the_operator_token(page: Any, server: Server) -
     assert f"windows no device fills\n{100 * windows['fleet_empty_share']:.1f} %" in shown, shown
     assert f"standard error of a window's average\n{windows['std_error']:.4g}" in shown, shown
     assert f"Planner at the best ε\nε {best['epsilon']:.6f}:" in shown, shown
+
+    # The same device also runs the stream temps: both under its cap across streams.
+    page.fill("#plan_with", "temps")
+    page.fill("#plan_shares", "3,1")
+    together = server.get(
+        "/api/v1/preview", **asked, devices=500, interval_seconds=3600, with_streams="temps",
+        shares="3,1",
+    )["device"]  # fmt: skip
+    page.wait_for_function(
+        "() => document.getElementById('preview').textContent.includes('… temps')",
+        timeout=10000,
+    )
+    shown = page.locator("#preview").inner_text()
+    for s in together["streams"]:
+        line = f"… {s['stream']}\nshare ε {s['share_epsilon']:.6f}: {s['readings_per_day']:,} a day"
+        assert line in shown, (line, shown)
+    assert "Device cap across its streams" in shown, shown
 
     page.click("#create-button")
     message = page.locator("#create-message")

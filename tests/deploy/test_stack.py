@@ -254,12 +254,15 @@ def test_the_broker_and_database_images_run_the_versions_the_tests_run(stack: St
     print(f"broker {version(said)}, {postgres.strip()}")
 
 
-def create_load_stream(stack: Stack, name: str) -> None:
-    """A stream whose operator raised the privacy policy knowingly (many readings a day)."""
+def create_load_stream(stack: Stack, name: str, devices: tuple[str, ...] = ()) -> None:
+    """A stream whose operator raised the privacy policy knowingly (many readings a day),
+    and the caps across streams of `devices` with it (the stack keeps the default, 8)."""
     stack.zeal_server(
         *("streams", "create", name, "--lower", "0", "--upper", "110", "--epsilon", "1"),
         *("--bucket-seconds", "1", "--max-epsilon-per-day", "1000000"),
     )
+    for device in devices:
+        stack.zeal_server("policy", "device", device, "1000000")
 
 
 def test_provisioned_agents_are_stored_and_served_exactly(stack: Stack, tmp_path: Path) -> None:
@@ -267,7 +270,7 @@ def test_provisioned_agents_are_stored_and_served_exactly(stack: Stack, tmp_path
     kitchen-2 provisioned here) each read 100 readings and exit 0 (all confirmed): the
     stack stores every one, and its average is, to the last bit, the library's estimate
     over the codes behind the stream's /export."""
-    create_load_stream(stack, "kitchens")
+    create_load_stream(stack, "kitchens", ("kitchen-1", "kitchen-2"))
     stack.figures["kitchen-2"] = stack.provision("kitchen-2")
     passwords = {d: stack.figures[d] for d in ("kitchen-1", "kitchen-2")}
     agents = [
@@ -374,7 +377,7 @@ def test_restarts_of_every_service_and_down_up_lose_no_acknowledged_reading(
     restarted (`docker-compose restart`), then the stack goes `down` and `up` again (its
     volumes kept): ingest resumes after each, the agents exit 0 (every batch confirmed by
     the broker), and every reading they read is stored once."""
-    create_load_stream(stack, "restarts")
+    create_load_stream(stack, "restarts", ("kitchen-1", "kitchen-2"))
     agents = [
         StdinAgent(stack.mqtt_url, tmp_path, device, stack.figures[device], "restarts")
         for device in ("kitchen-1", "kitchen-2")
@@ -467,7 +470,7 @@ def test_the_cluster_profile_loses_nothing_when_a_node_is_killed(
     collector=2`) on the stack's database. A device (MQTT 3.1.1, its NATS login) sends
     through node 1 while node 2 is killed and started again: the agent exits 0, and every
     reading it read is stored once."""
-    create_load_stream(stack, "cluster")
+    create_load_stream(stack, "cluster", ("dev1",))
     users = stack.directory / "deploy" / "nats" / "users.conf"
     device_password = os.urandom(12).hex()
     users.write_text(

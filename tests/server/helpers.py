@@ -41,8 +41,16 @@ RAISED_POLICY = 1e6
 PARAMS = Zeal(lower=0, upper=110, epsilon=1, payload_bits=6, max_epsilon_per_day=RAISED_POLICY)
 
 
+#: The tests' servers run streams whose policy is raised (RAISED_POLICY): their operator
+#: lifts the device cap across streams with it (tests/server/ingest/test_device_cap*.py
+#: keep the default).
+NO_DEVICE_CAP = {"ZEAL_DEVICE_MAX_EPSILON_PER_DAY": "none"}
+
+
 def settings(url: str, **extra: str) -> ServerSettings:
-    return ServerSettings.from_env({"ZEAL_DATABASE_URL": url, "ZEAL_MQTT_URL": "off", **extra})
+    return ServerSettings.from_env(
+        {"ZEAL_DATABASE_URL": url, "ZEAL_MQTT_URL": "off", **NO_DEVICE_CAP, **extra}
+    )
 
 
 def operator_client(url: str) -> Iterator[TestClient]:
@@ -110,6 +118,7 @@ def server_app(
             {
                 "ZEAL_DATABASE_URL": database_url,
                 "ZEAL_MQTT_URL": broker.url,
+                **NO_DEVICE_CAP,
                 "ZEAL_COLLECTOR_ID": collector_id,
                 "ZEAL_SHARE_GROUP": share_group,
             }
@@ -222,6 +231,7 @@ def agent_command(
         "--params",
         str(params),
         *("--max-epsilon-per-day", "1e6"),  # the policy of stream_body
+        *("--device-max-epsilon-per-day", "none"),  # and no device cap (NO_DEVICE_CAP)
         *args,
     ]
 

@@ -110,6 +110,24 @@ def test_enroll_and_policy_set_change_the_running_server(broker: Mosquitto, tmp_
         assert policy.returncode == 0, policy.stderr
         assert "at most 24 epsilon per device per UTC day" in policy.stdout
         assert server.http.get("/api/v1/streams/temps").json()["max_epsilon_per_day"] == 24
+        # a device's cap across streams, and a tag's
+        capped = zeal_server(server, tmp_path, "policy", "device", "dev7", "3")
+        assert capped.returncode == 0, capped.stderr
+        assert "device dev7: at most 3 epsilon per UTC day across its streams (its own)" in (
+            capped.stdout
+        )
+        tagged = zeal_server(server, tmp_path, "policy", "tag", "site:north", "2")
+        assert tagged.stdout.strip() == (
+            "tag site:north: at most 2 epsilon per UTC day for each device carrying it"
+        )
+        assert zeal_server(server, tmp_path, "policy", "device", "dev7", "none").returncode == 0
+        shown = zeal_server(server, tmp_path, "policy", "show", "dev7")
+        assert shown.stdout.strip() == (
+            "device dev7: no cap across its streams (the default); 0 spent today in temps"
+        ), shown.stdout
+        bad = zeal_server(server, tmp_path, "policy", "device", "dev7", "-1")
+        assert bad.returncode == 2
+        assert "max_epsilon_per_day" in bad.stderr
         server.env.pop("ZEAL_OPERATOR_TOKEN")
         refused = zeal_server(server, tmp_path, "policy", "set", "temps", "30")
         assert refused.returncode == 2

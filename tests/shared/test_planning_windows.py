@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from zeal import ParameterError, Zeal
-from zeal.planning.windows import Fleet, best_epsilon, plan_windows
+from zeal.planning.windows import Fleet, best_epsilon, plan_device, plan_windows
 
 LOWER, UPPER = -20.0, 50.0
 
@@ -154,3 +154,102 @@ def test_the_figures_in_docs_privacy_are_the_planners() -> None:
         f"gives {per_reading.std_error:.2f}, at 60 times",
     ):
         assert figure in text, figure
+
+
+def device_streams() -> list[tuple[str, Zeal]]:
+    """A home's sensor with three streams, each under the default policy (8 a day)."""
+    return [
+        ("humidity", Zeal(lower=0.0, upper=100.0, epsilon=1.0, max_epsilon_per_day=8.0)),
+        ("temperature", Zeal(lower=LOWER, upper=UPPER, epsilon=0.5, max_epsilon_per_day=8.0)),
+        ("co2", Zeal(lower=400.0, upper=2000.0, epsilon=2.0, max_epsilon_per_day=2.0)),
+    ]
+
+
+def test_a_device_plan_splits_the_cap_and_says_which_cap_binds() -> None:
+    """Cap 8 split evenly: each stream may spend 2.666666 epsilon a day; humidity (epsilon
+    1) 2 readings and temperature (0.5) 5, both held by the device cap; co2 (epsilon 2,
+    policy 2) 1 reading, held by its own policy. Shares 1,2,1 move the allowance."""
+    fleet = Fleet(devices=300, reading_every=600, interval=3600)
+    plan = plan_device(device_streams(), fleet, 8.0)
+    got = [(s.name, s.share_epsilon, s.readings_per_day, s.binds) for s in plan.streams]
+    assert got == [
+        ("humidity", 2.666666, 2, "device cap"),
+        ("temperature", 2.666666, 5, "device cap"),
+        ("co2", 2.666666, 1, "policy"),
+    ]
+    assert plan.spent_per_day == pytest.approx(2 + 2.5 + 2)
+    assert [s.plan.sent_per_day for s in plan.streams] == [2, 5, 1]
+    shared = plan_device(device_streams(), fleet, 8.0, [1, 2, 1])
+    assert [s.readings_per_day for s in shared.streams] == [2, 8, 1]
+    assert plan_device(device_streams(), fleet, None).streams[0].binds == "policy"
+    with pytest.raises(ParameterError, match="one share per stream"):
+        plan_device(device_streams(), fleet, 8.0, [1, 2])
+
+
+def test_a_device_plans_standard_errors_agree_with_a_simulation() -> None:
+    """400 simulated days of 300 homes, each running the three streams together (reading
+    every 10 minutes, at its own phase, sending as the agent's split and each stream's hour
+    cap allow, privatized with Zeal): for each stream, the simulated sd of a covered hour's
+    average error, averaged over its covered hours, is within 10 % of the planner's standard
+    error, and that of the hour with the fewest readings within 10 % of its worst."""
+    rng = np.random.default_rng(53)
+    devices, days, every = 300, 400, 600.0
+    plan = plan_device(device_streams(), Fleet(devices, every, 3600), 8.0)
+    for (name, params), planned in zip(device_streams(), plan.streams, strict=True):
+        spread = (params.upper - params.lower) / math.sqrt(12)
+        allowance, per_hour = planned.readings_per_day, params.readings_per_hour
+        assert allowance is not None
+        assert per_hour is not None
+        fleet = Fleet(devices, every, 3600, sd=spread)
+        expected = plan_windows(params, fleet, allowance=allowance)
+        times = [
+            sent_times(float(rng.uniform(0, every)), every, allowance, per_hour)
+            for _ in range(devices)
+        ]
+        hours = np.concatenate([np.asarray(t) // 3600 for t in times]).astype(int)
+        covered = np.unique(hours).tolist()
+        errors: dict[int, list[float]] = {h: [] for h in covered}
+        for _ in range(days):
+            raw = rng.uniform(params.lower, params.upper, hours.size)
+            decoded = params.decode(params.perturb(raw, rng=rng))
+            for hour in covered:
+                chosen = hours == hour
+                errors[hour].append(float(decoded[chosen].mean() - raw[chosen].mean()))
+        sds = {h: float(np.std(e, ddof=1)) for h, e in errors.items()}
+        fewest = min(covered, key=lambda h: int((hours == h).sum()))
+        assert expected.std_error is not None
+        assert expected.worst_std_error is not None
+        mean_sd = float(np.mean(list(sds.values())))
+        print(
+            f"{name}: {allowance} a day in hours {covered}; planned SE {expected.std_error:.4g} "
+            f"(worst {expected.worst_std_error:.4g}), simulated {mean_sd:.4g} "
+            f"(worst {sds[fewest]:.4g}), {days * len(covered)} hours"
+        )
+        assert mean_sd == pytest.approx(expected.std_error, rel=0.10), name
+        assert sds[fewest] == pytest.approx(expected.worst_std_error, rel=0.10), name
+
+
+def test_the_device_figures_in_docs_privacy_are_the_planners() -> None:
+    """docs/privacy.md's device with three streams: its figures are the planner's."""
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).parents[2] / "docs" / "privacy.md").read_text().split())
+    fleet = Fleet(devices=300, reading_every=600, interval=3600)
+    plan = plan_device(device_streams(), fleet, 8.0)
+    humidity, temperature, co2 = plan.streams
+    shared = plan_device(device_streams(), fleet, 8.0, [1, 2, 1])
+    errors = [s.plan.std_error for s in (*plan.streams, shared.streams[1])]
+    assert all(e is not None for e in errors)
+    for figure in (
+        f"each stream's share is {humidity.share_epsilon} epsilon a day",
+        f"humidity sends {humidity.readings_per_day} readings a day (the device cap binds), "
+        f"with a standard error of {errors[0]:.2f}",
+        f"temperature {temperature.readings_per_day} (the device cap binds), {errors[1]:.2f}",
+        f"CO₂ {co2.readings_per_day} (its own policy binds), {errors[2]:.2f}",
+        f"a device spends at most {plan.spent_per_day:g} of its 8 a day",
+        f"Shares `1,2,1` give temperature {shared.streams[1].share_epsilon:g} epsilon, "
+        f"{shared.streams[1].readings_per_day} readings and a standard error of {errors[3]:.2f}, "
+        f"and spend all {shared.spent_per_day:g}",
+    ):
+        assert figure in text, figure
+    assert [s.binds for s in plan.streams] == ["device cap", "device cap", "policy"]

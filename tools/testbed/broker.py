@@ -206,6 +206,7 @@ def fleet_command(broker_url: str, data_dir: Path, *args: str, stream: str = "te
         broker_url,
         "--data-dir",
         str(data_dir),
+        *("--device-max-epsilon-per-day", "none"),  # as the tests' servers (raised policies)
         *args,
     ]
 
@@ -230,8 +231,9 @@ def run_agent(
             *("--stream", "temps", "--device", device, "--broker", broker_url),
             *("--data-dir", str(data_dir), "--source", f"csv:{source}"),
             *("--batch", "60", "--batch-seconds", "1", "--log-level", "INFO"),
-            # The streams of tests and benchmarks have a policy raised knowingly (1e6).
-            *("--max-epsilon-per-day", "1e6"),
+            # The streams of tests and benchmarks have a policy raised knowingly (1e6), and
+            # their servers no device cap (tools.testbed.server.RAISED_DEVICE_CAP).
+            *("--max-epsilon-per-day", "1e6", "--device-max-epsilon-per-day", "none"),
             *args,
         ],
         capture_output=True,
@@ -266,6 +268,7 @@ class StdinAgent:
                 *("--device", device, "--username", username or device, "--source", "stdin"),
                 *("--broker", url, "--data-dir", str(tmp_path / f"edge-{device}")),
                 *("--batch", "5", "--batch-seconds", "0.5", "--max-epsilon-per-day", "1e6"),
+                *("--device-max-epsilon-per-day", "1e6"),  # the device's cap, raised with it
                 *extra,
             ],
             stdin=subprocess.PIPE,

@@ -35,6 +35,7 @@ from zeal_server.api.deps import MAX_EXPORTS, known_query
 from zeal_server.api.metrics import build_registry
 from zeal_server.api.routes import (
     averages,
+    budgets,
     compare,
     data,
     devices,
@@ -253,6 +254,7 @@ def build_app(
         distribution,
         compare,
         devices,
+        budgets,
         data,
         health,
         logins,

@@ -4,11 +4,11 @@ A read of a stream's definition is one or two indexed lookups: the streams, a st
 configuration, the LoRaWAN bindings, a planner for one stream, health and metrics. A read
 of a stream's *data* is not: its cost grows with the window (an average, a series, an
 export, a comparison) or with the fleet (a page of devices sorted on a column, the groups,
-the stream's figures), and a planner for a fleet (``/preview`` with ``devices``, and
-``/preview/compare``) computes for every window. Unbounded, 8 clients asking for the
-heaviest of them made a light ``GET /streams`` take half a second and the collector's
-commits wait; once those were budgeted, exports and the reads left out of the budget did
-the same (hostile round 3: light reads x11 on SQLite, x18 on PostgreSQL).
+the stream's figures), and a planner for a fleet (``/preview`` with ``devices``,
+``/preview/device`` and ``/preview/compare``) computes for every window. Unbounded, 8
+clients asking for the heaviest of them made a light ``GET /streams`` take half a second
+and the collector's commits wait; once those were budgeted, exports and the reads left out
+of the budget did the same (hostile round 3: light reads x11 on SQLite, x18 on PostgreSQL).
 
 So every costly read (:func:`heavy_kind`) runs only in one of ``at_once`` slots
 (``ZEAL_HEAVY_READS``, default half the CPUs, at least 1), at most ``per_client`` of them
@@ -88,6 +88,8 @@ def heavy_kind(path: str, query: Mapping[str, str]) -> str | None:
     """What makes a read costly (module docstring), or None for a light one."""
     if path.rstrip("/").endswith("/preview/compare"):
         return "compare planner"
+    if path.rstrip("/").endswith("/preview/device"):
+        return "planner"
     if path.rstrip("/").endswith("/api/v1/preview"):
         return "planner" if "devices" in query else None
     found = _DATA.search(path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-__all__ = ["ComparePlanOut", "PreviewOut", "WindowPlanOut"]
+__all__ = ["ComparePlanOut", "DevicePlanOut", "PreviewOut", "StreamPlanOut", "WindowPlanOut"]
 
 
 class ComparePlanOut(BaseModel):
@@ -64,6 +64,41 @@ class WindowPlanOut(BaseModel):
     )
 
 
+class StreamPlanOut(BaseModel):
+    """One stream of a device planned under its cap across streams."""
+
+    stream: str
+    share: float = Field(description="its share of the device cap (the shares sum to 1)")
+    share_epsilon: float | None = Field(
+        description="its share in epsilon per UTC day, rounded down to whole micro-epsilon "
+        "(null: no device cap, or a stream without a policy, which the cap does not count)"
+    )
+    readings_per_day: int | None = Field(
+        description="readings a device may send to it per UTC day: the lower of its policy's "
+        "and its share's (null: a stream without a policy)"
+    )
+    readings_per_hour: int | None = Field(description="its policy's cap per UTC hour")
+    binds: str = Field(
+        description="which cap sets its readings per day: policy (its own), device cap (its "
+        "share), or none (a stream without a policy)"
+    )
+    windows: WindowPlanOut
+
+
+class DevicePlanOut(BaseModel):
+    """A fleet of devices each running these streams together (zeal-edge run --stream
+    a,b,c), the device cap split between them as the agent splits it."""
+
+    device_max_epsilon_per_day: float | None = Field(
+        description="the device cap planned (default: the server's "
+        "ZEAL_DEVICE_MAX_EPSILON_PER_DAY; null: none)"
+    )
+    spent_per_day: float = Field(
+        description="epsilon a device spends per UTC day over the streams with a policy, at most"
+    )
+    streams: list[StreamPlanOut]
+
+
 class PreviewOut(BaseModel):
     """What a stream with these parameters would be, before it is created."""
 
@@ -108,6 +143,11 @@ class PreviewOut(BaseModel):
         default=None,
         description="with devices, reading_every_seconds and interval_seconds: what each "
         "window of the fleet holds at this epsilon, and what its average is worth",
+    )
+    device: DevicePlanOut | None = Field(
+        default=None,
+        description="with with_streams: this stream and those planned together for a device "
+        "that runs them all under its cap across streams (this one named '(this stream)')",
     )
     best: WindowPlanOut | None = Field(
         default=None,

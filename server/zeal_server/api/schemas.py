@@ -376,8 +376,10 @@ class DeviceOut(BaseModel):
         default=[],
         description="implausible: its readings prove it dishonest (its guaranteed interval at "
         "level 1 - 1e-9 lies wholly outside the range; exclude=implausible leaves it out of "
-        "averages); over_budget: batches of it were refused at the policy; at_cap: today's "
-        "readings, or those of one of today's UTC hours, reached what the policy allows",
+        "averages); over_budget: batches of it were refused at the policy; device_cap: batches "
+        "of it were refused at its daily cap across all its streams (/api/v1/budgets); "
+        "at_cap: today's readings, or those of one of today's UTC hours, reached what the "
+        "policy allows",
     )
     duplicates: int = Field(description="batches received again and dropped (a lost PUBACK)")
     sequence_resets: int = Field(

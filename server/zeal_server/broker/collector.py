@@ -98,12 +98,14 @@ class Collector:
             max_age_ms=settings.max_age_seconds * 1000,
             backfill_ms=settings.backfill_seconds * 1000,
             max_buckets=settings.max_buckets_per_batch,
+            device_max_epsilon_per_day=settings.device_max_epsilon_per_day,
         )
         self.counts: Counter[str] = Counter()
         #: Rejected messages by reason (door and store); sums to counts["rejected"].
         self.rejected_by: Counter[str] = Counter()
         self.lags = CommitLags()
         self._forget_devices = threading.Event()
+        self._caps_read = time.monotonic()
         self.budget = door.RejectBudget()
         self.shed = Shed()
         self.database_ok = True
@@ -199,6 +201,11 @@ class Collector:
         """A LoRaWAN binding was made or removed through this process: the writer reads
         them again before its next write (other processes' changes within sync_every)."""
         self._reload_bindings.set()
+
+    def caps_changed(self) -> None:
+        """A device or tag cap was set through this process: the writer reads the caps
+        again before its next write."""
+        self._caps_read = 0.0
 
     def devices_changed(self) -> None:
         """A device's data was deleted through this process: the writer drops the ids it
@@ -359,6 +366,9 @@ class Collector:
             or self.configs.changed.is_set()
             or time.monotonic() - self._last_sync >= self.sync_every
         )
+        if time.monotonic() - self._caps_read >= self.sync_every:
+            self._caps_read = time.monotonic()  # another process's cap applies within it
+            self.ingest.forget_caps()
         if due and self.broker_connected:
             self._last_sync = time.monotonic()
             ids = self.configs.sync(force=connects > self._synced_connects)

@@ -46,6 +46,10 @@ NOTICES = {
     "policy (its max_epsilon_per_day, counted per UTC day of the readings' timestamps): "
     "nothing of it was stored; the agent's ledger should have held it back (was its outbox "
     "reset, or does another agent use this device id?)",
+    "device_cap": "the batch would take device {device} past its daily privacy cap across "
+    "all its streams (counted per UTC day of the readings' timestamps): nothing of it was "
+    "stored; run the device's streams in one agent (zeal-edge run --stream a,b,...) so that "
+    "they share its cap, and give the agent the device's cap if the operator set one",
     "transport_mismatch": "device {device} of stream {stream} is a LoRaWAN device on this "
     "server (ChirpStack delivers its frames): a batch under its name over MQTT is refused; "
     "give this device another name",

@@ -87,9 +87,12 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
     )
     enroll.add_argument("stream", help="the stream")
     enroll.add_argument("device", help="the device")
-    policy = command(commands, "policy", "a stream's privacy policy" + over_http, ())
+    policy = command(
+        commands, "policy", "a stream's privacy policy and a device's cap across streams", ()
+    )
+    actions = policy.add_subparsers(dest="action", required=True, metavar="ACTION")
     setting = command(
-        policy.add_subparsers(dest="action", required=True, metavar="ACTION"),
+        actions,
         "set",
         "set the epsilon one device may spend per UTC day (a new fingerprint: agents take the "
         "new configuration by themselves)" + over_http,
@@ -97,7 +100,28 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
     )
     setting.add_argument("stream", help="the stream")
     setting.add_argument("epsilon", type=float, help="epsilon per device per UTC day")
-    for p in (show, released, listed, enroll, setting):
+    device_cap = command(
+        actions,
+        "device",
+        "give a device its own daily cap across all its streams (none: back to its tags' "
+        "or the server's default)" + over_http,
+        (),
+    )
+    device_cap.add_argument("device", help="the device")
+    device_cap.add_argument("epsilon", type=_cap, help="epsilon per UTC day, or none")
+    tag_cap = command(
+        actions,
+        "tag",
+        "cap every device carrying a tag, in any stream (none: remove the cap)" + over_http,
+        (),
+    )
+    tag_cap.add_argument("tag", help="KEY:VALUE")
+    tag_cap.add_argument("epsilon", type=_cap, help="epsilon per UTC day, or none")
+    budget = command(
+        actions, "show", "a device's cap across streams and its spend today" + over_http, ()
+    )
+    budget.add_argument("device", help="the device")
+    for p in (show, released, listed, enroll, setting, device_cap, tag_cap, budget):
         add_server_argument(p)
 
 
@@ -227,6 +251,43 @@ def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     )
 
 
+def _cap(text: str) -> float | None:
+    return None if text.strip().lower() == "none" else float(text)
+
+
+def _budget_line(out: Mapping[str, Any]) -> str:
+    cap = out["max_epsilon_per_day"]
+    where = {"device": "its own", "tag": f"tag {out['tag']}", "default": "the default"}
+    return (
+        f"device {out['device']}: "
+        + ("no cap" if cap is None else f"at most {cap:g} epsilon per UTC day")
+        + f" across its streams ({where[out['source']]}); {out['spent_today']:g} spent today"
+        + (f" in {', '.join(out['streams'])}" if out["streams"] else "")
+    )
+
+
+def _device_cap(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    path = f"/budgets/devices/{urllib.parse.quote(args.device, safe='')}"
+    print(_budget_line(ask(args, env, "PUT", path, {"max_epsilon_per_day": args.epsilon})))
+
+
+def _tag_cap(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    path = f"/budgets/tags/{urllib.parse.quote(args.tag, safe='')}"
+    out = ask(args, env, "PUT", path, {"max_epsilon_per_day": args.epsilon})
+    caps = {t["tag"]: t["max_epsilon_per_day"] for t in out["tags"]}
+    cap = caps.get(args.tag)
+    print(
+        f"tag {args.tag}: "
+        + ("no cap of its own" if cap is None else f"at most {cap:g} epsilon per UTC day")
+        + " for each device carrying it"
+    )
+
+
+def _budget(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    path = f"/budgets/devices/{urllib.parse.quote(args.device, safe='')}"
+    print(_budget_line(get(args, env, path)))
+
+
 def _create(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     body = {k: getattr(args, k) for k in CREATE_FIELDS}
     s = ask(args, env, "POST", "/streams", {k: v for k, v in body.items() if v is not None})
@@ -321,5 +382,8 @@ HANDLERS: dict[tuple[str, str | None], Handler] = {
     ("tail", None): _tail,
     ("enroll", None): _enroll,
     ("policy", "set"): _policy,
+    ("policy", "device"): _device_cap,
+    ("policy", "tag"): _tag_cap,
+    ("policy", "show"): _budget,
     ("export", None): _export,
 }

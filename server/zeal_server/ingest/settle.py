@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy.orm import Session
 
+from zeal.policy import micro_epsilon
 from zeal_server.ingest.groups import Group, Outcome
 from zeal_server.store import ledger, sequences
 from zeal_server.store.rawsql import Raw
@@ -24,6 +25,8 @@ __all__ = ["DUPLICATE", "NEW", "RESET", "Round", "Sequences"]
 
 #: Refusal counter and outcome: (writes, (stream, device), reason, when=, sequence=).
 Refuse = Callable[..., Outcome]
+#: The device caps of device names: (principal id, micro-epsilon per day or None).
+Caps = Callable[[list[str]], dict[str, tuple[int, int | None]]]
 #: What a batch is to its device's sequences (``Sequences.kind``).
 DUPLICATE, NEW, RESET = -1, 0, 1
 
@@ -126,16 +129,60 @@ class Round:
     refuse: Refuse
     outcomes: list[Outcome | None]
     writes: Writes
+    #: The device caps across streams (None: none applies).
+    caps: Caps | None = None
 
     def store(self, groups: list[Group]) -> None:
-        """Store the round's groups: what each batch is, then the privacy ledger, then
-        what the stored batches add."""
+        """Store the round's groups: what each batch is, then the privacy ledgers (every
+        stream's, then the devices' caps across streams), then what the stored batches
+        add."""
         if not groups:
             return
         kinds = [self.sequences.kinds(g) for g in groups]
-        booked = [self._charge(g, kind >= 0) for g, kind in zip(groups, kinds, strict=True)]
-        for group, kind, charged in zip(groups, kinds, booked, strict=True):
-            self._settle(group, kind, charged)
+        candidates = [kind >= 0 for kind in kinds]
+        booked = [self._charge(g, c) for g, c in zip(groups, candidates, strict=True)]
+        capped = self._cap(groups, candidates, booked)
+        for group, kind, charged, refused in zip(groups, kinds, booked, capped, strict=True):
+            self._settle(group, kind, charged, refused)
+
+    def _cap(
+        self,
+        groups: list[Group],
+        candidates: list[npt.NDArray[np.bool_]],
+        booked: list[npt.NDArray[np.bool_]],
+    ) -> list[npt.NDArray[np.bool_]]:
+        """Book the batches the streams let in on their devices' caps across streams
+        (streams with a policy only): which were refused there (``booked`` is updated)."""
+        capped = [np.zeros(len(b), dtype=bool) for b in booked]
+        policed = [g.entry.params.readings_per_day is not None for g in groups]
+        names = sorted({n for g, p in zip(groups, policed, strict=True) if p for n in g.names})
+        if self.caps is None or not names:
+            return capped
+        found = self.caps(names)
+        limits = {pid: cap for pid, cap in found.values() if cap is not None}
+        if not limits:
+            return capped
+        charges: list[ledger.DeviceCharge | None] = []
+        for group, chosen, charged, p in zip(groups, candidates, booked, policed, strict=True):
+            params = group.entry.params
+            if not p or params.readings_per_hour is None or not chosen.any():
+                charges.append(None)
+                continue
+            ids = [found[n] for n in group.names]
+            charges.append(
+                ledger.DeviceCharge(
+                    [(group.stream + "/", p) for p in group.positions],
+                    np.array([i if cap is not None else -1 for i, cap in ids], dtype=np.int64),
+                    group.device_ids,
+                    group.batches,
+                    (params.readings_per_day, params.readings_per_hour),  # type: ignore[arg-type]
+                    micro_epsilon(params.epsilon),
+                    chosen,
+                    charged,
+                )
+            )
+        ledger.charge_devices(self.session, self.raw, [c for c in charges if c is not None], limits)
+        return [c.capped if c is not None else z for c, z in zip(charges, capped, strict=True)]
 
     def _charge(self, group: Group, candidates: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
         """Which of the group's new batches the stream's privacy policy lets in."""
@@ -150,18 +197,24 @@ class Round:
         return booked
 
     def _settle(
-        self, group: Group, kind: npt.NDArray[np.int64], stored: npt.NDArray[np.bool_]
+        self,
+        group: Group,
+        kind: npt.NDArray[np.int64],
+        stored: npt.NDArray[np.bool_],
+        capped: npt.NDArray[np.bool_],
     ) -> None:
         """Outcomes, device counters and segment parts of one group: `kind` of each batch
-        (Sequences.kind), `stored` whether it is in (within the policy)."""
+        (Sequences.kind), `stored` whether it is in (within the policies), `capped` whether
+        its device's cap across streams refused it."""
         duplicate, reset = kind == DUPLICATE, kind == RESET
         counts = group.batches.counts
         counts_of, resets_of = counts.tolist(), reset.tolist()
         sequences_of = group.batches.sequences.tolist()
-        for k in np.flatnonzero((kind != DUPLICATE) & ~stored).tolist():  # over the policy
+        for k in np.flatnonzero((kind != DUPLICATE) & ~stored).tolist():  # over a policy
             names, when = (group.stream, group.names[k]), int(group.received[k])
+            reason = "device_cap" if capped[k] else "over_budget"
             self.outcomes[group.positions[k]] = self.refuse(
-                self.writes, names, "over_budget", when=when, sequence=sequences_of[k]
+                self.writes, names, reason, when=when, sequence=sequences_of[k]
             )
         for k in np.flatnonzero(duplicate).tolist():
             self.outcomes[group.positions[k]] = Outcome(

@@ -39,6 +39,7 @@ from zeal_server.ingest.groups import Group, Outcome, implausible, rounds, selec
 from zeal_server.ingest.rejectkeys import MAX_REJECT_ROWS, RejectKeys, check_reason
 from zeal_server.ingest.settle import Round, Sequences
 from zeal_server.ingest.undecodable import decode_contained
+from zeal_server.store.budgets import caps_of
 from zeal_server.store.fleet import LORAWAN, MQTT, add_devices, device_ids, set_transports
 from zeal_server.store.models import Stream
 from zeal_server.store.rawsql import Raw
@@ -106,8 +107,14 @@ class Ingest:
         max_age_ms: int | None = None,
         backfill_ms: int | None = None,
         max_buckets: int | None = None,
+        device_max_epsilon_per_day: float | None = None,
     ) -> None:
         self.max_future_ms, self.max_age_ms = max_future_ms, max_age_ms
+        #: The device cap across streams where no device or tag cap is set (None: none).
+        self.device_max_epsilon_per_day = device_max_epsilon_per_day
+        #: Principal ids and device caps by device name (store.budgets), read again every
+        #: time the collector syncs (``forget_caps``).
+        self._caps: Bounded[str, tuple[int, int | None]] = Bounded(DEVICE_IDS)
         self.backfill_ms, self.max_buckets = backfill_ms, max_buckets
         self._streams: dict[str, StreamEntry | None] = {}
         #: Device ids and transports (store.fleet) by (stream id, name), the most recently
@@ -122,6 +129,20 @@ class Ingest:
         """Drop caches (after a rollback, ids created in it are gone)."""
         self._streams.clear()
         self._devices.clear()
+        self._caps.clear()
+
+    def forget_caps(self) -> None:
+        """Read the devices' caps across streams again when next used (one changed)."""
+        self._caps.clear()
+
+    def _caps_of(self, session: Session, names: list[str]) -> dict[str, tuple[int, int | None]]:
+        """(principal id, micro-epsilon per day or None) of each device name (cached)."""
+        found = {n: e for n in names if (e := self._caps.find(n)) is not None}
+        missing = [n for n in names if n not in found]
+        if missing:
+            for name, known in caps_of(session, missing, self.device_max_epsilon_per_day).items():
+                self._caps[name] = found[name] = known
+        return found
 
     def reload_streams(self) -> None:
         """Read every stream's parameters again when next used (one changed here)."""
@@ -331,13 +352,16 @@ class Ingest:
         ) -> Outcome:
             return self._refuse(session, writes, names, reason, when=when, sequence=sequence)
 
+        def caps(names: list[str]) -> dict[str, tuple[int, int | None]]:
+            return self._caps_of(session, names)
+
         try:  # the statements' cursor lives as long as this batch of messages
             groups = self._validate(session, messages, outcomes, writes, originals)
             if groups:
                 split = rounds(groups)
                 seq = Sequences(session, writes, groups, len(split))
                 for round_ in split:
-                    Round(session, self._raw, seq, refuse, outcomes, writes).store(round_)
+                    Round(session, self._raw, seq, refuse, outcomes, writes, caps).store(round_)
         finally:
             self._raw.close()
         write(session, writes, self._statement)

@@ -25,6 +25,16 @@ from zeal_server.store.bindings import (
     list_bindings,
     unbind,
 )
+from zeal_server.store.budgets import (
+    BudgetOverrides,
+    DeviceBudget,
+    caps_of,
+    device_budget,
+    overrides,
+    set_device_cap,
+    set_tag_cap,
+    spent_on,
+)
 from zeal_server.store.compaction import compact, verify
 from zeal_server.store.efficiency import stream_efficiency
 from zeal_server.store.export import (
@@ -104,6 +114,8 @@ __all__ = [
     "MAX_TAG_KEY",
     "MAX_TAG_VALUE",
     "Binding",
+    "BudgetOverrides",
+    "DeviceBudget",
     "DeviceCodes",
     "DeviceSums",
     "Devices",
@@ -114,6 +126,7 @@ __all__ = [
     "bind",
     "binding_map",
     "bucket_bounds",
+    "caps_of",
     "check_binding",
     "check_retention",
     "check_tags",
@@ -126,6 +139,7 @@ __all__ = [
     "delete_device_data",
     "delete_stream",
     "derive_params",
+    "device_budget",
     "device_by_name",
     "device_codes",
     "device_page",
@@ -149,6 +163,7 @@ __all__ = [
     "list_streams",
     "name_problem",
     "now_ms",
+    "overrides",
     "params_of",
     "readings_on_day",
     "rejects",
@@ -157,10 +172,13 @@ __all__ = [
     "segment_totals",
     "sequence_state_bytes",
     "series_sums",
+    "set_device_cap",
     "set_policy",
     "set_retention",
+    "set_tag_cap",
     "set_tags",
     "signer",
+    "spent_on",
     "stream_by_name",
     "stream_bytes",
     "stream_efficiency",

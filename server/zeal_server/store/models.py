@@ -35,9 +35,12 @@ __all__ = [
     "DeviceTag",
     "Installation",
     "LoRaWANBinding",
+    "Principal",
+    "PrincipalDay",
     "Reject",
     "Segment",
     "Stream",
+    "TagBudget",
 ]
 
 #: ``bytes`` by another name: inside ``Device`` the name is its byte counter.
@@ -144,6 +147,43 @@ class DevicePeriod(Base):
     #: The period's number since 1970 (days for a day, hours for an hour).
     period: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     readings: Mapped[int] = mapped_column(BigInteger)
+
+
+class Principal(Base):
+    """A device across streams (revision 0013): its name, which is its login where logins
+    are provisioned (a login may publish under its own name only, to any stream). Its
+    privacy loss over every stream with a policy is held to one daily cap
+    (zeal_server.store.budgets): its own ``max_epsilon_per_day``, else the lowest of its
+    tags' (``TagBudget``), else the server's ZEAL_DEVICE_MAX_EPSILON_PER_DAY."""
+
+    __tablename__ = "principals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    #: Its own daily cap in epsilon; None: its tags' or the server's default.
+    max_epsilon_per_day: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+
+
+class PrincipalDay(Base):
+    """Micro-epsilon a device spent per UTC day of its readings' timestamps over all its
+    streams with a policy: the collector's ledger of the device cap (store.ledger)."""
+
+    __tablename__ = "principal_days"
+
+    principal_id: Mapped[int] = mapped_column(ForeignKey("principals.id"), primary_key=True)
+    #: The UTC day (days since 1970).
+    period: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    micro: Mapped[int] = mapped_column(BigInteger)
+
+
+class TagBudget(Base):
+    """A daily cap for the devices carrying a tag (key, value) in any stream."""
+
+    __tablename__ = "tag_budgets"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(200), primary_key=True)
+    max_epsilon_per_day: Mapped[float] = mapped_column(Float)
 
 
 class DeviceTag(Base):

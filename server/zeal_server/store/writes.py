@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from zeal import Zeal
 from zeal.wirebatches import Batches
-from zeal_server.store.models import Device, DevicePeriod, Reject, Segment
+from zeal_server.store.models import Device, DevicePeriod, PrincipalDay, Reject, Segment
 from zeal_server.store.segments import PART, Columns, encode_part, limb_sums
 from zeal_server.store.sequences import SequenceState
 from zeal_server.store.streams import insert_for
@@ -91,6 +91,19 @@ class Writes:
 
 #: The privacy ledger, keyed by (device, the period's length in hours, the period's number).
 _LEDGER = typing.cast(Table, DevicePeriod.__table__)
+#: The device cap's ledger, keyed by (principal, UTC day): micro-epsilon spent.
+_DEVICE_LEDGER = typing.cast(Table, PrincipalDay.__table__)
+
+
+def _charge_device(insert_: Any, values: Any) -> Any:
+    """The conditional upsert that books micro-epsilon on device-cap rows `values`: a row
+    grows only while it stays within the ``allowed`` parameter."""
+    base = insert_(_DEVICE_LEDGER).values(values)
+    return base.on_conflict_do_update(
+        index_elements=["principal_id", "period"],
+        set_={"micro": _DEVICE_LEDGER.c.micro + base.excluded.micro},
+        where=_DEVICE_LEDGER.c.micro + base.excluded.micro <= bindparam("allowed"),
+    )
 
 
 def _hours(name: str) -> Any:
@@ -137,6 +150,22 @@ def build_statement(session: Session, name: str) -> Any:
                 missing=bindparam("missing"),
                 late=bindparam("late"),
             )
+        )
+    elif name == "charge_device":
+        row: dict[str, Any] = {
+            "principal_id": bindparam("did"),
+            "period": bindparam("start"),
+            "micro": bindparam("n"),
+        }
+        stmt = _charge_device(insert_, row).returning(_DEVICE_LEDGER.c.micro)
+    elif name == "uncharge_device":
+        stmt = (
+            update(_DEVICE_LEDGER)
+            .where(
+                _DEVICE_LEDGER.c.principal_id == bindparam("did"),
+                _DEVICE_LEDGER.c.period == bindparam("start"),
+            )
+            .values(micro=_DEVICE_LEDGER.c.micro - bindparam("n"))
         )
     elif name.startswith(("charge", "uncharge")):  # charge_day, uncharge_hour, ...
         if name.startswith("uncharge"):
@@ -186,6 +215,18 @@ def build_rows(session: Session, name: str, rows: int) -> Any:
             for r in range(rows)
         ]
         return _charge(insert_, values).returning(_LEDGER.c.device_id, _LEDGER.c.period)
+    if name == "charge_device":
+        rows_: list[dict[str, Any]] = [
+            {
+                "principal_id": bindparam(f"r{r}_did"),
+                "period": bindparam(f"r{r}_start"),
+                "micro": bindparam(f"r{r}_n"),
+            }
+            for r in range(rows)
+        ]
+        return _charge_device(insert_, rows_).returning(
+            _DEVICE_LEDGER.c.principal_id, _DEVICE_LEDGER.c.period
+        )
     raise KeyError(name)
 
 
@@ -195,8 +236,23 @@ def unnest_rows(name: str, columns: tuple[str, ...]) -> str:
     text whatever the rows. psycopg caches the parsing of a statement and PostgreSQL
     prepares it only below 4,096 characters and 50 parameters; a VALUES list of 128 rows
     was parsed again on every call (bench/writer_cost.py, deploy/SCALING.md)."""
-    if name not in ("charge_day", "charge_hour") or columns != ("did", "start", "n"):
+    if name not in ("charge_day", "charge_hour", "charge_device") or columns != (
+        "did",
+        "start",
+        "n",
+    ):
         raise KeyError((name, columns))
+    if name == "charge_device":
+        table = _DEVICE_LEDGER.name
+        return (
+            f"INSERT INTO {table} (principal_id, period, micro) "
+            "SELECT r.did, r.start, r.n FROM unnest(%(did)s::bigint[], %(start)s::bigint[], "
+            "%(n)s::bigint[]) AS r(did, start, n) "
+            "ON CONFLICT (principal_id, period) DO UPDATE "
+            f"SET micro = {table}.micro + excluded.micro "
+            f"WHERE {table}.micro + excluded.micro <= %(allowed)s "
+            f"RETURNING {table}.principal_id, {table}.period"
+        )
     table, hours = _LEDGER.name, _hours(name).name
     return (
         f"INSERT INTO {table} (device_id, hours, period, readings) "

@@ -31,9 +31,19 @@ from zeal._core.mechanism import Zeal
 from zeal.errors import ParameterError
 from zeal.estimate import bernstein_half_width
 from zeal.planning.comparison import reading_noise
-from zeal.policy import MICRO, cap_micro
+from zeal.policy import MICRO, cap_micro, check_shares, micro_epsilon, split
 
-__all__ = ["DAY_SECONDS", "Fleet", "WindowPlan", "best_epsilon", "binding_of", "plan_windows"]
+__all__ = [
+    "DAY_SECONDS",
+    "DevicePlan",
+    "Fleet",
+    "StreamPlan",
+    "WindowPlan",
+    "best_epsilon",
+    "binding_of",
+    "plan_device",
+    "plan_windows",
+]
 
 DAY_SECONDS: Final = 86_400
 HOUR_SECONDS: Final = 3_600
@@ -134,14 +144,18 @@ def _day(
     return taken, by_hour, by_day, counts
 
 
-def plan_windows(params: Zeal, fleet: Fleet) -> WindowPlan:
+def plan_windows(params: Zeal, fleet: Fleet, *, allowance: int | None = None) -> WindowPlan:
     """The plan of `fleet` under the policy of `params` (its ``max_epsilon_per_day``; none:
-    no caps)."""
+    no caps); `allowance`: readings a device may send a day below its policy's (its share of
+    a device cap across streams, ``plan_device``), its hour's cap staying the policy's."""
     _check(fleet)
     devices, reading_every, interval = fleet.devices, fleet.reading_every, fleet.interval
     attempted = DAY_SECONDS / reading_every
     per_day = params.readings_per_day or math.ceil(attempted)
     per_hour = params.readings_per_hour or per_day
+    if allowance is not None and params.readings_per_day is not None:
+        per_day = min(per_day, allowance)
+        per_hour = min(per_hour, per_day)
     taken, by_hour, by_day, counts = _day(reading_every, per_day, per_hour, interval)
     hour_drops, day_drops = float(by_hour.mean()), float(by_day.mean())
     centre = (params.lower + params.upper) / 2 if fleet.mean is None else float(fleet.mean)
@@ -194,6 +208,74 @@ def plan_windows(params: Zeal, fleet: Fleet) -> WindowPlan:
         guaranteed_half_width=half,
         even_reading_every=DAY_SECONDS / per_day,
         risk=float(risk.mean()),
+    )
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """One stream of a device under the device's cap across streams: its share of the cap
+    (epsilon per UTC day; None: no device cap, or a stream without a policy, which the cap
+    does not count), the readings a day it may send (the lower of its policy's and its
+    share's), which of the two sets them ("policy", "device cap", or "none" for a stream
+    without a policy), and its windows."""
+
+    name: str
+    share_epsilon: float | None
+    readings_per_day: int | None
+    binds: str
+    plan: WindowPlan
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """A fleet of devices each running the same streams (``zeal-edge run --stream a,b,c``)
+    under a daily cap across them, split by shares as the agent splits it."""
+
+    device_max_epsilon_per_day: float | None
+    shares: tuple[float, ...]
+    streams: tuple[StreamPlan, ...]
+    #: Epsilon a device spends a day over its streams with a policy, at most.
+    spent_per_day: float
+
+
+def plan_device(
+    streams: list[tuple[str, Zeal]],
+    fleet: Fleet,
+    device_max_epsilon_per_day: float | None,
+    shares: list[float] | None = None,
+) -> DevicePlan:
+    """Each stream's windows when every device of `fleet` runs `streams` (name, parameters)
+    together, its cap split by `shares` (none: evenly) as zeal_edge.device splits it: a
+    stream with a policy may spend the lower of its policy and its share (rounded down to
+    whole micro-epsilon, then to whole readings); its hour's cap stays its policy's."""
+    if not streams:
+        raise ParameterError("a device plan needs at least one stream")
+    parts = check_shares(list(shares or []), len(streams))
+    caps: list[int | None] = (
+        [None] * len(streams)
+        if device_max_epsilon_per_day is None
+        else list(split(cap_micro(device_max_epsilon_per_day), parts))
+    )
+    out: list[StreamPlan] = []
+    spent = 0
+    for (name, params), share in zip(streams, caps, strict=True):
+        cost = micro_epsilon(params.epsilon)
+        policy = params.readings_per_day
+        if policy is None:
+            out.append(StreamPlan(name, None, None, "none", plan_windows(params, fleet)))
+            continue
+        allowance = policy if share is None else min(policy, share // cost)
+        binds = "policy" if allowance == policy else "device cap"
+        plan = plan_windows(params, fleet, allowance=allowance)
+        spent += allowance * cost
+        out.append(
+            StreamPlan(name, None if share is None else share / MICRO, allowance, binds, plan)
+        )
+    return DevicePlan(
+        device_max_epsilon_per_day,
+        tuple(float(p) for p in parts),
+        tuple(out),
+        spent / MICRO,
     )
 
 

@@ -39,6 +39,7 @@ READ = "read-token-0123456789abcdef"
         ("/api/v1/streams/t/series", {}, "fine series"),
         ("/api/v1/streams/t/compare", {"group_a": "x:1"}, "compare"),
         ("/api/v1/preview/compare", {}, "compare planner"),
+        ("/api/v1/preview/device", {"streams": "a,b"}, "planner"),
         ("/api/v1/preview", {"lower": "0"}, None),
         ("/api/v1/preview", {"devices": "500", "interval_seconds": "3600"}, "planner"),
         ("/api/v1/preview", {"devices": "500"}, "planner"),

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.server.helpers import stats, wait_until
+from tests.server.helpers import NO_DEVICE_CAP, stats, wait_until
 from tools.testbed.broker import Mosquitto
 from zeal._core.firmware import profile_bytes
 from zeal.mqtt.streamconfig import read_config
@@ -30,7 +30,7 @@ READINGS = 1000
 @pytest.fixture
 def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
     """The real server on the broker; readings of the last day are accepted (backfill)."""
-    env = {"ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": broker.url}
+    env = {"ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": broker.url, **NO_DEVICE_CAP}
     settings = ServerSettings.from_env({**env, "ZEAL_BACKFILL_SECONDS": "86400"})
     with TestClient(create_app(settings)) as c:
         wait_until(lambda: c.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]

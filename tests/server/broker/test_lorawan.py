@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from google.protobuf import json_format
 
 from tests.server.broker.uplink_limits import json_limits, limit_events, mutated
-from tests.server.helpers import publish_all, stats, wait_until
+from tests.server.helpers import NO_DEVICE_CAP, publish_all, stats, wait_until
 from tools.testbed.broker import Mosquitto, free_port
 from zeal import Zeal, encode_batch
 from zeal._core.firmware import profile_bytes
@@ -57,6 +57,7 @@ def lorawan_app(database_url: str, broker: Mosquitto) -> Any:
                 "ZEAL_MQTT_URL": broker.url,
                 "ZEAL_COLLECTOR_ID": "c1",
                 "ZEAL_CHIRPSTACK_URL": broker.url,
+                **NO_DEVICE_CAP,  # its streams' policies are raised
             }
         )
     )

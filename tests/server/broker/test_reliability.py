@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.server.helpers import NO_DEVICE_CAP
 from tests.server.metrics_check import metric_samples
 from tools.testbed.broker import Mosquitto, Subscriber
 from tools.testbed.flood import FLOOD_MESSAGES, flood_trial, limit_packet_size
@@ -138,6 +139,7 @@ def test_agent_clock_stepping_back_loses_and_duplicates_nothing(
 
     settings = ServerSettings.from_env(
         {"ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": broker.url, "ZEAL_COLLECTOR_ID": "c"}
+        | NO_DEVICE_CAP  # the stream's policy is raised (stream_body)
     )
     watcher = Subscriber(broker.port)
     try:
@@ -155,6 +157,7 @@ def test_agent_clock_stepping_back_loses_and_duplicates_nothing(
                 interval=3600,
                 params_file=params_file,
                 max_epsilon_per_day=1e6,  # the policy of stream_body
+                device_max_epsilon_per_day=None,  # and no device cap (NO_DEVICE_CAP)
             )
             clock = SteppingClock()
             agent = Agent(options, parse_broker_url(broker.url), clock=clock)

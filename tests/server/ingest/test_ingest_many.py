@@ -24,7 +24,15 @@ from zeal import Zeal, encode_batch
 from zeal_server import store
 from zeal_server.ingest import Ingest
 from zeal_server.store.db import make_engine, migrate, session_factory
-from zeal_server.store.models import Device, DevicePeriod, Reject, Segment, Stream
+from zeal_server.store.models import (
+    Device,
+    DevicePeriod,
+    Principal,
+    PrincipalDay,
+    Reject,
+    Segment,
+    Stream,
+)
 from zeal_server.store.segments import decode
 from zeal_server.store.sums import VALUE_COLUMNS
 
@@ -181,6 +189,15 @@ def contents(sessions: Any) -> dict[str, Any]:
                 for r in s.scalars(select(DevicePeriod))
                 if r.readings
             ),
+            "device caps": sorted(
+                (p.name, d.period, d.micro)
+                for p, d in s.execute(
+                    select(Principal, PrincipalDay).join(
+                        PrincipalDay, PrincipalDay.principal_id == Principal.id
+                    )
+                )
+                if d.micro
+            ),
             "sums": limbs,
             "readings": {k: sorted(v) for k, v in readings.items()},
             "rejects": sorted(
@@ -191,15 +208,17 @@ def contents(sessions: Any) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize(("seed", "device_cap"), [(1, None), (2, None), (3, 3000.0)])
 def test_a_transaction_of_many_messages_stores_what_one_at_a_time_stores(
-    two_databases: tuple[str, str], seed: int
+    two_databases: tuple[str, str], seed: int, device_cap: float | None
 ) -> None:
     """1,200 messages of every kind: transactions of up to 300 give the outcomes and rows of
-    one transaction per message in topic order."""
+    one transaction per message in topic order; with a device cap across streams too (a
+    device's batches in three streams then meet both its streams' policies and its cap)."""
     now = store.now_ms()
     messages = mix(seed, now, 1200)
-    limits = {"max_future_ms": 600_000, "max_age_ms": 7 * DAY, "backfill_ms": DAY}
+    limits: dict[str, Any] = {"max_future_ms": 600_000, "max_age_ms": 7 * DAY, "backfill_ms": DAY}
+    limits["device_max_epsilon_per_day"] = device_cap
     rng = np.random.default_rng(seed)
     (engine_many, many), (engine_one, one) = (streams(url, now) for url in two_databases)
     together, alone = (
@@ -221,8 +240,10 @@ def test_a_transaction_of_many_messages_stores_what_one_at_a_time_stores(
         expected.extend(outcomes[i] for i in range(len(chunk)))
     assert got == expected
     statuses = {o.status for o in got} | {o.reason for o in got}
-    for kind in ("stored", "duplicate", "over_budget", "fingerprint_mismatch", "bad_topic"):
+    kinds = ["stored", "duplicate", "over_budget", "fingerprint_mismatch", "bad_topic"]
+    for kind in kinds + ["device_cap"] * (device_cap is not None):
         assert kind in statuses, kind  # the mix reached every path
+    assert ("device_cap" in statuses) == (device_cap is not None)
     assert any(o.reset for o in got)
     try:
         assert contents(many) == contents(one)

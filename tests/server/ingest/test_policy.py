@@ -19,6 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.server.helpers import (
+    NO_DEVICE_CAP,
     agent_command,
     publish_all,
     save_config,
@@ -65,6 +66,9 @@ def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
             "ZEAL_DATABASE_URL": database_url,
             "ZEAL_MQTT_URL": broker.url,
             "ZEAL_BACKFILL_SECONDS": str(3 * 86_400),
+            # the stream's policy is what these tests raise and hold; the device cap across
+            # streams has its own (test_device_cap*.py)
+            **NO_DEVICE_CAP,
         }
     )
     with TestClient(create_app(settings)) as c:

@@ -101,3 +101,66 @@ def test_replicas_starting_together_migrate_one_postgresql_database_in_turn(
         diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
     engine.dispose()
     assert diff == []
+
+
+def test_0013_gives_every_device_the_default_cap_and_its_days_spend(database_url: str) -> None:
+    """A database at revision 0012 with one device name in two streams with a policy (epsilon
+    1 and 0.5) and in one without: after the upgrade each name is one principal without a cap
+    of its own (the default applies), its day's spend the sum over its streams with a policy
+    of readings times micro-epsilon, and nothing stored before changed."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import select, text
+    from sqlalchemy.orm import Session
+
+    from zeal_server import store
+    from zeal_server.store.db import MIGRATIONS
+    from zeal_server.store.models import Device, DevicePeriod
+
+    engine = make_engine(database_url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0012")
+    with Session(engine) as session, session.begin():
+        for name, epsilon, policy in (("a", 1.0, 8.0), ("b", 0.5, 8.0), ("open", 1.0, None)):
+            stream = store.create_stream(
+                session, name=name, lower=0, upper=1, epsilon=epsilon, max_epsilon_per_day=policy
+            )
+            for device, readings in (("home", 3), (f"only-{name}", 1)):
+                row, _ = store.enroll(session, stream, device)
+                session.flush()
+                session.add(
+                    DevicePeriod(device_id=row.id, hours=24, period=20_000, readings=readings)
+                )
+                session.add(DevicePeriod(device_id=row.id, hours=1, period=480_000, readings=1))
+    with engine.connect() as connection:
+        before = sorted(tuple(r) for r in connection.execute(text("SELECT * FROM device_periods")))
+        devices = sorted(tuple(r) for r in connection.execute(select(Device.__table__)))
+    migrate(engine)
+    with engine.connect() as connection:
+        principals = connection.execute(
+            text("SELECT name, max_epsilon_per_day FROM principals ORDER BY name")
+        ).all()
+        days = connection.execute(
+            text(
+                "SELECT p.name, d.period, d.micro FROM principal_days d JOIN principals p "
+                "ON p.id = d.principal_id ORDER BY p.name"
+            )
+        ).all()
+        after = sorted(tuple(r) for r in connection.execute(text("SELECT * FROM device_periods")))
+        devices_after = sorted(tuple(r) for r in connection.execute(select(Device.__table__)))
+    engine.dispose()
+    assert [tuple(p) for p in principals] == [
+        ("home", None),
+        ("only-a", None),
+        ("only-b", None),
+        ("only-open", None),
+    ]
+    assert [tuple(d) for d in days] == [
+        ("home", 20_000, 3 * 1_000_000 + 3 * 500_000),
+        ("only-a", 20_000, 1_000_000),
+        ("only-b", 20_000, 500_000),
+    ]
+    assert (after, devices_after) == (before, devices)

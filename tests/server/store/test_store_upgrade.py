@@ -150,7 +150,7 @@ def test_a_0006_database_converts_in_place_and_serves_the_same_figures(
     # fails whichever test runs when it is collected (a ResourceWarning).
     request.addfinalizer(engine.dispose)
     before, after = migrate(engine)
-    assert (before, after) == ("0006", "0012")
+    assert (before, after) == ("0006", "0013")
     old = {"aggregates", "bucket_totals", "device_days", "device_hours", "batches"}
     assert old.isdisjoint(inspect(engine).get_table_names())
     kept: dict[int, set[int]] = {}
@@ -170,6 +170,10 @@ def test_a_0006_database_converts_in_place_and_serves_the_same_figures(
         for table, hours in (("device_days", 24), ("device_hours", 1))
         for d, p, n in FIXTURE["tables"][table]["rows"]
     )
+    with engine.connect() as connection:  # 0013: every device name a principal, default cap
+        principals = connection.execute(text("SELECT name, max_epsilon_per_day FROM principals"))
+        names = connection.execute(text("SELECT DISTINCT name FROM devices")).scalars().all()
+        assert sorted(tuple(r) for r in principals) == sorted((n, None) for n in names)
     if engine.dialect.name == "sqlite":  # 0008: SUM over the sums reads no overflow pages
         assert [c["name"] for c in inspect(engine).get_columns("segments")][-1] == "data"
     expected = {

@@ -634,7 +634,8 @@ function streamView(main, name, params) {
           `${fmtInt(d.late)} batches came out of order` }),
       el("td", { class: d.flags.length ? "flags flagged" : "flags", text: d.flags.join(", ") || "–",
         title: "implausible: its readings prove it dishonest (exclude=implausible leaves it out " +
-          "of averages); over_budget: batches refused at the privacy policy; at_cap: today's " +
+          "of averages); over_budget: batches refused at the privacy policy; device_cap: " +
+          "batches refused at the device's daily cap across all its streams; at_cap: today's " +
           "readings, or those of one of today's UTC hours, reached the policy" }))));
     if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 10, text: "No devices yet." })));
     const first = out.total ? out.offset + 1 : 0;
@@ -1206,6 +1207,8 @@ function createView(main) {
     field("preview_n", "Readings in an average (for the preview)", { type: "number", min: "1", step: "1", value: "10000" }),
     field("plan_devices", "Devices in the fleet (for the planner)", { type: "number", min: "1", step: "1", placeholder: "500" }),
     field("plan_interval", "Window of an average, seconds (for the planner)", { type: "number", min: "1", step: "1", placeholder: "3600" }),
+    field("plan_with", "Other streams of the same device, comma-separated (for the planner: one cap across them)", { placeholder: "humidity,co2" }),
+    field("plan_shares", "Shares of the device cap, this stream's first (blank: even)", { placeholder: "2,1,1" }),
     el("label", { for: "description", class: "wide" }, "Description",
       el("input", { id: "description", name: "description", maxlength: "500" })),
     el("div", { class: "wide" },
@@ -1237,6 +1240,7 @@ function createView(main) {
     // The fleet planner needs all three: devices, a reading's spacing and the window.
     if (value("plan_devices") && value("plan_interval") && value("reading_every")) {
       Object.assign(params, { devices: value("plan_devices"), interval_seconds: value("plan_interval") });
+      if (value("plan_with")) Object.assign(params, { with_streams: value("plan_with"), shares: value("plan_shares") });
     }
     try {
       const p = await api(`${API}/preview${query(params)}`);
@@ -1273,6 +1277,16 @@ function createView(main) {
           ["… guaranteed ± of the sparsest window", plan.guaranteed_half_width === null ? "–" : plan.guaranteed_half_width.toPrecision(4)],
         );
         if (label === "this ε") rows.push(["… a reading every (s) fills every hour", fmt(plan.even_reading_every, 0)]);
+      }
+      if (p.device) {  // GET /preview with with_streams: the device's streams under one cap
+        const cap = p.device.device_max_epsilon_per_day;
+        rows.push(["Device cap across its streams", cap === null ? "none" :
+          `ε ${fmt(cap, 6)} a day; at most ${fmt(p.device.spent_per_day, 6)} spent`]);
+        for (const s of p.device.streams) {
+          const se = s.windows.std_error === null ? "no window has a reading" : s.windows.std_error.toPrecision(4);
+          rows.push([`… ${s.stream}`, s.readings_per_day === null ? `no policy; standard error ${se}` :
+            `share ε ${fmt(s.share_epsilon, 6)}: ${fmtInt(s.readings_per_day)} a day (${s.binds} binds), standard error ${se}`]);
+        }
       }
       preview.replaceChildren(...pairs(rows));
       previewDetails.replaceChildren(...pairs(internals));

@@ -8,11 +8,18 @@ from dataclasses import asdict
 from typing import Annotated, Literal
 
 import numpy as np
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 from zeal import ParameterError, Zeal
 from zeal.estimate import bernstein_half_width
-from zeal.planning.windows import Fleet, WindowPlan, best_epsilon, binding_of, plan_windows
+from zeal.planning.windows import (
+    Fleet,
+    WindowPlan,
+    best_epsilon,
+    binding_of,
+    plan_device,
+    plan_windows,
+)
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY, MAX_EPSILON_PER_DAY
 from zeal.protocol import EXPONENT
 from zeal_server import store
@@ -46,7 +53,7 @@ from zeal_server.api.deps import (
     stream_or_404,
     window,
 )
-from zeal_server.api.previews import PreviewOut, WindowPlanOut
+from zeal_server.api.previews import DevicePlanOut, PreviewOut, StreamPlanOut, WindowPlanOut
 from zeal_server.api.routes.distribution import quantiles_of
 from zeal_server.api.schemas import HEAVY, AverageOut, PointOut, QuantileOut, SeriesOut
 from zeal_server.store.models import Stream
@@ -54,6 +61,8 @@ from zeal_server.store.models import Stream
 __all__ = ["router"]
 
 router = APIRouter()
+#: The stream previewed, among a device's streams (/preview's with_streams).
+THIS_STREAM = "(this stream)"
 #: Points of a series with quantile=: each is a fit and a bootstrap of its own.
 MAX_QUANTILE_POINTS = 100
 
@@ -114,6 +123,25 @@ def preview(
         float,
         Query(ge=0, le=1e15, description="spread of the readings, for the noise"),
     ] = 0.0,
+    with_streams: Annotated[
+        str | None,
+        Query(
+            description="existing streams each device also runs with this one (comma-separated; "
+            "with devices, reading_every_seconds and interval_seconds): `device` then plans "
+            "them together under the device cap"
+        ),
+    ] = None,
+    shares: Annotated[
+        str | None,
+        Query(description="with with_streams: the device cap's split, this stream's first"),
+    ] = None,
+    device_max_epsilon_per_day: Annotated[
+        float | None,
+        Query(gt=0, le=MAX_EPSILON_PER_DAY, description="the device cap (default: the server's)"),
+    ] = None,
+    *,
+    request: Request,
+    db: Db,
 ) -> PreviewOut:
     """The derived parameters of a stream, the error of an average of n readings, and the
     privacy loss per device and day: what the policy allows, and what a device reading
@@ -149,7 +177,9 @@ def preview(
             else "reading_every_seconds",
             "a fleet's windows need devices, reading_every_seconds and interval_seconds together",
         )
-    windows = best = None
+    windows = best = device = None
+    if with_streams is not None and reading_every is None:
+        raise invalid("query", "with_streams", "a device's streams are planned for a fleet")
     if devices is not None and interval is not None and reading_every is not None:
         fleet = Fleet(devices, reading_every, interval, mean=mean, sd=sd, confidence=confidence)
 
@@ -166,12 +196,17 @@ def preview(
             best = best_epsilon(make, max_epsilon_per_day, fleet)
         except ParameterError as exc:
             raise invalid("query", None, str(exc)) from exc
+        if with_streams is not None:
+            found = _existing(db, with_streams, taken=(THIS_STREAM,))
+            entries = [(THIS_STREAM, params), *found]
+            device = _device_plan(request, entries, fleet, shares, device_max_epsilon_per_day)
     over: tuple[bool, bool] | None = None  # the hour's cap, the day's cap
     if daily is not None and hourly is not None:
         over = hourly > (params.readings_per_hour or 0), daily > (params.readings_per_day or 0)
     return PreviewOut(
         binding=None if over is None else binding_of(hour=over[0], day=over[1]),
         windows=None if windows is None else window_out(windows),
+        device=device,
         best=None if best is None else window_out(best),
         payload_bits=params.payload_bits,
         shared_bits=params.shared_bits,
@@ -191,6 +226,117 @@ def preview(
         readings_per_hour=params.readings_per_hour or 0,
         epsilon_per_day=None if daily is None else daily * params.epsilon,
         within_policy=None if over is None else not any(over),
+    )
+
+
+@router.get(
+    f"{API}/preview/device", dependencies=READ, response_model=DevicePlanOut, responses=HEAVY
+)
+def preview_device(
+    request: Request,
+    db: Db,
+    streams: Annotated[
+        str,
+        Query(
+            description="the streams each device runs together, comma-separated names of "
+            "existing streams"
+        ),
+    ],
+    devices: Annotated[int, Query(ge=1, le=10**7, description="devices in the fleet")],
+    reading_every: Annotated[
+        float,
+        Query(
+            alias="reading_every_seconds",
+            ge=1,
+            le=86_400,
+            description="seconds between two readings of one device in each stream",
+        ),
+    ],
+    interval: Annotated[
+        int,
+        Query(
+            alias="interval_seconds",
+            ge=1,
+            le=366 * 86_400,
+            description="seconds per window averaged (a divisor of a day or whole days)",
+        ),
+    ],
+    shares: Annotated[
+        str | None,
+        Query(
+            description="the device cap's split, comma-separated numbers, one per stream "
+            "(zeal-edge run --shares; default: evenly)"
+        ),
+    ] = None,
+    device_max_epsilon_per_day: Annotated[
+        float | None,
+        Query(
+            gt=0,
+            le=MAX_EPSILON_PER_DAY,
+            description="the device cap planned (default: the server's)",
+        ),
+    ] = None,
+    confidence: Confidence = 0.95,
+) -> DevicePlanOut:
+    """Each stream's windows when every device of a fleet runs these streams together under
+    its daily cap across streams, split as the agent splits it (docs/privacy.md, "One
+    device, several streams"): its share, the readings a day it may send, which cap binds
+    (its own policy or its share of the device cap), and each window's average's standard
+    error (noise at the middle of each stream's range)."""
+    found = _existing(db, streams)
+    fleet = Fleet(devices, reading_every, interval, confidence=confidence)
+    return _device_plan(request, found, fleet, shares, device_max_epsilon_per_day)
+
+
+def _existing(db: Db, streams: str, *, taken: tuple[str, ...] = ()) -> list[tuple[str, Zeal]]:
+    """The named streams' parameters (comma-separated names; a 422 names what is wrong)."""
+    names = [n.strip() for n in streams.split(",")]
+    if len(set(names) | set(taken)) != len(names) + len(taken):
+        raise invalid("query", "streams", "a stream is named twice")
+    found = []
+    for name in names:
+        row = store.stream_by_name(db, name)
+        if row is None:
+            raise invalid("query", "streams", f"no stream {name!r}")
+        found.append((name, store.params_of(row)))
+    return found
+
+
+def _device_plan(
+    request: Request,
+    found: list[tuple[str, Zeal]],
+    fleet: Fleet,
+    shares: str | None,
+    device_max_epsilon_per_day: float | None,
+) -> DevicePlanOut:
+    """The device plan of streams `found` (zeal.planning.windows.plan_device), answered."""
+    try:
+        parts = None if shares is None else [float(x) for x in shares.split(",")]
+    except ValueError:
+        raise invalid("query", "shares", "shares are comma-separated numbers") from None
+    cap = device_max_epsilon_per_day
+    if cap is None:
+        cap = request.app.state.settings.device_max_epsilon_per_day
+    try:
+        plan = plan_device(found, fleet, cap, parts)
+    except ParameterError as exc:
+        field = "shares" if "share" in str(exc) else None
+        raise invalid("query", field, str(exc)) from exc
+    return DevicePlanOut(
+        device_max_epsilon_per_day=plan.device_max_epsilon_per_day,
+        spent_per_day=plan.spent_per_day,
+        streams=[
+            StreamPlanOut(
+                stream=s.name,
+                share=share,
+                share_epsilon=s.share_epsilon,
+                readings_per_day=s.readings_per_day,
+                readings_per_hour=None if s.readings_per_day is None else s.plan.readings_per_hour,
+                binds=s.binds,
+                windows=window_out(s.plan),
+            )
+            for s, share in zip(plan.streams, plan.shares, strict=True)
+        ],
     )
 
 

@@ -134,12 +134,14 @@ def _flags(
     rejects: dict[str, dict[str, int]],
 ) -> dict[int, list[str]]:
     """Per device of the page: `implausible` (its readings so far prove it dishonest),
-    `over_budget` (batches of it were refused at the policy), `at_cap` (today's readings,
+    `over_budget` (batches of it were refused at the policy), `device_cap` (batches of it
+    were refused at its cap across streams), `at_cap` (today's readings,
     or those of one of today's UTC hours, reached what the policy allows)."""
     params = store.params_of(stream)
     sums = store.device_sums(db, stream, *store.ALL_TIME, [d.id for d in rows])
     bad = {i for i, no in zip(sums.order, store.implausible(params, sums), strict=True) if no}
     refused = {name for name, reasons in rejects.items() if "over_budget" in reasons}
+    capped = {name for name, reasons in rejects.items() if "device_cap" in reasons}
     allowed, hourly = params.readings_per_day, params.readings_per_hour
     ids, day = [d.id for d in rows], day_of(store.now_ms())
     full = set() if hourly is None else store.hours_at_cap(db, ids, day, hourly)
@@ -149,6 +151,7 @@ def _flags(
             for flag, raised in (
                 ("implausible", d.id in bad),
                 ("over_budget", d.name in refused),
+                ("device_cap", d.name in capped),
                 ("at_cap", d.id in full or (allowed is not None and today.get(d.id, 0) >= allowed)),
             )
             if raised

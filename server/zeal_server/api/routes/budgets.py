@@ -1,0 +1,149 @@
+"""A device's privacy cap across streams: the server's default, the caps given to devices
+and to device tags (operator token to change them), and one device's cap and spend today.
+
+A device is its name (its login where logins are provisioned) in every stream it sends to.
+Its cap is its own, else the lowest cap of the tags its devices carry in any stream, else
+ZEAL_DEVICE_MAX_EPSILON_PER_DAY. The collectors apply a change within 2 s (their sync).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Request
+from pydantic import BaseModel, Field
+
+from zeal.errors import ParameterError
+from zeal.policy import MAX_EPSILON_PER_DAY, MICRO, day_of
+from zeal.protocol import check_name
+from zeal_server import store
+from zeal_server.api.deps import READ, WRITE, Db, invalid
+from zeal_server.api.schemas import Strict
+from zeal_server.errors import StoreError
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/api/v1/budgets", tags=["privacy budgets"])
+
+Device = Annotated[str, Path(description="device id: 1-64 letters, digits, '_', '.' or '-'")]
+Tag = Annotated[str, Path(description="a device tag as KEY:VALUE")]
+
+
+class CapIn(Strict):
+    max_epsilon_per_day: float | None = Field(
+        strict=True,
+        description=f"the daily cap in epsilon, in (0, {MAX_EPSILON_PER_DAY:g}]; null removes "
+        "this cap (the device then takes its tags' cap or the default)",
+    )
+
+
+class DeviceCapOut(BaseModel):
+    device: str
+    max_epsilon_per_day: float
+
+
+class TagCapOut(BaseModel):
+    tag: str = Field(description="KEY:VALUE")
+    max_epsilon_per_day: float
+
+
+class BudgetsOut(BaseModel):
+    default_max_epsilon_per_day: float | None = Field(
+        description="ZEAL_DEVICE_MAX_EPSILON_PER_DAY: the cap of a device with no cap of its "
+        "own or of its tags (null: none)"
+    )
+    devices: list[DeviceCapOut]
+    tags: list[TagCapOut]
+
+
+class DeviceBudgetOut(BaseModel):
+    device: str
+    max_epsilon_per_day: float | None = Field(description="its cap across streams (null: none)")
+    source: str = Field(description="where the cap comes from: device, tag or default")
+    tag: str | None = Field(description="the tag whose cap applies (source tag)")
+    spent_today: float = Field(
+        description="epsilon booked for its readings stamped today (UTC) over its streams "
+        "with a policy"
+    )
+    remaining_today: float | None
+    streams: list[str] = Field(description="the streams it sent to or is enrolled in")
+
+
+def _default(request: Request) -> float | None:
+    value: float | None = request.app.state.settings.device_max_epsilon_per_day
+    return value
+
+
+def _changed(request: Request) -> None:
+    if request.app.state.collector is not None:
+        request.app.state.collector.caps_changed()
+
+
+@router.get("", dependencies=READ, response_model=BudgetsOut)
+def budgets(request: Request, db: Db) -> BudgetsOut:
+    """The default device cap and the caps given to devices and to tags."""
+    found = store.overrides(db)
+    return BudgetsOut(
+        default_max_epsilon_per_day=_default(request),
+        devices=[DeviceCapOut(device=d, max_epsilon_per_day=c) for d, c in found.devices.items()],
+        tags=[TagCapOut(tag=f"{k}:{v}", max_epsilon_per_day=c) for (k, v), c in found.tags.items()],
+    )
+
+
+def _budget_out(db: Db, request: Request, device: str) -> DeviceBudgetOut:
+    try:
+        found = store.device_budget(db, device, _default(request), day_of(store.now_ms()))
+    except StoreError as exc:
+        raise HTTPException(404, str(exc)) from None
+    cap = found.max_epsilon_per_day
+    spent = found.spent_micro / MICRO
+    return DeviceBudgetOut(
+        device=device,
+        max_epsilon_per_day=cap,
+        source=found.source,
+        tag=found.tag,
+        spent_today=spent,
+        remaining_today=None if cap is None else max(0.0, cap - spent),
+        streams=found.streams,
+    )
+
+
+@router.get("/devices/{device}", dependencies=READ, response_model=DeviceBudgetOut)
+def device_budget(device: Device, request: Request, db: Db) -> DeviceBudgetOut:
+    """One device's cap across streams, where it comes from, and its spend today (UTC)."""
+    return _budget_out(db, request, device)
+
+
+@router.put("/devices/{device}", dependencies=WRITE, response_model=DeviceBudgetOut)
+def set_device_cap(device: Device, body: CapIn, request: Request, db: Db) -> DeviceBudgetOut:
+    """Give a device a cap of its own (operator token); null removes it."""
+    try:
+        check_name("device", device)
+    except ParameterError as exc:
+        raise invalid("path", "device", str(exc)) from None
+    try:
+        store.set_device_cap(db, device, body.max_epsilon_per_day)
+    except StoreError as exc:
+        raise invalid("body", "max_epsilon_per_day", str(exc)) from None
+    db.commit()
+    _changed(request)
+    return _budget_out(db, request, device)
+
+
+@router.put("/tags/{tag}", dependencies=WRITE, response_model=BudgetsOut)
+def set_tag_cap(tag: Tag, body: CapIn, request: Request, db: Db) -> BudgetsOut:
+    """Cap every device carrying tag KEY:VALUE in any stream (operator token); null removes
+    the cap. A device with several capped tags takes the lowest."""
+    key, colon, value = tag.partition(":")
+    if not colon:
+        raise invalid("path", "tag", "a tag is KEY:VALUE")
+    try:
+        store.set_tag_cap(db, key, value, body.max_epsilon_per_day)
+    except StoreError as exc:
+        where, field = (
+            ("path", "tag") if "KEY:VALUE" in str(exc) else ("body", "max_epsilon_per_day")
+        )
+        raise invalid(where, field, str(exc)) from None
+    db.commit()
+    _changed(request)
+    return budgets(request, db)

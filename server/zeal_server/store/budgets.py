@@ -1,0 +1,209 @@
+"""A device's privacy cap across streams: who a device is (``principals``: its name, the
+login where logins are provisioned), what it may spend per UTC day over every stream with a
+policy, and what it spent (``principal_days``, booked by ``store.ledger.charge_devices``).
+
+A device's cap is its own (``set_device_cap``), else the lowest cap of the tags its
+devices carry in any stream (``set_tag_cap``: the most protective wins), else the server's
+default (ZEAL_DEVICE_MAX_EPSILON_PER_DAY; None: no device cap). Caps are kept in epsilon and
+booked in integer micro-epsilon rounded down (zeal.policy.cap_micro), as a stream's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from zeal.errors import ParameterError
+from zeal.policy import cap_micro, check_device_cap
+from zeal_server.errors import StoreError
+from zeal_server.store.fleet import MAX_TAG_KEY, MAX_TAG_VALUE
+from zeal_server.store.models import Device, DeviceTag, Principal, PrincipalDay, TagBudget
+from zeal_server.store.streams import insert_for
+
+__all__ = [
+    "BudgetOverrides",
+    "DeviceBudget",
+    "caps_of",
+    "device_budget",
+    "overrides",
+    "principal_ids",
+    "set_device_cap",
+    "set_tag_cap",
+    "spent_on",
+]
+
+
+def _checked(value: float | None, what: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return check_device_cap(value, what=what)
+    except ParameterError as exc:
+        raise StoreError(str(exc)) from exc
+
+
+def _pairs(session: Session, query: Any) -> dict[Any, Any]:
+    return {row[0]: row[1] for row in session.execute(query)}
+
+
+def principal_ids(session: Session, names: list[str]) -> dict[str, int]:
+    """The principal ids of `names`, creating those that do not exist (in name order:
+    collectors lock new rows in one order)."""
+    if not names:
+        return {}
+    wanted = sorted(set(names))
+    found = _pairs(session, select(Principal.name, Principal.id).where(Principal.name.in_(wanted)))
+    new = [n for n in wanted if n not in found]
+    if new:
+        session.execute(
+            insert_for(session)(Principal).on_conflict_do_nothing(), [{"name": n} for n in new]
+        )
+        found |= _pairs(
+            session, select(Principal.name, Principal.id).where(Principal.name.in_(new))
+        )
+    return {str(n): int(i) for n, i in found.items()}
+
+
+def _tag_caps(session: Session, names: list[str]) -> dict[str, float]:
+    """The lowest tag cap of each of `names` that carries a capped tag in some stream."""
+    rows = session.execute(
+        select(Device.name, TagBudget.max_epsilon_per_day)
+        .join(DeviceTag, DeviceTag.device_id == Device.id)
+        .join(TagBudget, (TagBudget.key == DeviceTag.key) & (TagBudget.value == DeviceTag.value))
+        .where(Device.name.in_(names))
+    )
+    out: dict[str, float] = {}
+    for name, cap in rows:
+        out[name] = min(out.get(name, cap), cap)
+    return out
+
+
+def caps_of(
+    session: Session, names: list[str], default: float | None
+) -> dict[str, tuple[int, int | None]]:
+    """(principal id, daily cap in micro-epsilon or None for none) of each of `names`,
+    creating the principals not known yet."""
+    ids = principal_ids(session, names)
+    own = _pairs(
+        session,
+        select(Principal.name, Principal.max_epsilon_per_day).where(
+            Principal.name.in_(list(ids)), Principal.max_epsilon_per_day.is_not(None)
+        ),
+    )
+    tags = _tag_caps(session, [n for n in ids if n not in own])
+    out: dict[str, tuple[int, int | None]] = {}
+    for name, pid in ids.items():
+        cap = own.get(name, tags.get(name, default))
+        out[name] = (pid, None if cap is None else cap_micro(cap))
+    return out
+
+
+def spent_on(session: Session, principal_ids_: list[int], day: int) -> dict[int, int]:
+    """Micro-epsilon booked per principal on UTC day `day`."""
+    if not principal_ids_:
+        return {}
+    rows = session.execute(
+        select(PrincipalDay.principal_id, PrincipalDay.micro).where(
+            PrincipalDay.principal_id.in_(principal_ids_), PrincipalDay.period == day
+        )
+    )
+    return {int(p): int(m) for p, m in rows}
+
+
+def set_device_cap(session: Session, name: str, max_epsilon_per_day: float | None) -> None:
+    """Give device `name` a cap of its own (None: back to its tags' or the default)."""
+    cap = _checked(max_epsilon_per_day, "max_epsilon_per_day")
+    pid = principal_ids(session, [name])[name]
+    session.get_one(Principal, pid).max_epsilon_per_day = cap
+
+
+def set_tag_cap(session: Session, key: str, value: str, max_epsilon_per_day: float | None) -> None:
+    """Cap the devices carrying tag key:value (None: remove that cap)."""
+    if not (0 < len(key) <= MAX_TAG_KEY and len(value) <= MAX_TAG_VALUE and ":" not in key):
+        raise StoreError(
+            f"a tag is KEY:VALUE with a key of 1 to {MAX_TAG_KEY} characters (no ':') and a "
+            f"value of at most {MAX_TAG_VALUE}"
+        )
+    cap = _checked(max_epsilon_per_day, "max_epsilon_per_day")
+    session.execute(delete(TagBudget).where(TagBudget.key == key, TagBudget.value == value))
+    if cap is not None:
+        session.add(TagBudget(key=key, value=value, max_epsilon_per_day=cap))
+        session.flush()
+
+
+@dataclass(frozen=True)
+class BudgetOverrides:
+    """The caps given to devices and to tags (the rest take the default)."""
+
+    devices: dict[str, float]
+    tags: dict[tuple[str, str], float]
+
+
+def overrides(session: Session) -> BudgetOverrides:
+    devices = session.execute(
+        select(Principal.name, Principal.max_epsilon_per_day)
+        .where(Principal.max_epsilon_per_day.is_not(None))
+        .order_by(Principal.name)
+    )
+    tags = session.execute(
+        select(TagBudget.key, TagBudget.value, TagBudget.max_epsilon_per_day).order_by(
+            TagBudget.key, TagBudget.value
+        )
+    )
+    return BudgetOverrides(
+        devices={str(n): float(c) for n, c in devices if c is not None},
+        tags={(str(k), str(v)): float(c) for k, v, c in tags},
+    )
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    """One device's cap across streams and what it spent on a day."""
+
+    device: str
+    #: The cap in epsilon (None: no device cap) and where it comes from: "device", "tag"
+    #: (with the tag) or "default".
+    max_epsilon_per_day: float | None
+    source: str
+    tag: str | None
+    spent_micro: int
+    #: Its streams (those it sent to or is enrolled in).
+    streams: list[str]
+
+
+def device_budget(session: Session, name: str, default: float | None, day: int) -> DeviceBudget:
+    """Device `name`'s cap and its spend on UTC day `day` (StoreError if no stream knows
+    it and it has no cap of its own)."""
+    from zeal_server.store.models import Stream
+
+    streams = list(
+        session.scalars(
+            select(Stream.name)
+            .join(Device, Device.stream_id == Stream.id)
+            .where(Device.name == name)
+            .order_by(Stream.name)
+        )
+    )
+    row = session.scalar(select(Principal).where(Principal.name == name))
+    if row is None and not streams:
+        raise StoreError(f"no device {name!r} in any stream")
+    source, tag, cap = "default", None, default
+    if row is not None and row.max_epsilon_per_day is not None:
+        source, cap = "device", row.max_epsilon_per_day
+    else:
+        found = session.execute(
+            select(TagBudget.key, TagBudget.value, TagBudget.max_epsilon_per_day)
+            .join(
+                DeviceTag, (TagBudget.key == DeviceTag.key) & (TagBudget.value == DeviceTag.value)
+            )
+            .join(Device, Device.id == DeviceTag.device_id)
+            .where(Device.name == name)
+            .order_by(TagBudget.max_epsilon_per_day, TagBudget.key, TagBudget.value)
+        ).first()
+        if found is not None:
+            source, tag, cap = "tag", f"{found[0]}:{found[1]}", float(found[2])
+    spent = 0 if row is None else spent_on(session, [row.id], day).get(row.id, 0)
+    return DeviceBudget(name, cap, source, tag, spent, streams)

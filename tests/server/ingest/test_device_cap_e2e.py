@@ -1,0 +1,167 @@
+"""A device's cap across streams end to end: a real Mosquitto, the real server under its
+default settings (a device cap of 8 epsilon a day), the real agent. A device sending one
+reading an hour of one day into three streams at epsilon 1 while ignoring its ledger has 8
+stored in all and the rest refused as device_cap; an honest agent running the three
+streams together sends nothing the collector refuses, split evenly or by shares."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.server.helpers import publish_all, wait_until
+from tools.testbed.broker import Mosquitto, agent_status
+from zeal import Zeal, encode_batch
+from zeal.policy import DAY_MS, HOUR_MS, day_of
+from zeal_server.app import create_app
+from zeal_server.settings import ServerSettings
+
+pytestmark = pytest.mark.integration
+
+STREAMS = ("humidity", "occupancy", "temperature")
+#: The environment with the agent's default device cap (the suite lifts it, tests/conftest.py).
+DEFAULTS = {k: v for k, v in os.environ.items() if k != "ZEAL_DEVICE_MAX_EPSILON_PER_DAY"}
+
+
+@pytest.fixture
+def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
+    """The real server with its default settings on the broker; readings of yesterday are
+    accepted (backfill 3 days), and the three streams under the default policy."""
+    settings = ServerSettings.from_env(
+        {
+            "ZEAL_DATABASE_URL": database_url,
+            "ZEAL_MQTT_URL": broker.url,
+            "ZEAL_BACKFILL_SECONDS": str(3 * 86_400),
+        }
+    )
+    assert settings.device_max_epsilon_per_day == 8.0
+    with TestClient(create_app(settings)) as c:
+        wait_until(lambda: c.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        for name in STREAMS:
+            body = {"name": name, "lower": 0, "upper": 100, "epsilon": 1}
+            created = c.post("/api/v1/streams", json=body)
+            assert created.status_code == 201, created.text
+            assert created.json()["max_epsilon_per_day"] == 8.0
+        yield c
+
+
+def yesterday_hours() -> list[int]:
+    """The start of every hour of yesterday (UTC, computed when the test runs)."""
+    day = day_of(int(time.time() * 1000)) - 1
+    return [day * DAY_MS + h * HOUR_MS for h in range(24)]
+
+
+def totals(client: TestClient, device: str) -> tuple[int, dict[str, int]]:
+    """Readings stored and rejects counted for `device` over the three streams."""
+    stored, rejects = 0, {}
+    for stream in STREAMS:
+        devices = client.get(f"/api/v1/streams/{stream}/devices").json()["devices"]
+        for d in devices:
+            if d["name"] == device:
+                stored += d["readings"]
+                for reason, count in (d.get("rejects") or {}).items():
+                    rejects[reason] = rejects.get(reason, 0) + count
+    return stored, rejects
+
+
+def flags(client: TestClient, stream: str, device: str) -> list[str]:
+    devices = client.get(f"/api/v1/streams/{stream}/devices").json()["devices"]
+    return next(d["flags"] for d in devices if d["name"] == device)
+
+
+def test_a_device_ignoring_its_ledger_stores_at_most_its_cap_across_three_streams(
+    client: TestClient, broker: Mosquitto
+) -> None:
+    """One reading an hour of yesterday into each of three streams at epsilon 1 (72 in
+    all; each stream's policy allows 8): 8 stored, the other 64 refused as device_cap and
+    flagged on the device's rows; one all at once is covered by test_device_cap.py."""
+    params = Zeal(lower=0, upper=100, epsilon=1, max_epsilon_per_day=8.0)
+    for hour, start in enumerate(yesterday_hours()):  # as such a device sends: hour by hour
+        messages = []
+        for k, stream in enumerate(STREAMS):
+            payload = encode_batch(
+                params,
+                stream=stream,
+                device="rogue",
+                sequence=hour,
+                timestamps=[start + k],
+                codes=params.perturb([50.0]),
+            )
+            messages.append((f"zeal/v1/{stream}/rogue/up", payload))
+        publish_all(broker.port, messages)
+        wait_until(
+            lambda h=hour: (
+                sum(totals(client, "rogue")[1].values()) + totals(client, "rogue")[0] == 3 * (h + 1)
+            ),
+            timeout=60,
+            what=f"hour {hour}'s batches settled",
+        )
+    stored, rejects = totals(client, "rogue")
+    assert (stored, rejects) == (8, {"device_cap": 64})
+    for stream in STREAMS:
+        assert "device_cap" in flags(client, stream, "rogue")
+    budget = client.get("/api/v1/budgets/devices/rogue").json()
+    assert (budget["max_epsilon_per_day"], budget["source"]) == (8.0, "default")
+    assert budget["streams"] == list(STREAMS)
+
+
+def run_agent(tmp_path: Path, broker: Mosquitto, device: str, *extra: str) -> dict[str, Any]:
+    """The real agent, the three streams in one process, each reading its own file of one
+    reading an hour of yesterday (TIMESTAMP_MS,VALUE lines)."""
+    folder = tmp_path / device
+    folder.mkdir()
+    for stream in STREAMS:
+        lines = "".join(f"{start},{40 + h}\n" for h, start in enumerate(yesterday_hours()))
+        (folder / f"{stream}.txt").write_text(lines)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zeal_edge",
+            "run",
+            *("--stream", ",".join(STREAMS)),
+            *("--device", device),
+            *("--source", f"cmd:cat {folder}/{{stream}}.txt"),
+            *("--broker", broker.url),
+            *("--data-dir", str(folder / "data")),
+            *("--batch", "5", "--batch-seconds", "1"),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=DEFAULTS,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "share of the device cap reached" in result.stderr
+    return {s["stream"]: s for s in agent_status(folder / "data")}
+
+
+@pytest.mark.parametrize(
+    ("shares", "expected"), [((), [2, 2, 2]), (("--shares", "3,3,2"), [3, 3, 2])]
+)
+def test_an_honest_agent_of_three_streams_sends_nothing_the_collector_refuses(
+    client: TestClient,
+    broker: Mosquitto,
+    tmp_path: Path,
+    shares: tuple[str, ...],
+    expected: list[int],
+) -> None:
+    """Evenly, each stream may spend 8/3 epsilon: 2 readings each (6 of the 8); with
+    shares 3,3,2 all 8. Either way every reading sent is stored."""
+    status = run_agent(tmp_path, broker, "home", *shares)
+    assert [status[s]["sent_readings"] for s in STREAMS] == expected
+    assert [status[s]["skipped_for_policy"] for s in STREAMS] == [24 - n for n in expected]
+    wait_until(
+        lambda: totals(client, "home")[0] == sum(expected), timeout=60, what="readings stored"
+    )
+    assert totals(client, "home") == (sum(expected), {})
