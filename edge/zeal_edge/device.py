@@ -63,9 +63,3 @@ class DeviceLedger:
                 return spent, self.cap_micro
             self._spent[day] = spent + cost
             return None
-
-    def give_back(self, day: int, cost: int) -> None:
-        """Undo a ``take`` whose reading another check then refused."""
-        with self._lock:
-            if day in self._spent:
-                self._spent[day] -= cost

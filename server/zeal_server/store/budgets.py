@@ -20,7 +20,14 @@ from zeal.errors import ParameterError
 from zeal.policy import cap_micro, check_device_cap
 from zeal_server.errors import StoreError
 from zeal_server.store.fleet import MAX_TAG_KEY, MAX_TAG_VALUE
-from zeal_server.store.models import Device, DeviceTag, Principal, PrincipalDay, TagBudget
+from zeal_server.store.models import (
+    Device,
+    DeviceTag,
+    Principal,
+    PrincipalDay,
+    Stream,
+    TagBudget,
+)
 from zeal_server.store.streams import insert_for
 
 __all__ = [
@@ -67,17 +74,18 @@ def principal_ids(session: Session, names: list[str]) -> dict[str, int]:
     return {str(n): int(i) for n, i in found.items()}
 
 
-def _tag_caps(session: Session, names: list[str]) -> dict[str, float]:
-    """The lowest tag cap of each of `names` that carries a capped tag in some stream."""
+def _tag_caps(session: Session, names: list[str]) -> dict[str, tuple[float, str]]:
+    """The lowest tag cap, with its tag (KEY:VALUE), of each of `names` that carries a
+    capped tag in some stream (ties: the first tag in order)."""
     rows = session.execute(
-        select(Device.name, TagBudget.max_epsilon_per_day)
+        select(Device.name, TagBudget.max_epsilon_per_day, TagBudget.key, TagBudget.value)
         .join(DeviceTag, DeviceTag.device_id == Device.id)
         .join(TagBudget, (TagBudget.key == DeviceTag.key) & (TagBudget.value == DeviceTag.value))
         .where(Device.name.in_(names))
     )
-    out: dict[str, float] = {}
-    for name, cap in rows:
-        out[name] = min(out.get(name, cap), cap)
+    out: dict[str, tuple[float, str]] = {}
+    for name, cap, key, value in rows:
+        out[name] = min(out.get(name, (cap, f"{key}:{value}")), (float(cap), f"{key}:{value}"))
     return out
 
 
@@ -96,7 +104,7 @@ def caps_of(
     tags = _tag_caps(session, [n for n in ids if n not in own])
     out: dict[str, tuple[int, int | None]] = {}
     for name, pid in ids.items():
-        cap = own.get(name, tags.get(name, default))
+        cap = own.get(name, tags[name][0] if name in tags else default)
         out[name] = (pid, None if cap is None else cap_micro(cap))
     return out
 
@@ -177,8 +185,6 @@ class DeviceBudget:
 def device_budget(session: Session, name: str, default: float | None, day: int) -> DeviceBudget:
     """Device `name`'s cap and its spend on UTC day `day` (StoreError if no stream knows
     it and it has no cap of its own)."""
-    from zeal_server.store.models import Stream
-
     streams = list(
         session.scalars(
             select(Stream.name)
@@ -193,17 +199,7 @@ def device_budget(session: Session, name: str, default: float | None, day: int) 
     source, tag, cap = "default", None, default
     if row is not None and row.max_epsilon_per_day is not None:
         source, cap = "device", row.max_epsilon_per_day
-    else:
-        found = session.execute(
-            select(TagBudget.key, TagBudget.value, TagBudget.max_epsilon_per_day)
-            .join(
-                DeviceTag, (TagBudget.key == DeviceTag.key) & (TagBudget.value == DeviceTag.value)
-            )
-            .join(Device, Device.id == DeviceTag.device_id)
-            .where(Device.name == name)
-            .order_by(TagBudget.max_epsilon_per_day, TagBudget.key, TagBudget.value)
-        ).first()
-        if found is not None:
-            source, tag, cap = "tag", f"{found[0]}:{found[1]}", float(found[2])
+    elif (found := _tag_caps(session, [name]).get(name)) is not None:
+        source, (cap, tag) = "tag", found
     spent = 0 if row is None else spent_on(session, [row.id], day).get(row.id, 0)
     return DeviceBudget(name, cap, source, tag, spent, streams)
