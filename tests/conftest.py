@@ -22,6 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # (tests/server/ingest/test_device_cap*.py, tests/server/api/test_budgets_api.py) unset it
 # and run with the default.
 os.environ.setdefault("ZEAL_DEVICE_MAX_EPSILON_PER_DAY", "none")
+# The agents the suite starts on its private brokers, where nobody else retains anything,
+# trust their server's key on first use (--trust-first-use) instead of being handed it. The
+# tests of trust itself (tests/server/broker/test_config_trust.py, test_hostile_round4.py),
+# the README walkthrough, the demo and the deployment unset it and give the key as a
+# device is given it.
+os.environ.setdefault("ZEAL_TRUST_FIRST_USE", "yes")
 
 
 @pytest.fixture(scope="session")

@@ -189,12 +189,17 @@ def main() -> int:
             f"reading on the wire (Abar = {stream['abar']:.4g})"
         )
         print(f"dashboard: {api}/   API docs: {api}/docs", flush=True)
+        # The devices are given their server's key, as provisioned devices are: they use
+        # only the configuration it signed (docs/edge-agent.md).
+        key = get(f"{api}/api/v1/server")["key"]
         start(
             [
                 sys.executable,
                 "-m",
                 "zeal_edge",
                 "simulate",
+                "--server-key",
+                key,
                 "--devices",
                 str(DEVICES),
                 "--source",

@@ -40,7 +40,7 @@ from zeal.mqtt.topics import (
     presence_topic,
 )
 from zeal_edge.budget import micro_epsilon
-from zeal_edge.configs import ConfigDesk
+from zeal_edge.configs import NO_KEY, ConfigDesk
 from zeal_edge.datadir import DataDirLock
 from zeal_edge.device import DeviceLedger
 from zeal_edge.errors import AgentError, UnservedStreamError
@@ -282,6 +282,12 @@ class Agent:
     # -- parameters and presence before reading ---------------------------------------
 
     def _load_params(self) -> None:
+        if (
+            self.options.params_file is None
+            and self.configs.trusted_key() is None
+            and not self.options.trust_first_use
+        ):
+            raise ParameterError(f"refusing to start stream {self.options.stream}: {NO_KEY}")
         if self.options.params_file is not None:
             config = config_from_file(self.options)
             if config.key is not None and self.outbox.server_key(self.namespace) is None:

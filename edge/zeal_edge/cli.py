@@ -123,6 +123,7 @@ def _options(values: dict[str, Any], stream: str, wait: bool) -> Any:
         pin=values["pin"],
         server_key=values["server_key"],
         on_halt=values["on_halt"],
+        trust_first_use=values["trust_first_use"],
         wait=wait,
     )
 
@@ -279,6 +280,7 @@ def _status_record(outbox: Outbox, st: NamespaceStatus, now_ms: int) -> dict[str
         "server_rejects": st.server_rejects or {},
         "server_key": st.server_key,
         "unverified_messages": st.unverified,
+        "ignored_signed": st.ignored or {},
         "halted": None
         if st.halt is None
         else {"reason": st.halt.reason, "since": _when(st.halt.since_ms), "why": st.halt.message},
@@ -331,7 +333,9 @@ def _resume(args: argparse.Namespace) -> int:
     cleared = [st for st in outbox.status() if st.halt is not None]
     for st in cleared:
         outbox.set_halt(st.namespace, None)
-        outbox.set_origin(st.namespace, None)
+        outbox.set_origin(st.namespace, None)  # and what it had seen of that origin:
+        outbox.set_mark(st.namespace, "revision", None)
+        outbox.set_mark(st.namespace, "released_ms", None)
         print(f"{st.stream}/{st.device}: halt cleared ({st.halt.reason if st.halt else ''})")
     outbox.close()
     if not cleared:
@@ -426,6 +430,9 @@ def _status(args: argparse.Namespace) -> int:
                 f"  ignored           {r['unverified_messages']} configuration or notice "
                 "message(s) not signed by that key"
             )
+        if r["ignored_signed"]:
+            counts = ", ".join(f"{k} {v}" for k, v in r["ignored_signed"].items())
+            print(f"  ignored, signed   {counts} (docs/edge-agent.md: stale, not for it, not its)")
         _print_budgets(r)
     return 0
 

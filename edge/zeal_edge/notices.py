@@ -1,8 +1,22 @@
-"""What the agent does with the server's notices about its device (``zeal.mqtt.topics``): a
-notice must verify under the server's key (``zeal_edge.trust``; else it is ignored and
-counted), notices from another server are ignored (logged), a sequence reset moves the
-outbox's sequence numbers past the server's, a rejection is counted (``zeal-edge status``)
-and logged, and a FATAL one halts the agent."""
+"""What the agent does with the server's notices about its device (``zeal.mqtt.topics``).
+
+A notice counts only if all of these hold, else it is ignored and counted (``zeal-edge
+status``, by why) and never halts the agent:
+
+- it verifies under the server's key (``zeal_edge.trust``; else ``unverified``);
+- it is for this agent's stream and device (``not_ours``: a notice of another device or
+  stream re-published here) and from the server that configured the stream
+  (``foreign_server``);
+- it is about a message this agent sent: its digest is one of the last batches committed
+  to the outbox (``Outbox.sent_sequence``), with the same sequence when the notice names
+  one (``not_sent``: a message someone else published under this device's name, or a
+  batch too old to remember);
+- it was issued after the last notice acted on (``stale``: a replay).
+
+Then a sequence reset moves the outbox's sequence numbers past the server's (never beyond
+``MAX_SEQUENCE``), a jump is logged, a rejection is counted and logged, and a FATAL one
+halts the agent.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +24,7 @@ import logging
 
 from zeal.mqtt.streamconfig import StreamConfig
 from zeal.mqtt.topics import Notice, TopicError
+from zeal.protocol import MAX_SEQUENCE
 from zeal.signed import NOTICE_PURPOSE
 from zeal_edge.configs import ConfigDesk
 from zeal_edge.mqtt import Message
@@ -50,6 +65,65 @@ class NoticeDesk:
             log.warning("ignoring a notice on %s: %s", message.topic, exc)
             return None
 
+    def _ignore(self, kind: str, notice: Notice, why: str, now: int) -> None:
+        """Count an ignored notice; say why at most once a minute per kind."""
+        self.outbox.record_ignored(self.namespace, f"notice_{kind}", now_ms=now)
+        if self.throttle.ready(f"ignored-notice-{kind}"):
+            log.warning(
+                "ignoring a %s notice signed by the server: %s (counted in zeal-edge status; "
+                "logged once a minute)",
+                notice.reason,
+                why,
+            )
+
+    def _about(self, notice: Notice, config: StreamConfig | None, now: int) -> int | None:
+        """The sequence of the batch this agent sent that `notice` is about (its digest's,
+        also when the server could not decode it), once the notice passed every check of
+        the module docstring; None when it is ignored (counted)."""
+        options = self.options
+        if (notice.stream, notice.device) != (options.stream, options.device):
+            self._ignore(
+                "not_ours",
+                notice,
+                f"it is about device {notice.device} of stream {notice.stream}, not this "
+                f"agent's {options.device} of {options.stream}",
+                now,
+            )
+            return None
+        ours = config.server if config else None
+        if ours is not None and notice.server != ours:
+            self._ignore(
+                "foreign_server",
+                notice,
+                f"server {notice.server} did not configure stream {options.stream} (server "
+                f"{ours} did): two servers share the broker",
+                now,
+            )
+            return None
+        sent = self.outbox.sent_sequence(self.namespace, notice.digest)
+        if sent is None or (notice.sequence is not None and notice.sequence != sent):
+            self._ignore(
+                "not_sent",
+                notice,
+                f"this agent sent no message with digest {notice.digest}"
+                + ("" if notice.sequence is None else f" as batch #{notice.sequence}")
+                + " among its last batches: someone else published under its name, or the "
+                "notice is about a batch too old to remember",
+                now,
+            )
+            return None
+        last = self.outbox.mark(self.namespace, "notice_ms")
+        if isinstance(last, int) and notice.issued_ms <= last:
+            self._ignore(
+                "stale",
+                notice,
+                "it was issued before the last notice this agent acted on (a replay)",
+                now,
+            )
+            return None
+        self.outbox.set_mark(self.namespace, "notice_ms", notice.issued_ms)
+        return sent
+
     def handle(
         self, message: Message, config: StreamConfig | None, now: int
     ) -> tuple[str, str] | None:
@@ -57,43 +131,48 @@ class NoticeDesk:
         notice = self._read(message)
         if notice is None:
             return None
-        ours = config.server if config else None
-        if ours is not None and notice.server != ours:
-            if self.throttle.ready(f"foreign-{notice.server}-{notice.reason}"):
-                log.warning(
-                    "server %s, which did not configure stream %s (server %s did), reports "
-                    "%s: %s. Two servers share the broker; this agent follows %s.",
-                    notice.server,
-                    self.options.stream,
-                    ours,
-                    notice.reason,
-                    notice.message,
-                    ours,
-                )
+        sequence = self._about(notice, config, now)
+        if sequence is None:
             return None
-        if notice.reason == "sequence_reset":
-            log.warning(
-                "the server already knew device %s: %s. No reading is lost.",
-                self.options.device,
-                notice.message,
-            )
-            if notice.last_sequence is not None and self.outbox.advance_sequence(
-                self.namespace, notice.last_sequence + 1
-            ):
-                log.info("sequence numbers continue at %d", notice.last_sequence + 1)
+        which = f"batch #{sequence}"
+        if notice.reason in ("sequence_reset", "sequence_jump"):
+            self._moved(notice, which)
             return None
         self.outbox.record_server_reject(self.namespace, notice.reason, now_ms=now)
         created = config.created_ms if config else None
-        if created is not None and notice.time_ms < created:
+        if created is not None and notice.issued_ms < created:
             return None  # about the stream of that name before it was created anew
-        if notice.reason in FATAL and ours is not None:
-            return notice.reason, f"the server rejected a batch: {notice.message}"
+        if notice.reason in FATAL and config is not None:
+            return notice.reason, f"the server rejected {which}: {notice.message}"
         if self.throttle.ready(f"notice-{notice.reason}"):
             log.error(
-                "the server rejected batch #%s (%s): %s (logged once a minute; counted in "
+                "the server rejected %s (%s): %s (logged once a minute; counted in "
                 "zeal-edge status)",
-                notice.sequence,
+                which,
                 notice.reason,
                 notice.message,
             )
         return None
+
+    def _moved(self, notice: Notice, which: str) -> None:
+        """A batch stored after a sequence reset or as a jump: continue past the server's
+        highest sequence, where it says one a device can store."""
+        log.warning(
+            "the server stored %s of device %s: %s. No reading is lost.",
+            which,
+            self.options.device,
+            notice.message,
+        )
+        last = notice.last_sequence
+        if notice.reason != "sequence_reset" or last is None:
+            return
+        if not 0 <= last < MAX_SEQUENCE:
+            log.error(
+                "the server's notice says its highest sequence is %d, past what this agent "
+                "numbers up to (%d): sequence numbers stay where they are",
+                last,
+                MAX_SEQUENCE,
+            )
+            return
+        if self.outbox.advance_sequence(self.namespace, last + 1):
+            log.info("sequence numbers continue at %d", last + 1)

@@ -69,11 +69,14 @@ class AgentOptions:
     device_max_epsilon_per_day: float | None = DEFAULT_DEVICE_MAX_EPSILON_PER_DAY
     #: Adopt only the configuration with this parameter fingerprint (16 hex digits).
     pin: str | None = None
-    #: The server's public key its configurations and notices must verify under (None: the
-    #: key of the first configuration adopted, pinned in the outbox).
+    #: The server's public key its configurations and notices must verify under, given
+    #: with the device's login (None: the key pinned in the outbox, if any).
     server_key: str | None = None
     #: On a halt: "exit" (status 3) or "wait" until the server releases the stream.
     on_halt: str = "exit"
+    #: With no server key given or pinned, trust the key of the first signed configuration
+    #: (--trust-first-use); else such an agent adopts nothing.
+    trust_first_use: bool = False
 
 
 def refusal(config: StreamConfig, options: AgentOptions) -> str | None:

@@ -16,6 +16,7 @@ spend budget on it again), readings skipped as not finite, and rejects the serve
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import sqlite3
 import threading
@@ -34,6 +35,16 @@ __all__ = ["Outbox"]
 
 #: How long a namespace that never set a budget window keeps its per-second spend.
 _UNSET_WINDOW_S = 7 * 86_400
+#: Batches whose digests are kept after their commit, per namespace (at least: pruned once
+#: a minute): a notice about an older one is not acted on. 24 bytes a batch.
+SENT_KEPT = 4096
+#: The namespace columns ``Outbox.mark`` reads and sets.
+MARKS = frozenset({"revision", "released_ms", "notice_ms", "given_key"})
+
+
+def _digest(payload: bytes) -> int:
+    """``zeal.mqtt.topics.message_digest`` as the signed 64-bit integer kept in ``sent``."""
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big", signed=True)
 
 
 def namespace_of(stream: str, device: str) -> str:
@@ -60,9 +71,13 @@ def _journal_in_wal(db: sqlite3.Connection) -> None:
 class Outbox:
     """SQLite-backed outbox; one instance per process, used from one thread at a time."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, digests: bool = True) -> None:
+        """`digests`: keep the digests of the last batches sent (``sent``), which an
+        agent's notices are checked against; a simulator, which reads no notices, keeps
+        none."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.digests = digests
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()
         _journal_in_wal(self._db)
@@ -158,6 +173,46 @@ class Outbox:
                 "UPDATE namespaces SET server_key = ? WHERE namespace = ?", (key, namespace)
             )
 
+    def mark(self, namespace: str, column: str) -> int | str | None:
+        """A namespace's mark of what it trusts (``MARKS``): the revision of the
+        configuration it follows, the newest release it saw, when the last notice it acted
+        on was issued, the key given when its key was pinned."""
+        if column not in MARKS:
+            raise OutboxError(f"no such mark: {column!r}")
+        value: int | str | None = self._one(
+            f"SELECT {column} FROM namespaces WHERE namespace = ?", namespace
+        )
+        return value
+
+    def set_mark(self, namespace: str, column: str, value: int | str | None) -> None:
+        if column not in MARKS:
+            raise OutboxError(f"no such mark: {column!r}")
+        with self._lock:
+            self._db.execute(
+                f"UPDATE namespaces SET {column} = ? WHERE namespace = ?", (value, namespace)
+            )
+
+    def record_ignored(self, namespace: str, kind: str, *, now_ms: int) -> None:
+        """Count a signed message of its server that the agent ignored, by why (`kind`)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO ignored (namespace, kind, count, last_ms) VALUES (?, ?, 1, ?) "
+                "ON CONFLICT (namespace, kind) DO UPDATE SET count = count + 1, last_ms = ?",
+                (namespace, kind, now_ms, now_ms),
+            )
+
+    def sent_sequence(self, namespace: str, digest: str) -> int | None:
+        """The sequence of the batch with this digest (``message_digest``) among the last
+        SENT_KEPT committed, or None when it is not one of them."""
+        key = int.from_bytes(bytes.fromhex(digest), "big", signed=True)
+        with self._lock:
+            row = self._db.execute(
+                "SELECT sequence FROM sent WHERE namespace = ? AND digest = ? "
+                "ORDER BY sequence DESC LIMIT 1",
+                (namespace, key),
+            ).fetchone()
+        return None if row is None else int(row[0])
+
     def record_unverified(self, namespace: str) -> None:
         """Count a message ignored because it was not signed by the server's key."""
         with self._lock:
@@ -186,7 +241,10 @@ class Outbox:
     def forget(self, namespace: str) -> None:
         """Remove everything kept for a namespace: its status, batches, rejects and ledgers."""
         with self._lock, self._db:
-            for table in ("batches", "server_rejects", "day_spend", "hour_spend", "spend"):
+            for table in (
+                *("batches", "server_rejects", "day_spend", "hour_spend", "spend"),
+                *("sent", "ignored"),
+            ):
                 self._db.execute(f"DELETE FROM {table} WHERE namespace = ?", (namespace,))
             self._db.execute("DELETE FROM namespaces WHERE namespace = ?", (namespace,))
 
@@ -265,6 +323,12 @@ class Outbox:
                         "VALUES (?, ?, ?, ?, ?)",
                         (ns, seq, payload, readings, now_ms),
                     )
+                    if self.digests:
+                        self._db.execute(
+                            "INSERT OR REPLACE INTO sent (namespace, sequence, digest) "
+                            "VALUES (?, ?, ?)",
+                            (ns, seq, _digest(payload)),
+                        )
                     if micro:
                         self._db.execute(
                             "INSERT INTO spend (namespace, second, micro) VALUES (?, ?, ?) "
@@ -284,11 +348,17 @@ class Outbox:
     def _prune_spend(self, second: int) -> None:
         """Forget spend older than the longest budget window each namespace was run with
         (a week if it never set one): the per-second ledger would otherwise grow by a row
-        per committed second, forever. The policy's day and hour ledgers are kept."""
+        per committed second, forever. The policy's day and hour ledgers are kept. The
+        digests of all but the last SENT_KEPT batches go too."""
         self._db.execute(
             "DELETE FROM spend WHERE second <= ? - COALESCE((SELECT kept_window_s FROM "
             "namespaces n WHERE n.namespace = spend.namespace), ?)",
             (second, _UNSET_WINDOW_S),
+        )
+        self._db.execute(
+            "DELETE FROM sent WHERE sequence < (SELECT next_sequence FROM namespaces n "
+            "WHERE n.namespace = sent.namespace) - ?",
+            (SENT_KEPT,),
         )
         self._pruned_ms = second * 1000
 
@@ -430,6 +500,11 @@ class Outbox:
                 "SELECT namespace, reason, count FROM server_rejects ORDER BY reason"
             ):
                 rejects.setdefault(ns, {})[reason] = int(count)
+            ignored: dict[str, dict[str, int]] = {}
+            for ns, kind, count in self._db.execute(
+                "SELECT namespace, kind, count FROM ignored ORDER BY kind"
+            ):
+                ignored.setdefault(ns, {})[kind] = int(count)
         names = [f.name for f in fields(NamespaceStatus)][:16]
         return [
             NamespaceStatus(
@@ -442,6 +517,7 @@ class Outbox:
                 clipped_high=int(row[20]),
                 server_key=row[21],
                 unverified=int(row[22]),
+                ignored=ignored.get(row[0], {}),
             )
             for row in rows
         ]

@@ -56,6 +56,23 @@ CREATE TABLE IF NOT EXISTS spend (
     micro INTEGER NOT NULL,
     PRIMARY KEY (namespace, second)
 );
+-- The digests of the last batches committed (zeal.mqtt.topics.message_digest as a signed
+-- 64-bit integer): a notice counts only if it is about one of them (zeal_edge.notices).
+CREATE TABLE IF NOT EXISTS sent (
+    namespace TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    digest INTEGER NOT NULL,
+    PRIMARY KEY (namespace, sequence)
+);
+CREATE INDEX IF NOT EXISTS sent_by_digest ON sent (namespace, digest);
+-- Signed messages from its server the agent ignored, by why: stale, not for it, ...
+CREATE TABLE IF NOT EXISTS ignored (
+    namespace TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    last_ms INTEGER NOT NULL,
+    PRIMARY KEY (namespace, kind)
+);
 """
 
 
@@ -78,6 +95,14 @@ ADDED_COLUMNS = {
     "server_key": "TEXT",
     # messages on its configuration and notice topics ignored: not signed by that key
     "unverified": "INTEGER NOT NULL DEFAULT 0",
+    # the revision of the configuration it follows (an older one is ignored)
+    "revision": "INTEGER",
+    # the newest release (released_ms) it saw of its stream (an older one is ignored)
+    "released_ms": "INTEGER",
+    # when the last notice it acted on was issued (an older one is ignored)
+    "notice_ms": "INTEGER",
+    # the key given (--server-key) when server_key was pinned: a key given anew re-pins
+    "given_key": "TEXT",
 }
 
 

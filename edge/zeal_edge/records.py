@@ -82,3 +82,5 @@ class NamespaceStatus:
     clipped_high: int = 0  # readings above it, sent as its upper end
     server_key: str | None = None  # the key its server's messages must verify under
     unverified: int = 0  # messages ignored: not signed by that key
+    #: Signed messages of its server ignored, by why (stale, not for it, not sent by it)
+    ignored: dict[str, int] | None = None

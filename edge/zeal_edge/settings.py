@@ -40,6 +40,8 @@ class Setting:
     secret: bool = False
     #: (name, variable) it had before docs/api.md's vocabulary: still read, with a warning
     old: tuple[str, str] | None = None
+    #: A yes/no setting whose flag alone means yes (``--trust-first-use``)
+    switch: bool = False
 
     @property
     def flag(self) -> str:
@@ -92,6 +94,15 @@ def _on_halt(text: str) -> str:
     if value not in ("exit", "wait"):
         raise ValueError("must be exit or wait")
     return value
+
+
+def _yes_no(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "yes", "true", "on"):
+        return True
+    if value in ("0", "no", "false", "off", ""):
+        return False
+    raise ValueError("must be yes or no")
 
 
 def _server_key(text: str) -> str:
@@ -264,9 +275,19 @@ SETTINGS: tuple[Setting, ...] = (
         _server_key,
         None,
         "ZEAL_SERVER_KEY",
-        "the server's public key (the 'key' of its stream configuration): its "
-        "configurations and notices must be signed with it (default: the key of the first "
-        "configuration adopted, pinned)",
+        "the server's public key, handed over with the device's login (zeal-server devices "
+        "provision prints it; zeal-server key shows it): its configurations and notices "
+        "must be signed with it, or with a key it endorsed (a rotation)",
+    ),
+    Setting(
+        "trust_first_use",
+        _yes_no,
+        False,
+        "ZEAL_TRUST_FIRST_USE",
+        "with no --server-key, trust the key of the first signed configuration seen on the "
+        "broker (whoever retains one there first would be this agent's server: only on a "
+        "broker no one else can write to)",
+        switch=True,
     ),
     Setting(
         "on_halt",
@@ -287,12 +308,13 @@ def add_arguments(parser: argparse.ArgumentParser, names: set[str]) -> None:
     for s in SETTINGS:
         if s.name in names:
             default = "none" if s.default is None else s.default
-            parser.add_argument(
-                s.flag,
-                dest=s.name,
-                default=None,
-                help=f"{s.help} [env {s.env}; default {default}]",
-            )
+            text = f"{s.help} [env {s.env}; default {default}]"
+            if s.switch:  # the flag alone says yes
+                parser.add_argument(
+                    s.flag, dest=s.name, default=None, nargs="?", const="yes", help=text
+                )
+            else:
+                parser.add_argument(s.flag, dest=s.name, default=None, help=text)
             if s.old is not None and s.old[0] != s.name:
                 renamed(parser, f"--{s.old[0].replace('_', '-')}", s.flag, s.name)
 

@@ -28,11 +28,14 @@ from zeal.mqtt.streamconfig import is_tombstone, params_from_config
 from zeal.mqtt.topics import config_topic
 from zeal.policy import DAY_MS, HOUR_MS, cap_micro, micro_epsilon, tally
 from zeal.protocol import check_name
+from zeal.signed import CONFIG_PURPOSE
 from zeal.vocabulary import renamed
+from zeal_edge.errors import UnverifiedError
 from zeal_edge.mqtt import Connection, parse_broker_url
 from zeal_edge.outbox import Outbox
 from zeal_edge.pipeline import Batcher, Draft, Pipeline
 from zeal_edge.settings import add_arguments, resolve
+from zeal_edge.trust import verified
 
 __all__ = ["add_simulate_arguments", "run_simulation"]
 
@@ -53,6 +56,7 @@ _SETTINGS = {
     "column",
     "device_max_epsilon_per_day",
     "log_level",
+    "server_key",
 }
 
 
@@ -104,9 +108,29 @@ def _buried(payload: bytes) -> bool:
     return isinstance(document, dict) and is_tombstone(document)
 
 
+def _trusted(payload: bytes, key: object) -> bool:
+    """Whether a configuration may be used: signed by the server's key when one was given
+    (--server-key, as to a device); with none, the first one found (simulated devices)."""
+    if key is None:
+        return True
+    try:
+        verified(payload, CONFIG_PURPOSE, str(key))
+    except UnverifiedError as exc:
+        log.warning("ignoring a configuration: %s", exc)
+        return False
+    return True
+
+
 def _params(values: dict[str, object], connection: Connection, stream: str, wait: float) -> Zeal:
     if values["params"]:
         return params_from_config(Path(str(values["params"])).read_text(), stream=stream)
+    if values["server_key"] is None:
+        log.warning(
+            "no --server-key: the simulated devices use the first configuration of stream %s "
+            "on the broker, whoever signed it (give the server's key, as real devices are "
+            "given it, to use only the server's)",
+            stream,
+        )
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         while not connection.messages.empty():
@@ -114,7 +138,8 @@ def _params(values: dict[str, object], connection: Connection, stream: str, wait
             if message.topic == config_topic(stream) and message.payload:
                 if _buried(message.payload):  # a tombstone: the stream was deleted
                     continue
-                return params_from_config(message.payload, stream=stream)
+                if _trusted(message.payload, values["server_key"]):
+                    return params_from_config(message.payload, stream=stream)
         time.sleep(0.05)
     raise ValueError(
         f"no stream parameters on {config_topic(stream)} within {wait} s; "
@@ -229,7 +254,7 @@ def run_simulation(args: argparse.Namespace) -> int:
         raise ValueError("simulate runs one stream: give --stream one name")
     data = _dataset(values, args)
     connection = _connection(values, stream, prefix)
-    outbox = Outbox(Path(str(values["data_dir"])) / "simulate.sqlite")
+    outbox = Outbox(Path(str(values["data_dir"])) / "simulate.sqlite", digests=False)
     connection.start()
     try:
         params = _params(values, connection, stream, args.wait_params)

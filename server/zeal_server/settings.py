@@ -78,6 +78,12 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "the uplink events' topic filter (ChirpStack's default event topic)",
     ),
     "ZEAL_SHARE_GROUP": ("none", "shared-subscription group, for several collectors"),
+    "ZEAL_MQTT_LOGIN_PROPERTY": (
+        "none",
+        "the MQTT v5 user property in which the broker names the login that published each "
+        "data message (zeal-login with deploy/mosquitto's zeal_retain plugin, which the "
+        "Compose stack sets): a device's cap is then spent only by its own login",
+    ),
     "ZEAL_COLLECTOR_ID": (
         "claimed in ZEAL_DATA_DIR",
         "MQTT client id of the collector's persistent session; by default unique per "
@@ -123,6 +129,8 @@ class ServerSettings:
     database_url: str
     broker: BrokerSettings | None
     share_group: str = ""
+    #: Where the broker names a data message's publisher (ZEAL_MQTT_LOGIN_PROPERTY).
+    mqtt_login_property: str | None = None
     #: None: claim one in data_dir (zeal_server.broker.identity).
     collector_id: str | None = None
     data_dir: Path = Path("zeal-data")
@@ -228,6 +236,7 @@ class ServerSettings:
             database_url=url,
             broker=broker,
             share_group=_share_group(env.get("ZEAL_SHARE_GROUP", "")),
+            mqtt_login_property=_login_property(env.get("ZEAL_MQTT_LOGIN_PROPERTY", "")),
             collector_id=_collector_id(env.get("ZEAL_COLLECTOR_ID") or None),
             data_dir=data_dir,
             operator_token=operator,
@@ -369,6 +378,18 @@ def _collector_id(text: str | None) -> str | None:
             f"ZEAL_COLLECTOR_ID must be at most 128 letters, digits, '-', '_' or '.', got {text!r}"
         )
     return text
+
+
+def _login_property(text: str) -> str | None:
+    value = text.strip()
+    if value.lower() in ("", "none"):
+        return None
+    if len(value) > 64 or not all(c.isalnum() or c in "-_." for c in value):
+        raise SettingsError(
+            "ZEAL_MQTT_LOGIN_PROPERTY must be a property name of letters, digits, '-', '_' or "
+            f"'.' (zeal-login for deploy/mosquitto's plugin), or none; got {text!r}"
+        )
+    return value
 
 
 def _share_group(text: str) -> str:

@@ -27,6 +27,8 @@ __all__ = [
     "EPSILON_CEILING",
     "EPSILON_MAX",
     "EXPONENT",
+    "MAX_SEQUENCE",
+    "MAX_SEQUENCE_JUMP",
     "NAME_MAX_LENGTH",
     "NAME_PATTERN",
     "PAYLOAD_BITS",
@@ -51,6 +53,15 @@ PAYLOAD_BITS: Final = (2, 52)
 EXPONENT: Final = (-1000, 1022)
 #: Inclusive bounds of a stream's time aggregation bucket, in seconds (one second to a day).
 BUCKET_SECONDS: Final = (1, 86_400)
+#: The highest batch sequence number a device uses: an agent's outbox keeps it in SQLite's
+#: signed 64-bit INTEGER (the wire's varint carries up to 2**64 - 1, which the collector
+#: reads but never tells a device to continue from).
+MAX_SEQUENCE: Final = (1 << 63) - 1
+#: How far above the highest sequence a device has stored its next batch may be and still
+#: count as continuing it (the sequences between counted missing): 65,536 batches, 45 days
+#: of a LoRaWAN frame a minute. A batch further up is a *jump* (zeal_server.store.sequences):
+#: stored, counted as a sequence reset, and not taken as the device's position.
+MAX_SEQUENCE_JUMP: Final = 1 << 16
 
 _WIRE_MEANINGS: Final = {
     "empty": "the payload is empty",

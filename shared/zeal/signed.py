@@ -9,8 +9,10 @@ it pinned (docs/edge-agent.md, "Which configuration an agent trusts").
 
 The signature is Ed25519 (RFC 8032) over ``PURPOSE "\\n" canonical-json``, where the JSON is
 the document without its ``signature`` field, keys sorted, no white space, ASCII only, no NaN.
-The purpose (``zeal-stream/1`` for configurations and tombstones, ``zeal-notice/1`` for
-notices) keeps a signature of one kind from passing for the other. The document carries
+The purpose (``zeal-stream/1`` for configurations and tombstones, ``zeal-notice/2`` for
+notices, ``zeal-key/1`` for a key's endorsement of its successor) keeps a signature of one
+kind from passing for another (and a ``zeal-notice/1`` notice of an older server, bound to
+nothing, from passing for a notice now). The document carries
 the signer's public key (``key``, 32 bytes) and the signature (``signature``, 64 bytes),
 both in standard base64::
 
@@ -19,6 +21,16 @@ both in standard base64::
 
 A document parsed from JSON and laid out again gives the same bytes (Python's ``json`` writes
 floats by their shortest repr), so the agent checks the document it parsed.
+
+A server that rotated its key (``zeal-server key rotate``) signs with the new key and adds
+the chain that leads to it from its first key, ``endorsements``, oldest first: each link
+names the key it endorses and the key it is signed by (``by``), the server, and when it was
+issued, signed by ``by`` for ``zeal-key/1``::
+
+    "endorsements": [{"server": "…", "by": "…old key…", "key": "…new key…",
+                      "issued_ms": 1767225600000, "signature": "…"}]
+
+An agent that trusts a key of the chain follows it to the newest key (zeal_edge.trust).
 """
 
 from __future__ import annotations
@@ -31,8 +43,10 @@ from typing import Any, Final
 
 __all__ = [
     "CONFIG_PURPOSE",
+    "ENDORSEMENTS",
     "KEY",
     "KEY_BYTES",
+    "KEY_PURPOSE",
     "NOTICE_PURPOSE",
     "SIGNATURE",
     "SIGNATURE_BYTES",
@@ -48,7 +62,10 @@ KEY_BYTES: Final = 32
 SIGNATURE_BYTES: Final = 64
 #: What each kind of document is signed for.
 CONFIG_PURPOSE: Final = "zeal-stream/1"
-NOTICE_PURPOSE: Final = "zeal-notice/1"
+NOTICE_PURPOSE: Final = "zeal-notice/2"
+KEY_PURPOSE: Final = "zeal-key/1"
+#: The field of a configuration that carries a rotated key's chain of endorsements.
+ENDORSEMENTS: Final = "endorsements"
 
 
 def signed_bytes(document: Mapping[str, Any], purpose: str) -> bytes:

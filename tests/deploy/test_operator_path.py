@@ -15,6 +15,8 @@ import pytest
 
 from tests.deploy.compose_check import staged
 from tools.testbed.broker import Mosquitto, deploy_broker_config
+from zeal_server import store
+from zeal_server.store.db import make_engine, migrate, session_factory
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -31,7 +33,7 @@ def commands() -> list[str]:
 def test_the_operators_path_runs_as_written_until_docker_starts(tmp_path: Path) -> None:
     """Every command before `docker-compose ... up` succeeds in a copy of the repository's
     deployment files (one shell, as an operator types them): random tokens replace the
-    examples, both password-file users and the dynamic security admin exist, and Compose
+    examples, the collector's password-file user and the dynamic security admin exist, and Compose
     accepts the result. The broker files then work in a real mosquitto: the collector's
     login connects, and the README's provisioning command makes a device login."""
     before_up = []
@@ -62,7 +64,9 @@ def test_the_operators_path_runs_as_written_until_docker_starts(tmp_path: Path) 
     for token in ("ZEAL_OPERATOR_TOKEN", "ZEAL_READ_TOKEN"):
         assert re.fullmatch(r"[0-9a-f]{48}", settings[token]), token
     users = (directory / "deploy" / "mosquitto" / "passwd").read_text().splitlines()
-    assert [u.split(":")[0] for u in users] == ["zeal-collector", "zeal-fleet-simulator"]
+    # The collector's alone: no login that may publish as any device (the simulator's is
+    # made for the demo profile only).
+    assert [u.split(":")[0] for u in users] == ["zeal-collector"]
     dynsec = json.loads(
         (directory / "deploy" / "mosquitto" / "dynsec" / "dynamic-security.json").read_text()
     )
@@ -73,15 +77,24 @@ def test_the_operators_path_runs_as_written_until_docker_starts(tmp_path: Path) 
     conf = (files / "mosquitto.conf").read_text()
     broker.config.write_text(deploy_broker_config(conf, broker.port, files))
     broker.start()
+    # The server's database (in the stack: PostgreSQL, and the command runs in the server's
+    # container), for the key provisioning hands over with the login.
+    database = f"sqlite:///{tmp_path / 'zeal.sqlite'}"
+    engine = make_engine(database)
+    migrate(engine)
+    with session_factory(engine)() as session:
+        key = store.signer(session).public
+    engine.dispose()
     try:
         provision = subprocess.run(
             [sys.executable, "-m", "zeal_server", "devices", "provision", "kitchen-1"],
-            env={**env, **settings, "ZEAL_MQTT_URL": broker.url},
+            env={**env, **settings, "ZEAL_MQTT_URL": broker.url, "ZEAL_DATABASE_URL": database},
             capture_output=True,
             text=True,
             timeout=30,
         )
         assert provision.returncode == 0, provision.stderr
         assert "username: kitchen-1" in provision.stdout
+        assert f"server key: {key}" in provision.stdout
     finally:
         broker.stop()

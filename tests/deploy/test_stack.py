@@ -206,6 +206,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             found = re.search(r"^password: (\S+)$", done.stdout, flags=re.M)
             assert found, done.stdout
             stack_.figures["kitchen-1"] = found.group(1)
+            key = re.search(r"^server key: (\S+)$", done.stdout, flags=re.M)
+            assert key, done.stdout  # handed over with the login, as the README says
+            stack_.figures["server_key"] = key.group(1)
             images = {
                 service: engine_.image_bytes(f"zeal/{service}:local") / 1e6
                 for service in ("server", "mosquitto", "postgres")
@@ -274,7 +277,14 @@ def test_provisioned_agents_are_stored_and_served_exactly(stack: Stack, tmp_path
     stack.figures["kitchen-2"] = stack.provision("kitchen-2")
     passwords = {d: stack.figures[d] for d in ("kitchen-1", "kitchen-2")}
     agents = [
-        StdinAgent(stack.mqtt_url, tmp_path, device, password, stream="kitchens")
+        StdinAgent(
+            stack.mqtt_url,
+            tmp_path,
+            device,
+            password,
+            stream="kitchens",
+            server_key=stack.figures["server_key"],
+        )
         for device, password in passwords.items()
     ]
     try:
@@ -379,7 +389,14 @@ def test_restarts_of_every_service_and_down_up_lose_no_acknowledged_reading(
     the broker), and every reading they read is stored once."""
     create_load_stream(stack, "restarts", ("kitchen-1", "kitchen-2"))
     agents = [
-        StdinAgent(stack.mqtt_url, tmp_path, device, stack.figures[device], "restarts")
+        StdinAgent(
+            stack.mqtt_url,
+            tmp_path,
+            device,
+            stack.figures[device],
+            "restarts",
+            server_key=stack.figures["server_key"],
+        )
         for device in ("kitchen-1", "kitchen-2")
     ]
     steps: list[str] = []
@@ -501,6 +518,7 @@ def test_the_cluster_profile_loses_nothing_when_a_node_is_killed(
         device_password,
         "cluster",
         *("--protocol", "3.1.1"),
+        server_key=stack.figures["server_key"],
     )
     try:
         wait_until(lambda: stack.readings("cluster") >= 40, 180, "readings through the cluster")

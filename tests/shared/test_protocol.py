@@ -78,7 +78,7 @@ def test_the_collector_records_only_catalogue_reasons() -> None:
     from zeal_server.broker.notices import NOTICES
     from zeal_server.ingest.validation import Ingest
 
-    assert set(NOTICES) - {"sequence_reset"} <= set(REJECT_REASONS)
+    assert set(NOTICES) - {"sequence_reset", "sequence_jump"} <= set(REJECT_REASONS)
     assert set(FATAL) <= set(REJECT_REASONS)
     with pytest.raises(AssertionError, match="not in the reject catalogue"):
         Ingest().reject(None, "s", "d", "bad_mood", when=0)  # type: ignore[arg-type]

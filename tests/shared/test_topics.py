@@ -18,6 +18,7 @@ from zeal.mqtt.topics import (
     TopicError,
     config_topic,
     data_topic,
+    message_digest,
     notice_topic,
     parse_config_topic,
     parse_data_topic,
@@ -38,7 +39,9 @@ def test_topics_round_trip_and_others_are_not_taken_for_them() -> None:
 
 
 def test_notices_and_presence_round_trip() -> None:
-    notice = Notice("zs-1", "temps", "d1", "unknown_stream", "gone", 5, sequence=3)
+    notice = Notice(
+        "zs-1", "temps", "d1", "unknown_stream", "gone", 5, message_digest(b"x"), sequence=3
+    )
     assert Notice.from_json(notice.to_json()) == notice
     presence = Presence("abc", True, 7)
     assert Presence.from_json(presence.to_json()) == presence
@@ -52,28 +55,21 @@ def test_garbage_notices_and_presence_raise_topic_errors_only(payload: bytes) ->
             kind.from_json(payload)
 
 
+#: A well-formed notice, for the malformed ones below.
+GOOD = Notice("s", "t", "d", "r", "m", 1, "0123456789abcdef", 2).to_document()
+
+
 @pytest.mark.parametrize(
     "document",
     [
-        {
-            "format": "zeal-notice/1",
-            "server": 1,
-            "stream": "t",
-            "device": "d",
-            "reason": "r",
-            "message": "m",
-            "time_ms": 0,
-        },
-        {
-            "format": "zeal-notice/1",
-            "server": "s",
-            "stream": "t",
-            "device": "d",
-            "reason": "r",
-            "message": "m",
-            "time_ms": True,
-        },
-        {"format": "zeal-notice/1", "server": "s"},
+        {**GOOD, "server": 1},
+        {**GOOD, "issued_ms": True},
+        {**GOOD, "issued_ms": None},
+        {**GOOD, "digest": "0123"},
+        {**GOOD, "digest": "0123456789ABCDEF"},
+        {k: v for k, v in GOOD.items() if k != "digest"},
+        {**GOOD, "format": "zeal-notice/1"},  # an older server's: bound to no message
+        {"format": "zeal-notice/2", "server": "s"},
         {"format": "zeal-presence/1", "instance": "i", "online": "yes"},
         ["not", "an", "object"],
     ],

@@ -258,10 +258,16 @@ class StdinAgent:
         stream: str = "temps",
         *extra: str,
         username: str | None = None,
+        server_key: str | None = None,
     ) -> None:
+        """`server_key`: the key handed over with the login (else the suite's trust on first
+        use, tests/conftest.py)."""
         self.log = tmp_path / f"agent-{device}.log"
         self._output = self.log.open("w")
         env = {**os.environ, "ZEAL_MQTT_PASSWORD": password}
+        if server_key is not None:
+            env.pop("ZEAL_TRUST_FIRST_USE", None)
+            extra = (*extra, "--server-key", server_key)
         self.process = subprocess.Popen(
             [
                 *(sys.executable, "-m", "zeal_edge", "run", "--stream", stream),

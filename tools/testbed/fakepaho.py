@@ -16,6 +16,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 __all__ = ["FakeClient", "Published"]
@@ -138,10 +139,22 @@ class FakeClient:
                 granted = [ReasonCode(PacketTypes.SUBACK, "Granted QoS 1") for _ in range(count)]
                 self.on_subscribe(self, None, mid, granted, None)
 
-    def deliver(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> int:
-        """The broker delivers a message; returns its mid (what an acknowledgement names)."""
+    def deliver(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        user: list[tuple[str, str]] | None = None,
+    ) -> int:
+        """The broker delivers a message (with MQTT v5 user properties `user`); returns its
+        mid (what an acknowledgement names)."""
         message = mqtt.MQTTMessage(mid=self._next_mid(), topic=topic.encode())
         message.payload, message.qos, message.retain = payload, qos, retain
+        if user is not None:
+            message.properties = Properties(PacketTypes.PUBLISH)
+            message.properties.UserProperty = user
         self.on_message(self, None, message)
         return message.mid
 

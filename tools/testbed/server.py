@@ -189,12 +189,15 @@ USERS = ("zeal-collector", "dev1", "evil")
 
 class DeployBroker(Mosquitto):
     """deploy/mosquitto (its mosquitto.conf and acl, unchanged but for paths and port) with a
-    password file holding USERS (password pw-USER), and the dynamic security plugin's file
-    made by `mosquitto_ctrl dynsec init` with its admin zeal-admin (pw-zeal-admin). Its
+    password file holding `users` (password pw-USER; USERS by default), and the dynamic
+    security plugin's file made by `mosquitto_ctrl dynsec init` with its admin zeal-admin
+    (pw-zeal-admin). Its
     plugin deploy/mosquitto/plugin/zeal_retain.so is built here; `retain_plugin` False
     leaves it out (to measure what it prevents)."""
 
-    def __init__(self, directory: Path, *, retain_plugin: bool = True) -> None:
+    def __init__(
+        self, directory: Path, *, retain_plugin: bool = True, users: tuple[str, ...] = USERS
+    ) -> None:
         super().__init__(directory)
         conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
         if not retain_plugin:
@@ -202,7 +205,7 @@ class DeployBroker(Mosquitto):
             assert line in conf
             conf = conf.replace(line, "")
         self.config.write_text(deploy_broker_config(conf, self.port, directory))
-        for i, user in enumerate(USERS):
+        for i, user in enumerate(users):
             subprocess.run(
                 [
                     "mosquitto_passwd",

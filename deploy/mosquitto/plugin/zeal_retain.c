@@ -1,5 +1,6 @@
 /*
- * zeal_retain: what a client may leave retained on a Zeal broker (Mosquitto 2.0 plugin).
+ * zeal_retain: what a client may leave retained on a Zeal broker, and who published a batch
+ * (Mosquitto 2.0 plugin).
  *
  * Mosquitto 2.0 can refuse the retain flag only for the whole broker, and configurations
  * and presence must be retained. So one device login could leave a retained 100 KB message
@@ -36,6 +37,14 @@
  * every connection of a login share the one session named after it, and a clean start by
  * any of them wiped the collector's queue). Neither a login nor a Zeal name holds a colon.
  *
+ * And it names who published each device's batch: every message the broker accepts on a
+ * data topic, zeal/v1/{stream}/{device}/up, gets the MQTT v5 user property zeal-login with
+ * the publisher's login, which the collector reads (ZEAL_MQTT_LOGIN_PROPERTY=zeal-login) so
+ * that a device's privacy cap is spent only by that device's own login, not by another
+ * login that may publish under its name (the fleet simulator's). A publish that carries a
+ * zeal-login property of its own is refused ("not authorized"): no client can pass for
+ * another.
+ *
  * Build: make -C deploy/mosquitto/plugin (needs the mosquitto-dev headers, 2.0.x).
  */
 #include <stdbool.h>
@@ -46,10 +55,12 @@
 #include <mosquitto.h>
 #include <mosquitto_broker.h>
 #include <mosquitto_plugin.h>
+#include <mqtt_protocol.h>
 
 #define MAX_PRESENCE 1024
 #define MAX_CONFIG 4096
 #define MAX_NAME 64
+#define LOGIN_PROPERTY "zeal-login"
 
 static mosquitto_plugin_id_t *plugin_id = NULL;
 static char (*streams)[MAX_NAME + 1] = NULL;
@@ -196,15 +207,53 @@ static int on_acl_check(int event, void *event_data, void *userdata)
     }
 }
 
+/* Whether the properties hold a user property named LOGIN_PROPERTY. */
+static bool names_a_login(const mosquitto_property *properties)
+{
+    const mosquitto_property *at = properties;
+    bool skip = false;
+    for (;;) {
+        char *name = NULL, *value = NULL;
+        at = mosquitto_property_read_string_pair(at, MQTT_PROP_USER_PROPERTY, &name, &value, skip);
+        if (at == NULL) {
+            return false;
+        }
+        bool found = name != NULL && strcmp(name, LOGIN_PROPERTY) == 0;
+        mosquitto_free(name);
+        mosquitto_free(value);
+        if (found) {
+            return true;
+        }
+        skip = true;
+    }
+}
+
 static int on_message(int event, void *event_data, void *userdata)
 {
     (void)event;
     (void)userdata;
     struct mosquitto_evt_message *ed = event_data;
     char stream[MAX_NAME + 1];
-    if (ed->topic != NULL && place(ed->topic, stream) == CONFIG) {
+    if (ed->topic == NULL) {
+        return MOSQ_ERR_SUCCESS;
+    }
+    enum place where = place(ed->topic, stream);
+    if (where == CONFIG) {
         configured = true;
         remember(stream, ed->payloadlen > 0);
+    } else if (where == DATA) {
+        if (names_a_login(ed->properties)) {
+            mosquitto_log_printf(MOSQ_LOG_NOTICE,
+                                 "zeal_retain: refused a batch on %.80s naming a login of its own",
+                                 ed->topic);
+            return MOSQ_ERR_ACL_DENIED;
+        }
+        const char *login = mosquitto_client_username(ed->client);
+        if (login != NULL &&
+            mosquitto_property_add_string_pair(&ed->properties, MQTT_PROP_USER_PROPERTY,
+                                               LOGIN_PROPERTY, login) != MOSQ_ERR_SUCCESS) {
+            return MOSQ_ERR_NOMEM;
+        }
     }
     return MOSQ_ERR_SUCCESS;
 }

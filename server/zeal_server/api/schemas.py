@@ -28,6 +28,7 @@ __all__ = [
     "Problem",
     "QuantileOut",
     "SeriesOut",
+    "ServerOut",
     "ShareOut",
     "StatsOut",
     "StatusOut",
@@ -491,3 +492,14 @@ HEAVY: dict[int | str, dict[str, Any]] = {
         "given: see docs/server.md, 'Heavy reads'); ask again after Retry-After seconds",
     },
 }
+
+
+class ServerOut(BaseModel):
+    """This server's identity as its agents know it."""
+
+    server: str = Field(description="the installation id, named as server in what it signs")
+    key: str = Field(description="its Ed25519 public key, base64 (zeal-edge --server-key)")
+    endorsements: list[dict[str, Any]] = Field(
+        description="the chain from its first key to this one, oldest first (empty: never "
+        "rotated; docs/edge-agent.md)"
+    )

@@ -124,6 +124,7 @@ class Collector:
             on_config=lambda stream, payload: self.configs.seen(stream, payload),
             on_connect=lambda: self.configs.forget_broker(),
             client=mqtt_client,
+            login_property=settings.mqtt_login_property,
         )
         self.configs = ConfigSync(functools.partial(self.mqtt.publish, retain=True), sessions)
         self.notices = Notifier(self.mqtt.publish)
@@ -273,7 +274,14 @@ class Collector:
     # -- the door (the sources' network threads) -----------------------------------------
 
     def _offer(
-        self, topic: str, payload: bytes, token: int, qos: int = 1, retained: bool = False
+        self,
+        topic: str,
+        payload: bytes,
+        token: int,
+        qos: int = 1,
+        *,
+        retained: bool = False,
+        login: str | None = None,
     ) -> bool:
         """The door (zeal_server.broker.door), for a device's batch from the data source:
         False when it is shed there (the source acknowledges it at once), True when it is
@@ -285,21 +293,33 @@ class Collector:
             self._count_shed(reason)
             return False
         self.received += 1
-        if not self.queue.put(Received(topic, payload, token, qos, int(time.time() * 1000))):
+        received = Received(topic, payload, token, qos, int(time.time() * 1000), DATA, login)
+        if not self.queue.put(received):
             self.counts["queue_full"] += 1  # more than Receive Maximum came (docs/server.md)
         return True
 
-    def _offer_event(self, topic: str, payload: bytes, mid: int, qos: int, retained: bool) -> bool:
+    def _offer_event(
+        self,
+        topic: str,
+        payload: bytes,
+        token: int,
+        qos: int,
+        *,
+        retained: bool,
+        login: str | None = None,
+    ) -> bool:
         """The door for a ChirpStack uplink event: a retained one, or one over the wire's
         size limit, is shed and counted; the rest are queued for the writer, which
-        translates them (zeal_server.broker.chirpstack.uplinks)."""
+        translates them (zeal_server.broker.chirpstack.uplinks). Who sent it is its DevEUI,
+        not a `login` on ChirpStack's broker."""
+        del login
         reason = "retained" if retained else ("too_large" if len(payload) > MAX_EVENT else None)
         if reason is not None:
             self.shed.add("", reason)
             self._count_shed(reason)
             return False
         self.received += 1
-        received = Received(topic, payload, mid, qos, int(time.time() * 1000), CHIRPSTACK)
+        received = Received(topic, payload, token, qos, int(time.time() * 1000), CHIRPSTACK)
         if not self.queue.put(received):
             self.counts["queue_full"] += 1
         return True
@@ -479,16 +499,18 @@ class Collector:
         for message, outcome in unusual:
             # A LoRaWAN device is not reached over MQTT: no notice, no reject budget.
             mqtt_device = message.source != CHIRPSTACK
-            if outcome.status == "stored":  # a reset (only stored batches are)
+            server = self.configs.server_id
+            if outcome.status == "stored":  # a reset or a jump (only stored batches are)
                 statuses["sequence_reset"] += 1
                 if mqtt_device:
-                    self.notices.notify(self.configs.server_id, outcome, "sequence_reset")
+                    reason = outcome.reason or "sequence_reset"
+                    self.notices.notify(server, outcome, reason, message.payload)
             elif outcome.status == "rejected":
                 self.rejected_by[outcome.reason or "unknown"] += 1
                 self._log_rejects.reject(outcome.reason or "", outcome.stream, outcome.device)
                 if mqtt_device:
                     self.budget.spend(message.topic)
-                    self.notices.notify(self.configs.server_id, outcome, outcome.reason or "")
+                    self.notices.notify(server, outcome, outcome.reason or "", message.payload)
         self.counts.update(statuses)
         self.lags.observe_many(committed, lags)
 
@@ -510,8 +532,9 @@ class Collector:
     def _store(self, messages: list[Received]) -> list[Outcome]:
         if self.chirpstack is None:
             rows = [(m.topic, m.payload, m.received_ms) for m in messages]
+            logins = [m.login for m in messages] if self.mqtt.stamps_logins else None
             with self.sessions() as session, session.begin():
-                return self.ingest.add_many(session, rows)
+                return self.ingest.add_many(session, rows, logins=logins)
         with self.sessions() as session, session.begin():
             return self._store_with_uplinks(session, messages)
 
@@ -522,21 +545,24 @@ class Collector:
         outcomes: list[Outcome | None] = [None] * len(messages)
         rows: list[tuple[str, bytes, int]] = []
         originals: list[Original | None] = []
+        logins: list[str | None] = []
         places: list[int] = []
         for k, m in enumerate(messages):
             if m.source != CHIRPSTACK:
                 rows.append((m.topic, m.payload, m.received_ms))
                 originals.append(None)
+                logins.append(m.login)
                 places.append(k)
                 continue
             done = self.uplinks.translate(session, self.ingest, m.topic, m.payload, m.received_ms)
             if isinstance(done, Translated):
                 rows.append((done.topic, done.payload, m.received_ms))
                 originals.append(done.original)
+                logins.append(None)
                 places.append(k)
             else:
                 outcomes[k] = done
-        stored = self.ingest.add_many(session, rows, originals=originals)
+        stored = self.ingest.add_many(session, rows, originals=originals, logins=logins)
         for k, outcome in zip(places, stored, strict=True):
             outcomes[k] = outcome
         assert all(o is not None for o in outcomes)

@@ -61,9 +61,9 @@ class ConfigSync:
         self._lock = threading.Lock()
         self._warned: dict[str, float] = {}
         self._reasserted: dict[str, float] = {}
-        # Documents by stream id, fingerprint and release: the writer thread syncs every few
-        # seconds, and building a document derives the stream's mechanism again.
-        self._documents: dict[tuple[int, str, int | None], dict[str, Any]] = {}
+        # Documents by stream id, revision and signing key: the writer thread syncs every
+        # few seconds, and building a document derives the stream's mechanism again.
+        self._documents: dict[tuple[int, int, str], dict[str, Any]] = {}
 
     def publish(self, document: dict[str, Any]) -> None:
         """Retain a stream's configuration document."""
@@ -107,10 +107,10 @@ class ConfigSync:
         try:
             with self.sessions() as session:
                 self.server_id = server = store.installation_id(session)
-                self.signer = store.signer(session)
+                self.signer = signer = store.signer(session)
                 streams = store.list_streams(session)
                 ids = {s.name: (s.id, s.fingerprint) for s in streams}
-                keys = {s.name: (s.id, s.fingerprint, s.released_ms) for s in streams}
+                keys = {s.name: (s.id, s.revision, signer.public) for s in streams}
                 self._documents = {
                     keys[s.name]: self._documents.get(keys[s.name])
                     or store.config_of(session, s, server)

@@ -25,6 +25,8 @@ class Received(NamedTuple):
     #: What it is: a device's batch (DATA, from Zeal's broker or JetStream), or an uplink
     #: event (CHIRPSTACK): which source acknowledges it, and how the writer reads it.
     source: int = 0
+    #: The broker login that published it, where the broker says (ZEAL_MQTT_LOGIN_PROPERTY).
+    login: str | None = None
 
 
 #: ``Received.source`` of a device's batch, from the collector's data source.

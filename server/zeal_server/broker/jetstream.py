@@ -158,7 +158,7 @@ class JetStreamSource:
         self._task: asyncio.Task[None] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="zeal-jetstream", daemon=True)
-        self.offer: Offer = lambda *_: False
+        self.offer: Offer = lambda *_, **__: False
         self.room: Callable[[], int] = lambda: 0
 
     def start(self) -> None:
@@ -319,7 +319,7 @@ class JetStreamSource:
             return
         token = self._next_token = self._next_token + 1
         self._held[token] = (message, time.monotonic())
-        if not self.offer(topic, bytes(message.data), token, 1, False):
+        if not self.offer(topic, bytes(message.data), token, 1, retained=False):
             self._held.pop(token, None)
             self._refused.append(message)
 

@@ -62,7 +62,10 @@ class MqttSource:
         on_config: Callable[[str, bytes], None],
         on_connect: Callable[[], None],
         client: Any = None,
+        login_property: str | None = None,
     ) -> None:
+        """`login_property`: the MQTT v5 user property in which the broker names who
+        published a data message (ZEAL_MQTT_LOGIN_PROPERTY; None: it does not)."""
         self.name = "mqtt"
         self.broker, self.client_id, self.inflight = broker, client_id, inflight
         #: Whether the data topics are subscribed here (not when JetStream carries them).
@@ -74,8 +77,11 @@ class MqttSource:
         self.last_error: str | None = None
         #: Connections made, and sessions another client took over (since start).
         self.connects = self.takeovers = 0
-        self.offer: Offer = lambda *_: False
+        self.offer: Offer = lambda *_, **__: False
         self._on_config, self._on_connect_hook = on_config, on_connect
+        self._login_property = login_property
+        #: Whether the data messages say who published them (``Received.login``).
+        self.stamps_logins = bool(login_property) and data
         self._stopping = False
         self._connect_logged = -1e18  # connection errors are logged once a minute
         self._flapping = Flapping()
@@ -177,8 +183,19 @@ class MqttSource:
             client.ack(message.mid, message.qos)
             return
         payload = bytes(message.payload)
-        if not self.offer(topic, payload, message.mid, message.qos, message.retain):
+        login = self._login(message) if self._login_property else None
+        qos, retained = message.qos, message.retain
+        if not self.offer(topic, payload, message.mid, qos, retained=retained, login=login):
             client.ack(message.mid, message.qos)  # shed: acknowledged, or the broker resends it
+
+    def _login(self, message: mqtt.MQTTMessage) -> str:
+        """Who published `message`, as the broker stamped it (a broker that stamps refuses
+        a client's own; deploy/mosquitto's zeal_retain plugin); "" when it did not."""
+        found = ""
+        for key, value in getattr(message.properties, "UserProperty", None) or ():
+            if key == self._login_property:
+                found = value
+        return found
 
 
 def data_subscription(share_group: str) -> str:

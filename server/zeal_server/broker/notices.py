@@ -1,7 +1,11 @@
-"""What the collector tells a device on its notice topic (``zeal.mqtt.topics``): why a batch was
-rejected, or that a sequence number came back with other content. At most one notice per
-device and reason every NOTICE_EVERY seconds. Each is signed with the installation's key
-(``store.signing``): an agent acts only on a notice that verifies under the key it pinned.
+"""What the collector tells a device on its notice topic (``zeal.mqtt.topics``): why a message
+was rejected, that a sequence number came back with other content, or that a batch jumped
+far beyond the device's numbering. At most one notice per device and reason every
+NOTICE_EVERY seconds. Each is signed with the installation's key (``store.signing``) and
+bound to the message it is about (its stream, device, digest and batch sequence) and to
+when it was issued, strictly later than the notifier's previous one: an agent acts only on
+a notice that verifies under its server's key, about a message it sent, newer than the last
+it acted on (zeal_edge.notices).
 """
 
 from __future__ import annotations
@@ -11,8 +15,8 @@ import time
 from collections.abc import Callable
 
 from zeal import ParameterError
-from zeal.mqtt.topics import Notice, notice_topic
-from zeal.protocol import check_name
+from zeal.mqtt.topics import Notice, message_digest, notice_topic
+from zeal.protocol import MAX_SEQUENCE, check_name
 from zeal.signed import NOTICE_PURPOSE
 from zeal_server import store
 from zeal_server.ingest.bounded import Bounded
@@ -56,6 +60,9 @@ NOTICES = {
     "sequence_reset": "stored; but this server had already stored sequence {sequence} of "
     "device {device} with other content (its highest stored sequence is {last}): the "
     "device's outbox is new (reinstalled?), or another agent uses this device id",
+    "sequence_jump": "stored; but its sequence {sequence} is more than 65,536 above the "
+    "highest this server stored of device {device} ({last}), or beyond 2**63 - 1: counted "
+    "as a sequence reset, not as missing batches. A device numbers its batches one by one",
 }
 
 
@@ -67,11 +74,14 @@ class Notifier:
         self._sent: Bounded[tuple[str, str, str], float] = Bounded()
         #: The installation's signer, once the writer has read it from the database.
         self.signer: store.Signer | None = None
+        #: When the last notice was issued (ms): the next is strictly later.
+        self._issued = 0
 
-    def notify(self, server_id: str | None, outcome: Outcome, reason: str) -> None:
-        """Tell the device of `outcome` about `reason`, unless it is not a reason devices are
-        told about, the server's id or key is not known yet, the names are not valid, or it
-        heard about it within NOTICE_EVERY seconds."""
+    def notify(self, server_id: str | None, outcome: Outcome, reason: str, payload: bytes) -> None:
+        """Tell the device of `outcome` (of the message whose payload was `payload`) about
+        `reason`, unless it is not a reason devices are told about, the server's id or key
+        is not known yet, the names are not valid, or it heard about it within
+        NOTICE_EVERY seconds."""
         if reason not in NOTICES or server_id is None or self.signer is None:
             return
         try:
@@ -84,6 +94,8 @@ class Notifier:
         if now - self._sent.get(key, -1e18) < NOTICE_EVERY:
             return
         self._sent[key] = now
+        self._issued = max(int(time.time() * 1000), self._issued + 1)
+        last = outcome.last_sequence
         notice = Notice(
             server=server_id,
             stream=outcome.stream,
@@ -93,11 +105,13 @@ class Notifier:
                 stream=outcome.stream,
                 device=outcome.device,
                 sequence=outcome.sequence,
-                last=outcome.last_sequence,
+                last="none" if last is None else last,
             ),
-            time_ms=int(time.time() * 1000),
+            issued_ms=self._issued,
+            digest=message_digest(payload),
             sequence=outcome.sequence,
-            last_sequence=outcome.last_sequence,
+            # never a sequence to continue from that a device cannot store
+            last_sequence=last if last is not None and last < MAX_SEQUENCE else None,
         )
         signed = self.signer.sign(notice.to_document(), NOTICE_PURPOSE)
         self._publish(notice_topic(outcome.stream, outcome.device), json.dumps(signed).encode())

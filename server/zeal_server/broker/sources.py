@@ -15,15 +15,27 @@ the room the collector has left (``ZEAL_COLLECTOR_INFLIGHT`` unacknowledged in a
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 __all__ = ["Offer", "Source"]
 
-#: The collector's door for one source: ``offer(topic, payload, token, qos, retained)``
-#: returns True when the message was queued for the writer (the source then waits for
-#: ``ack``), False when it was shed there (the source acknowledges it at once).
-Offer = Callable[[str, bytes, int, int, bool], bool]
+
+class Offer(Protocol):
+    """The collector's door for one source: True when the message was queued for the writer
+    (the source then waits for ``ack``), False when it was shed there (the source
+    acknowledges it at once). ``login``: the broker login that published it, where the
+    broker says (else None)."""
+
+    def __call__(
+        self,
+        topic: str,
+        payload: bytes,
+        token: int,
+        qos: int,
+        *,
+        retained: bool,
+        login: str | None = None,
+    ) -> bool: ...
 
 
 class Source(Protocol):

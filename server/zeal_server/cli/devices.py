@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 
+from sqlalchemy.exc import SQLAlchemyError
+
+from zeal_server import store
 from zeal_server.broker.provisioning import admin_for
 from zeal_server.cli.common import Commands, command, fail
-from zeal_server.errors import ProvisioningError
+from zeal_server.errors import ProvisioningError, StoreError
 from zeal_server.settings import ServerSettings
+from zeal_server.store.db import make_engine, session_factory
 
 __all__ = ["add_parsers", "run"]
 
@@ -28,7 +32,8 @@ def add_parsers(commands: Commands) -> None:
         sub,
         "provision",
         "create a broker login for a device: it may publish only its own data and presence "
-        "and read the configurations and its notices; prints its password once",
+        "and read the configurations and its notices; prints its password once, and the "
+        "server's key the device is to check what the server signs with",
         variables=BROKER,
     )
     provision.add_argument("name", help="the device id (1-64 letters, digits, '_', '.' or '-')")
@@ -61,6 +66,24 @@ def run(settings: ServerSettings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _server_key(settings: ServerSettings) -> str:
+    """The public key of the server whose database is ZEAL_DATABASE_URL (ProvisioningError
+    when it cannot be read: a device given no key would trust nothing)."""
+    engine = make_engine(settings.database_url)
+    try:
+        with session_factory(engine)() as session:
+            return store.signer(session).public
+    except (SQLAlchemyError, StoreError) as exc:
+        raise ProvisioningError(
+            "unavailable",
+            f"cannot read the server's key from its database ({exc}); run this where "
+            "ZEAL_DATABASE_URL reaches the server's database (the device needs the key "
+            "with its login)",
+        ) from None
+    finally:
+        engine.dispose()
+
+
 def _carry_out(settings: ServerSettings, args: argparse.Namespace) -> None:
     admin = admin_for(settings)
     if args.action == "list":
@@ -72,12 +95,14 @@ def _carry_out(settings: ServerSettings, args: argparse.Namespace) -> None:
         for name in changed:
             print(f"  {name}")
     elif args.action == "provision":
+        key = _server_key(settings)  # before the login is made: a failure makes none
         password = admin.provision(args.name)
         print(
             f"provisioned device {args.name} on {admin.broker.url}\n"
-            f"username: {args.name}\npassword: {password}\n"
-            "(shown once: give it to the device as ZEAL_MQTT_PASSWORD; it is stored "
-            "nowhere but hashed in the broker)"
+            f"username: {args.name}\npassword: {password}\nserver key: {key}\n"
+            "(the password is shown once: give it to the device as ZEAL_MQTT_PASSWORD; it is "
+            "stored nowhere but hashed in the broker. Give it the server key too, as "
+            "ZEAL_SERVER_KEY or --server-key: it believes only what that key signed)"
         )
     else:
         admin.revoke(args.name)

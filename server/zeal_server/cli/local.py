@@ -1,5 +1,5 @@
 """``zeal-server`` commands on the database itself, and ``serve``: ``serve``, ``migrate``,
-``verify``, ``compact``, and ``streams create|list|delete|retention|delete-device`` and
+``key``, ``verify``, ``compact``, and ``streams create|list|delete|retention|delete-device`` and
 ``export`` given ``--local`` (without it those ask the running server: zeal_server.cli.remote).
 The database is ZEAL_DATABASE_URL or ZEAL_DATA_DIR's; a line on stderr names it."""
 
@@ -135,6 +135,21 @@ def add_parsers(commands: Commands) -> Commands:
         add_server_argument(p)
         add_local_argument(p)
     command(commands, "migrate", "bring the database schema to the latest revision")
+    key = command(
+        commands,
+        "key",
+        "print the server's public key, which agents check what it signs with (give it to "
+        "each device with its login: zeal-edge --server-key); or rotate it",
+    )
+    key.add_argument(
+        "action",
+        nargs="?",
+        choices=["show", "rotate"],
+        default="show",
+        help="show (the default): the key alone on stdout; rotate: a new key, endorsed by "
+        "the old one, so agents that trust the old one follow (a running server signs "
+        "with it within seconds)",
+    )
     return sub
 
 
@@ -222,8 +237,8 @@ def _run(engine: Engine, args: argparse.Namespace) -> int:
         if args.command == "migrate":
             print("schema is up to date")
             return 0
-        if args.command == "streams":
-            return _streams(session, args)
+        if args.command in ("streams", "key"):
+            return (_streams if args.command == "streams" else _key)(session, args)
         streams = store.list_streams(session)
         if getattr(args, "stream", None):
             streams = [s for s in streams if s.name == args.stream]
@@ -250,6 +265,22 @@ def _run(engine: Engine, args: argparse.Namespace) -> int:
         for line in store.export_lines(session, stream, first, stop):
             print(line, end="")
         return 0
+
+
+def _key(session: Session, args: argparse.Namespace) -> int:
+    """Print the installation's public key (rotated first with the action "rotate")."""
+    if args.action == "rotate":
+        old = store.signer(session).public
+        new = store.rotate(session, store.now_ms())
+        session.commit()
+        print(
+            f"zeal-server: key {old} replaced by {new.public}, which it endorses: agents that "
+            "trust the old key follow (a running server signs with the new one within "
+            "seconds). Give new devices the new key.",
+            file=sys.stderr,
+        )
+    print(store.signer(session).public)
+    return 0
 
 
 def _streams(session: Session, args: argparse.Namespace) -> int:

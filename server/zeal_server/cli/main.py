@@ -49,9 +49,12 @@ On the database itself (ZEAL_DATABASE_URL or ZEAL_DATA_DIR; the line on stderr n
 zeal-server verify [STREAM]                  every segment row's sums == its readings'
 zeal-server compact [STREAM]                 merge raw parts into compressed chunks
 zeal-server migrate                          bring the database schema up to date
+zeal-server key [rotate]                     the public key agents are given (rotate: a new
+                                             one, endorsed by the old)
 zeal-server streams ... --local, export --local   as above, while no server runs
 
-zeal-server devices provision NAME           a broker login for a device (password shown once)
+zeal-server devices provision NAME           a broker login for a device (password shown once,
+                                             with the server's key)
 zeal-server devices revoke NAME              remove it: the device is disconnected, for good
 zeal-server devices list                     devices with a login made here
 zeal-server devices harden                   deny-by-default rules on logins made before them

@@ -263,6 +263,10 @@ def _budget_line(out: Mapping[str, Any]) -> str:
         + ("no cap" if cap is None else f"at most {cap:g} epsilon per UTC day")
         + f" across its streams ({where[out['source']]}); {out['spent_today']:g} spent today"
         + (f" in {', '.join(out['streams'])}" if out["streams"] else "")
+        + "".join(
+            f"; {spent:g} spent under its name by {who} (its own ledger)"
+            for who, spent in (out.get("others_spent_today") or {}).items()
+        )
     )
 
 

@@ -59,6 +59,8 @@ class Group:
     received: npt.NDArray[np.int64]
     sizes: npt.NDArray[np.int64]
     digests: npt.NDArray[np.int64]
+    #: Who sent each under its device's name (store.budgets.Account): whose cap it spends.
+    accounts: list[tuple[str, str]]
 
     def select(self, keep: npt.NDArray[np.bool_]) -> Group:
         """The messages `keep` marks."""
@@ -75,6 +77,7 @@ class Group:
             self.received[keep],
             self.sizes[keep],
             self.digests[keep],
+            [self.accounts[i] for i in chosen],
         )
 
 

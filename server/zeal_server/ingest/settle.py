@@ -21,14 +21,17 @@ from zeal_server.store import ledger, sequences
 from zeal_server.store.rawsql import Raw
 from zeal_server.store.writes import Writes, collect
 
-__all__ = ["DUPLICATE", "NEW", "RESET", "Round", "Sequences"]
+__all__ = ["DUPLICATE", "JUMP", "NEW", "RESET", "SEQUENCE_JUMP", "Round", "Sequences"]
 
 #: Refusal counter and outcome: (writes, (stream, device), reason, when=, sequence=).
 Refuse = Callable[..., Outcome]
-#: The device caps of device names: (principal id, micro-epsilon per day or None).
-Caps = Callable[[list[str]], dict[str, tuple[int, int | None]]]
+#: The device caps of accounts (store.budgets.Account): (principal id, micro-epsilon per
+#: day or None).
+Caps = Callable[[list[tuple[str, str]]], dict[tuple[str, str], tuple[int, int | None]]]
 #: What a batch is to its device's sequences (``Sequences.kind``).
-DUPLICATE, NEW, RESET = -1, 0, 1
+DUPLICATE, NEW, RESET, JUMP = -1, 0, 1, 2
+#: The outcome's reason of a batch stored as a jump (``store.sequences``).
+SEQUENCE_JUMP = "sequence_jump"
 
 
 class Sequences:
@@ -52,14 +55,55 @@ class Sequences:
     def _state(self, device: int) -> sequences.SequenceState:
         return self.states.setdefault(device, sequences.SequenceState())  # deleted meanwhile
 
+    def _beyond(self, group: Group) -> npt.NDArray[np.bool_]:
+        """Which batches of the group lie beyond what continues their device's sequence
+        (``SequenceState.limit``): jumps, or the continuation of a recent one."""
+        found, inverse = np.unique(group.device_ids, return_inverse=True)
+        limits = np.array([self._state(d).limit() for d in found.tolist()], dtype=np.uint64)
+        beyond: npt.NDArray[np.bool_] = group.batches.sequences > limits[inverse]
+        return beyond
+
+    def split_jumps(self, groups: list[Group]) -> tuple[list[Group], list[Group]]:
+        """The groups for this round, and what waits for the next: a device's batch beyond
+        its sequence (``_beyond``) is the last of the device's batches in the round, and
+        waits itself unless it is the first. Whether it is a jump depends on what the
+        earlier ones stored (the head they moved, the jump they made), and what the later
+        ones are on where it leaves the device (a re-based sequence), so each is decided on
+        the state the ones before leave, as one at a time would."""
+        now, later = [], []
+        for group in groups:
+            beyond = self._beyond(group)
+            if not beyond.any():
+                now.append(group)
+                continue
+            devices = group.device_ids.tolist()
+            waiting = np.zeros(len(devices), dtype=bool)
+            seen: set[int] = set()
+            closed: set[int] = set()  # devices whose later batches wait
+            for k, device in enumerate(devices):
+                if device in closed or (beyond[k] and device in seen):
+                    waiting[k] = True
+                if beyond[k]:
+                    closed.add(device)
+                seen.add(device)
+            if not waiting.any():
+                now.append(group)
+                continue
+            now.append(group.select(~waiting))
+            later.append(group.select(waiting))
+        if later:
+            self.rounds = max(self.rounds, 2)
+        return [g for g in now if g.positions], later
+
     def kinds(self, group: Group) -> npt.NDArray[np.int64]:
         """What each batch of the group is (``kind``): NEW at once for a sequence above its
-        device's highest (most batches), the others one by one."""
+        device's highest and within reach of it (most batches), the others one by one."""
         found, inverse = np.unique(group.device_ids, return_inverse=True)
         states = [self._state(d) for d in found.tolist()]
         heads = np.array([s.head or 0 for s in states], dtype=np.uint64)
         fresh = np.array([s.head is None for s in states], dtype=bool)
         above = fresh[inverse] | (group.batches.sequences > heads[inverse])
+        above &= ~self._beyond(group)
         out = np.full(len(group.positions), NEW, dtype=np.int64)
         for k in np.flatnonzero(~above).tolist():
             out[k] = self.kind(group, k)
@@ -67,7 +111,9 @@ class Sequences:
 
     def kind(self, group: Group, k: int) -> int:
         """What batch `k` of the group is: NEW (its sequence never stored), DUPLICATE (its
-        content stored before) or RESET (its sequence stored before with other content)."""
+        content stored before), RESET (its sequence stored before with other content) or
+        JUMP (beyond the device's sequence, ``store.sequences``; a jump sent again is a
+        DUPLICATE)."""
         device, sequence = int(group.device_ids[k]), int(group.batches.sequences[k])
         digest = int(group.digests[k])
         if (device, sequence, digest) in self.here:
@@ -75,7 +121,8 @@ class Sequences:
         state = self._state(device)
         if state.recent_digest(sequence, digest):
             return DUPLICATE
-        if state.is_new(sequence):
+        jump = state.jumps(sequence)
+        if not jump and state.is_new(sequence):
             return NEW
         starts = group.batches.starts
         readings = slice(int(starts[k]), int(starts[k + 1]))
@@ -85,14 +132,16 @@ class Sequences:
             group.batches.timestamps[readings],
             group.batches.codes[readings],
         )
-        return DUPLICATE if held else RESET
+        if held:
+            return DUPLICATE
+        return JUMP if jump else RESET
 
     def store(
-        self, group: Group, stored: npt.NDArray[np.int64], resets: npt.NDArray[np.bool_]
-    ) -> dict[int, int]:
-        """Record the group's stored batches `stored` (indices, in message order; `resets`
-        beside them): for each reset, its device's highest sequence then. A device whose
-        batches continue its sequence without a gap is updated at once."""
+        self, group: Group, stored: npt.NDArray[np.int64], kinds: npt.NDArray[np.int64]
+    ) -> dict[int, int | None]:
+        """Record the group's stored batches `stored` (indices, in message order; their
+        `kinds` beside them): for each reset and jump, its device's highest sequence then.
+        A device whose batches continue its sequence without a gap is updated at once."""
         if not stored.size:
             return {}
         devices = group.device_ids[stored]
@@ -103,17 +152,16 @@ class Sequences:
             self.here.update(zip(devices.tolist(), chosen.tolist(), digests.tolist(), strict=True))
         order = np.argsort(devices, kind="stable")
         found, starts = np.unique(devices[order], return_index=True)
-        lasts: dict[int, int] = {}
+        lasts: dict[int, int | None] = {}
         for device, run in zip(found.tolist(), np.split(order, starts[1:]), strict=True):
             state, mine = self._state(device), chosen[run]
-            if not resets[run].any() and state.continued_by(mine):
+            if (kinds[run] == NEW).all() and state.continued_by(mine):
                 state.extend(mine, digests[run], int(firsts[run].max()))
                 continue
             for i in run.tolist():
-                reset = bool(resets[i])
-                state.store(int(chosen[i]), int(digests[i]), int(firsts[i]), reset=reset)
-                if reset:
-                    assert state.head is not None
+                kind = int(kinds[i])
+                state.store(int(chosen[i]), int(digests[i]), int(firsts[i]), reset=kind == RESET)
+                if kind in (RESET, JUMP):
                     lasts[int(stored[i])] = state.head
         return lasts
 
@@ -132,18 +180,20 @@ class Round:
     #: The device caps across streams (None: none applies).
     caps: Caps | None = None
 
-    def store(self, groups: list[Group]) -> None:
+    def store(self, groups: list[Group]) -> list[Group]:
         """Store the round's groups: what each batch is, then the privacy ledgers (every
         stream's, then the devices' caps across streams), then what the stored batches
-        add."""
+        add. Returns what waits for another round (``Sequences.split_jumps``)."""
+        groups, later = self.sequences.split_jumps(groups)
         if not groups:
-            return
+            return later
         kinds = [self.sequences.kinds(g) for g in groups]
         candidates = [kind >= 0 for kind in kinds]
         booked = [self._charge(g, c) for g, c in zip(groups, candidates, strict=True)]
         capped = self._cap(groups, candidates, booked)
         for group, kind, charged, refused in zip(groups, kinds, booked, capped, strict=True):
             self._settle(group, kind, charged, refused)
+        return later
 
     def _cap(
         self,
@@ -155,10 +205,12 @@ class Round:
         (streams with a policy only): which were refused there (``booked`` is updated)."""
         capped = [np.zeros(len(b), dtype=bool) for b in booked]
         policed = [g.entry.params.readings_per_day is not None for g in groups]
-        names = sorted({n for g, p in zip(groups, policed, strict=True) if p for n in g.names})
-        if self.caps is None or not names:
+        accounts = sorted(
+            {a for g, p in zip(groups, policed, strict=True) if p for a in g.accounts}
+        )
+        if self.caps is None or not accounts:
             return capped
-        found = self.caps(names)
+        found = self.caps(accounts)
         limits = {pid: cap for pid, cap in found.values() if cap is not None}
         if not limits:
             return capped
@@ -168,7 +220,7 @@ class Round:
             if not p or params.readings_per_hour is None or not chosen.any():
                 charges.append(None)
                 continue
-            ids = [found[n] for n in group.names]
+            ids = [found[a] for a in group.accounts]
             charges.append(
                 ledger.DeviceCharge(
                     [(group.stream + "/", p) for p in group.positions],
@@ -206,7 +258,7 @@ class Round:
         """Outcomes, device counters and segment parts of one group: `kind` of each batch
         (Sequences.kind), `stored` whether it is in (within the policies), `capped` whether
         its device's cap across streams refused it."""
-        duplicate, reset = kind == DUPLICATE, kind == RESET
+        duplicate, reset, jump = kind == DUPLICATE, kind >= RESET, kind == JUMP
         counts = group.batches.counts
         counts_of, resets_of = counts.tolist(), reset.tolist()
         sequences_of = group.batches.sequences.tolist()
@@ -222,7 +274,7 @@ class Round:
             )
         stream, outcomes, new = group.stream, self.outcomes, tuple.__new__
         kept = np.flatnonzero(stored)
-        lasts = self.sequences.store(group, kept, reset[kept])
+        lasts = self.sequences.store(group, kept, kind[kept])
         for k in kept.tolist():  # a tuple each, without Outcome's __new__
             outcomes[group.positions[k]] = new(
                 Outcome,
@@ -231,7 +283,10 @@ class Round:
             )  # fmt: skip
         for k, last in lasts.items():
             position = group.positions[k]
-            outcomes[position] = outcomes[position]._replace(last_sequence=last)  # type: ignore[union-attr]
+            why = SEQUENCE_JUMP if jump[k] else None
+            outcomes[position] = outcomes[position]._replace(  # type: ignore[union-attr]
+                reason=why, last_sequence=last
+            )
         self.writes.count_devices(
             group.device_ids,
             [

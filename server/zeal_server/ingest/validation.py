@@ -39,7 +39,7 @@ from zeal_server.ingest.groups import Group, Outcome, implausible, rounds, selec
 from zeal_server.ingest.rejectkeys import MAX_REJECT_ROWS, RejectKeys, check_reason
 from zeal_server.ingest.settle import Round, Sequences
 from zeal_server.ingest.undecodable import decode_contained
-from zeal_server.store.budgets import caps_of
+from zeal_server.store.budgets import Account, caps_of, identity_of
 from zeal_server.store.fleet import LORAWAN, MQTT, add_devices, device_ids, set_transports
 from zeal_server.store.models import Stream
 from zeal_server.store.rawsql import Raw
@@ -61,10 +61,12 @@ _TOPICS = 50_000
 
 class Original(NamedTuple):
     """A translated message's own content (``Ingest.add_many``): the bytes that identify it
-    for dedup in place of its payload's, and the bytes it took on the air."""
+    for dedup in place of its payload's, the bytes it took on the air, and the DevEUI of the
+    LoRaWAN device that sent it (whose cap across streams it spends)."""
 
     identity: bytes
     size: int
+    dev_eui: str | None = None
 
 
 #: The reject of a message that arrived by another transport than its device's.
@@ -74,6 +76,24 @@ TRANSPORT_MISMATCH = "transport_mismatch"
 def _transport(originals: Sequence[Original | None] | None, i: int) -> int:
     """How message `i` arrived: translated from a LoRaWAN uplink, or over MQTT."""
     return LORAWAN if originals is not None and originals[i] is not None else MQTT
+
+
+def _accounts(
+    members: list[tuple[int, str]],
+    originals: Sequence[Original | None] | None,
+    logins: Sequence[str | None] | None,
+) -> list[Account]:
+    """Who sent each member under its device's name (store.budgets.Account): a LoRaWAN
+    device by its DevEUI, an MQTT one by the login the broker named (None: not named)."""
+    if originals is None and logins is None:  # the usual round: the devices themselves
+        return [(device, "") for _, device in members]
+    accounts = []
+    for i, device in members:
+        original = None if originals is None else originals[i]
+        login = None if logins is None else logins[i]
+        dev_eui = None if original is None else original.dev_eui
+        accounts.append((device, identity_of(device, login, dev_eui)))
+    return accounts
 
 
 class Decoded(NamedTuple):
@@ -112,9 +132,9 @@ class Ingest:
         self.max_future_ms, self.max_age_ms = max_future_ms, max_age_ms
         #: The device cap across streams where no device or tag cap is set (None: none).
         self.device_max_epsilon_per_day = device_max_epsilon_per_day
-        #: Principal ids and device caps by device name (store.budgets), read again every
-        #: time the collector syncs (``forget_caps``).
-        self._caps: Bounded[str, tuple[int, int | None]] = Bounded(DEVICE_IDS)
+        #: Principal ids and device caps by account (store.budgets.Account), read again
+        #: every time the collector syncs (``forget_caps``).
+        self._caps: Bounded[Account, tuple[int, int | None]] = Bounded(DEVICE_IDS)
         self.backfill_ms, self.max_buckets = backfill_ms, max_buckets
         self._streams: dict[str, StreamEntry | None] = {}
         #: Device ids and transports (store.fleet) by (stream id, name), the most recently
@@ -135,13 +155,16 @@ class Ingest:
         """Read the devices' caps across streams again when next used (one changed)."""
         self._caps.clear()
 
-    def _caps_of(self, session: Session, names: list[str]) -> dict[str, tuple[int, int | None]]:
-        """(principal id, micro-epsilon per day or None) of each device name (cached)."""
-        found = {n: e for n in names if (e := self._caps.find(n)) is not None}
-        missing = [n for n in names if n not in found]
+    def _caps_of(
+        self, session: Session, accounts: list[Account]
+    ) -> dict[Account, tuple[int, int | None]]:
+        """(principal id, micro-epsilon per day or None) of each account (cached)."""
+        found = {a: e for a in accounts if (e := self._caps.find(a)) is not None}
+        missing = [a for a in accounts if a not in found]
         if missing:
-            for name, known in caps_of(session, missing, self.device_max_epsilon_per_day).items():
-                self._caps[name] = found[name] = known
+            default = self.device_max_epsilon_per_day
+            for account, known in caps_of(session, missing, default).items():
+                self._caps[account] = found[account] = known
         return found
 
     def reload_streams(self) -> None:
@@ -331,14 +354,17 @@ class Ingest:
         messages: list[tuple[str, bytes, int]],
         *,
         originals: Sequence[Original | None] | None = None,
+        logins: Sequence[str | None] | None = None,
     ) -> list[Outcome]:
         """Validate messages and store the accepted ones, in the caller's transaction: the
         outcome of each, as if they were stored one at a time in topic order.
 
         A message translated from another format (a LoRaWAN uplink,
         zeal_server.broker.chirpstack.uplinks) has an `originals` entry: what identifies its
-        content for dedup, and the bytes it took on the air (counted instead of its
-        payload's)."""
+        content for dedup, the bytes it took on the air (counted instead of its payload's)
+        and its device's DevEUI. `logins`: the broker login that published each message,
+        where the broker says (None: not known); with the DevEUI, whose cap across streams
+        it spends (store.budgets)."""
         outcomes: list[Outcome | None] = [None] * len(messages)
         writes = Writes()
 
@@ -352,16 +378,21 @@ class Ingest:
         ) -> Outcome:
             return self._refuse(session, writes, names, reason, when=when, sequence=sequence)
 
-        def caps(names: list[str]) -> dict[str, tuple[int, int | None]]:
-            return self._caps_of(session, names)
+        def caps(accounts: list[Account]) -> dict[Account, tuple[int, int | None]]:
+            return self._caps_of(session, accounts)
 
         try:  # the statements' cursor lives as long as this batch of messages
-            groups = self._validate(session, messages, outcomes, writes, originals)
+            groups = self._validate(
+                session, messages, outcomes, writes, originals=originals, logins=logins
+            )
             if groups:
                 split = rounds(groups)
                 seq = Sequences(session, writes, groups, len(split))
                 for round_ in split:
-                    Round(session, self._raw, seq, refuse, outcomes, writes, caps).store(round_)
+                    while round_:  # a device's batch beyond its sequence waits for a round
+                        round_ = Round(
+                            session, self._raw, seq, refuse, outcomes, writes, caps
+                        ).store(round_)
         finally:
             self._raw.close()
         write(session, writes, self._statement)
@@ -374,7 +405,9 @@ class Ingest:
         messages: list[tuple[str, bytes, int]],
         outcomes: list[Outcome | None],
         writes: Writes,
+        *,
         originals: Sequence[Original | None] | None = None,
+        logins: Sequence[str | None] | None = None,
     ) -> list[Group]:
         """Check everything a message can be refused for before the store, stream by
         stream in topic order (docs/server.md lists the checks): the groups that passed."""
@@ -413,6 +446,7 @@ class Ingest:
                         outcomes=outcomes,
                         writes=writes,
                         originals=originals,
+                        logins=logins,
                     )
                 )
         return [g for g in groups if g.positions]
@@ -493,6 +527,7 @@ class Ingest:
         outcomes: list[Outcome | None],
         writes: Writes,
         originals: Sequence[Original | None] | None = None,
+        logins: Sequence[str | None] | None = None,
     ) -> Group:
         """The decoded messages whose times are plausible (``_implausible``) and whose
         device may send (enrolment) and sends the way it always did (its transport), with
@@ -549,4 +584,5 @@ class Ingest:
             received,
             np.array(sizes, dtype=np.int64),
             payload_digests(payloads),
+            _accounts(members, originals, logins),
         )

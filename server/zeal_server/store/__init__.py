@@ -30,6 +30,7 @@ from zeal_server.store.budgets import (
     DeviceBudget,
     caps_of,
     device_budget,
+    identity_of,
     overrides,
     set_device_cap,
     set_tag_cap,
@@ -66,7 +67,7 @@ from zeal_server.store.fleet import (
 from zeal_server.store.footprint import segment_totals, sequence_state_bytes, stream_bytes
 from zeal_server.store.influence import ALL_TIME, implausible, without_implausible
 from zeal_server.store.retention import delete_device_data, housekeep
-from zeal_server.store.signing import Signer, signer
+from zeal_server.store.signing import Signer, endorsements, rotate, signer
 from zeal_server.store.streams import (
     MAX_SERVER_BITS,
     check_retention,
@@ -146,6 +147,7 @@ __all__ = [
     "device_rejects",
     "device_sums",
     "devices_of",
+    "endorsements",
     "enroll",
     "estimate",
     "estimates_note",
@@ -156,6 +158,7 @@ __all__ = [
     "groups",
     "hours_at_cap",
     "housekeep",
+    "identity_of",
     "implausible",
     "installation_id",
     "last_seen_per_device",
@@ -168,6 +171,7 @@ __all__ = [
     "readings_on_day",
     "rejects",
     "release_stream",
+    "rotate",
     "segment_columns",
     "segment_totals",
     "sequence_state_bytes",

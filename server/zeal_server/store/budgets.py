@@ -1,6 +1,13 @@
-"""A device's privacy cap across streams: who a device is (``principals``: its name, the
-login where logins are provisioned), what it may spend per UTC day over every stream with a
-policy, and what it spent (``principal_days``, booked by ``store.ledger.charge_devices``).
+"""A device's privacy cap across streams: who a device is (``principals``: its name and the
+identity that sent under it), what it may spend per UTC day over every stream with a policy,
+and what it spent (``principal_days``, booked by ``store.ledger.charge_devices``).
+
+An *account* is (device name, identity): identity "" is the device itself (its own login,
+where the broker says who published: deploy/mosquitto's zeal_retain plugin; or anyone,
+where it cannot), ``login:NAME`` another broker login that published under the device's
+name (the fleet simulator's), ``lorawan:DEVEUI`` a LoRaWAN device (``identity_of``). Each
+account has a ledger of its own under the name's cap, so a batch from another transport or
+another login never spends the device's day.
 
 A device's cap is its own (``set_device_cap``), else the lowest cap of the tags its
 devices carry in any stream (``set_tag_cap``: the most protective wins), else the server's
@@ -31,10 +38,12 @@ from zeal_server.store.models import (
 from zeal_server.store.streams import insert_for
 
 __all__ = [
+    "Account",
     "BudgetOverrides",
     "DeviceBudget",
     "caps_of",
     "device_budget",
+    "identity_of",
     "overrides",
     "principal_ids",
     "set_device_cap",
@@ -56,22 +65,49 @@ def _pairs(session: Session, query: Any) -> dict[Any, Any]:
     return {row[0]: row[1] for row in session.execute(query)}
 
 
-def principal_ids(session: Session, names: list[str]) -> dict[str, int]:
-    """The principal ids of `names`, creating those that do not exist (in name order:
+#: Who spends a device's cap: (device name, identity) (the module docstring).
+Account = tuple[str, str]
+
+
+#: The identity of a message the broker should have named the publisher of and did not (a
+#: Last Will: Mosquitto's plugins see no Will as it is published).
+UNNAMED = "login:?"
+
+
+def identity_of(device: str, login: str | None, lorawan: str | None = None) -> str:
+    """The identity of a message under `device`'s name: its LoRaWAN DevEUI, else its broker
+    login when it is not the device's own (None: the broker does not say who publishes; "":
+    it says so of other messages, not of this one)."""
+    if lorawan is not None:
+        return f"lorawan:{lorawan}"
+    if login is None or login == device:
+        return ""
+    return f"login:{login}" if login else UNNAMED
+
+
+def principal_ids(session: Session, accounts: list[Account]) -> dict[Account, int]:
+    """The principal ids of `accounts`, creating those that do not exist (in order:
     collectors lock new rows in one order)."""
-    if not names:
+    if not accounts:
         return {}
-    wanted = sorted(set(names))
-    found = _pairs(session, select(Principal.name, Principal.id).where(Principal.name.in_(wanted)))
-    new = [n for n in wanted if n not in found]
+    wanted = sorted(set(accounts))
+    names = sorted({name for name, _ in wanted})
+
+    def read() -> dict[Account, int]:
+        query = select(Principal.name, Principal.identity, Principal.id).where(
+            Principal.name.in_(names)
+        )
+        return {(str(n), str(i)): int(p) for n, i, p in session.execute(query)}
+
+    found = read()
+    new = [a for a in wanted if a not in found]
     if new:
         session.execute(
-            insert_for(session)(Principal).on_conflict_do_nothing(), [{"name": n} for n in new]
+            insert_for(session)(Principal).on_conflict_do_nothing(),
+            [{"name": n, "identity": i} for n, i in new],
         )
-        found |= _pairs(
-            session, select(Principal.name, Principal.id).where(Principal.name.in_(new))
-        )
-    return {str(n): int(i) for n, i in found.items()}
+        found = read()
+    return {a: found[a] for a in wanted}
 
 
 def _tag_caps(session: Session, names: list[str]) -> dict[str, tuple[float, str]]:
@@ -90,22 +126,26 @@ def _tag_caps(session: Session, names: list[str]) -> dict[str, tuple[float, str]
 
 
 def caps_of(
-    session: Session, names: list[str], default: float | None
-) -> dict[str, tuple[int, int | None]]:
-    """(principal id, daily cap in micro-epsilon or None for none) of each of `names`,
-    creating the principals not known yet."""
-    ids = principal_ids(session, names)
+    session: Session, accounts: list[Account], default: float | None
+) -> dict[Account, tuple[int, int | None]]:
+    """(principal id, daily cap in micro-epsilon or None for none) of each of `accounts`,
+    creating the principals not known yet: the cap of the account's device name."""
+    ids = principal_ids(session, accounts)
+    names = sorted({name for name, _ in ids})
     own = _pairs(
         session,
         select(Principal.name, Principal.max_epsilon_per_day).where(
-            Principal.name.in_(list(ids)), Principal.max_epsilon_per_day.is_not(None)
+            Principal.name.in_(names),
+            Principal.identity == "",
+            Principal.max_epsilon_per_day.is_not(None),
         ),
     )
-    tags = _tag_caps(session, [n for n in ids if n not in own])
-    out: dict[str, tuple[int, int | None]] = {}
-    for name, pid in ids.items():
+    tags = _tag_caps(session, [n for n in names if n not in own])
+    out: dict[Account, tuple[int, int | None]] = {}
+    for account, pid in ids.items():
+        name = account[0]
         cap = own.get(name, tags[name][0] if name in tags else default)
-        out[name] = (pid, None if cap is None else cap_micro(cap))
+        out[account] = (pid, None if cap is None else cap_micro(cap))
     return out
 
 
@@ -124,7 +164,7 @@ def spent_on(session: Session, principal_ids_: list[int], day: int) -> dict[int,
 def set_device_cap(session: Session, name: str, max_epsilon_per_day: float | None) -> None:
     """Give device `name` a cap of its own (None: back to its tags' or the default)."""
     cap = _checked(max_epsilon_per_day, "max_epsilon_per_day")
-    pid = principal_ids(session, [name])[name]
+    pid = principal_ids(session, [(name, "")])[(name, "")]
     session.get_one(Principal, pid).max_epsilon_per_day = cap
 
 
@@ -153,7 +193,7 @@ class BudgetOverrides:
 def overrides(session: Session) -> BudgetOverrides:
     devices = session.execute(
         select(Principal.name, Principal.max_epsilon_per_day)
-        .where(Principal.max_epsilon_per_day.is_not(None))
+        .where(Principal.identity == "", Principal.max_epsilon_per_day.is_not(None))
         .order_by(Principal.name)
     )
     tags = session.execute(
@@ -180,6 +220,8 @@ class DeviceBudget:
     spent_micro: int
     #: Its streams (those it sent to or is enrolled in).
     streams: list[str]
+    #: What others spent under its name that day, by identity (each its own ledger).
+    others_micro: dict[str, int]
 
 
 def device_budget(session: Session, name: str, default: float | None, day: int) -> DeviceBudget:
@@ -193,13 +235,16 @@ def device_budget(session: Session, name: str, default: float | None, day: int) 
             .order_by(Stream.name)
         )
     )
-    row = session.scalar(select(Principal).where(Principal.name == name))
-    if row is None and not streams:
+    rows = {p.identity: p for p in session.scalars(select(Principal).where(Principal.name == name))}
+    if not rows and not streams:
         raise StoreError(f"no device {name!r} in any stream")
+    row = rows.get("")
     source, tag, cap = "default", None, default
     if row is not None and row.max_epsilon_per_day is not None:
         source, cap = "device", row.max_epsilon_per_day
     elif (found := _tag_caps(session, [name]).get(name)) is not None:
         source, (cap, tag) = "tag", found
-    spent = 0 if row is None else spent_on(session, [row.id], day).get(row.id, 0)
-    return DeviceBudget(name, cap, source, tag, spent, streams)
+    spent = spent_on(session, [p.id for p in rows.values()], day)
+    others = {i: spent[p.id] for i, p in sorted(rows.items()) if i and p.id in spent}
+    own = 0 if row is None else spent.get(row.id, 0)
+    return DeviceBudget(name, cap, source, tag, own, streams, others)

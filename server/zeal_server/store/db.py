@@ -12,6 +12,8 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from zeal_server.errors import StoreError
+
 __all__ = ["database_state", "error_text", "make_engine", "migrate", "session_factory"]
 
 log = logging.getLogger(__name__)
@@ -65,15 +67,29 @@ def migrate(engine: Engine) -> tuple[str | None, str | None]:
     if not log.isEnabledFor(logging.DEBUG):
         alembic_log.setLevel(logging.WARNING)
     try:
-        with engine.begin() as connection:
-            if connection.dialect.name == "postgresql":
-                connection.execute(
-                    text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK}
-                )
-            before = MigrationContext.configure(connection).get_current_revision()
-            config.attributes["connection"] = connection
-            command.upgrade(config, "head")
-            after = MigrationContext.configure(connection).get_current_revision()
+        with engine.connect() as connection:
+            sqlite = connection.dialect.name == "sqlite"
+            if sqlite:  # batch mode copies tables other tables point to (revision 0014):
+                # SQLite checks foreign keys on the copy's DROP, so they are off meanwhile
+                # (a pragma outside a transaction), and checked once at the end
+                connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+                connection.commit()
+            try:
+                with connection.begin():
+                    if not sqlite:
+                        connection.execute(
+                            text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK}
+                        )
+                    before = MigrationContext.configure(connection).get_current_revision()
+                    config.attributes["connection"] = connection
+                    command.upgrade(config, "head")
+                    after = MigrationContext.configure(connection).get_current_revision()
+                    if sqlite and connection.exec_driver_sql("PRAGMA foreign_key_check").first():
+                        raise StoreError("the upgrade left rows that point nowhere; rolled back")
+            finally:
+                if sqlite:
+                    connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+                    connection.commit()
     finally:
         alembic_log.setLevel(level)
     if before != after:

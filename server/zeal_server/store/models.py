@@ -88,6 +88,10 @@ class Stream(Base):
     #: When the operator released the agents halted on this stream (``zeal-server streams
     #: release``): its configuration then says so, signed, and they adopt it. None: never.
     released_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
+    #: Which change of its configuration this is (zeal.mqtt.streamconfig: agents ignore an
+    #: older one): the time of the change in ms, or the previous revision + 1 if that is
+    #: not later (store.streams.next_revision). Revision 0014 gave every stream its own.
+    revision: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class Device(Base):
@@ -150,17 +154,23 @@ class DevicePeriod(Base):
 
 
 class Principal(Base):
-    """A device across streams (revision 0013): its name, which is its login where logins
-    are provisioned (a login may publish under its own name only, to any stream). Its
-    privacy loss over every stream with a policy is held to one daily cap
-    (zeal_server.store.budgets): its own ``max_epsilon_per_day``, else the lowest of its
-    tags' (``TagBudget``), else the server's ZEAL_DEVICE_MAX_EPSILON_PER_DAY."""
+    """Who spends a device's privacy cap across streams (revisions 0013, 0014): a device
+    name and the identity that sent under it. ``identity`` is "" for the device itself (its
+    own login where the broker says who published, or nobody's where it cannot),
+    ``login:NAME`` for another broker login publishing under the name, ``lorawan:DEVEUI``
+    for a LoRaWAN device: each has a ledger of its own, so no one else spends the device's
+    day. Its privacy loss over every stream with a policy is held to one daily cap
+    (zeal_server.store.budgets): the name's own ``max_epsilon_per_day`` (kept on the name's
+    "" row), else the lowest of its tags' (``TagBudget``), else the server's
+    ZEAL_DEVICE_MAX_EPSILON_PER_DAY."""
 
     __tablename__ = "principals"
+    __table_args__ = (UniqueConstraint("name", "identity", name="principals_name_identity"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(64), unique=True)
-    #: Its own daily cap in epsilon; None: its tags' or the server's default.
+    name: Mapped[str] = mapped_column(String(64))
+    identity: Mapped[str] = mapped_column(String(100), default="")
+    #: The name's own daily cap in epsilon (on its "" row); None: its tags' or the default.
     max_epsilon_per_day: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
 
 
@@ -259,6 +269,9 @@ class Installation(Base):
     #: The Ed25519 seed (hex) the server signs configurations and notices with
     #: (store.signing). Secret: a database backup holds it.
     signing_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    #: The chain from its first key to the current one, JSON, oldest first (zeal.signed's
+    #: endorsements; ``zeal-server key rotate``); None: never rotated.
+    endorsements: Mapped[str | None] = mapped_column(Text, nullable=True, default=None)
 
 
 class LoRaWANBinding(Base):

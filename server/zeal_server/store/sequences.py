@@ -20,6 +20,17 @@ stream's dedup horizon passes the newest batch the device stored (a batch from t
 would be refused as too old; ``settle``), or when the head runs ``WINDOW`` sequences past
 it. A batch stored below the head is counted ``late``. docs/server.md ("Exactly once")
 gives the bytes per device.
+
+A device continues its sequence: its next batch is at most ``MAX_SEQUENCE_JUMP`` (65,536)
+above the highest it stored (above -1 for a device that never stored anything), and at
+most ``MAX_SEQUENCE`` (2**63 - 1; zeal.protocol). A batch beyond either is a *jump* (a
+broken or hostile device, one batch at 2**63 - 1): it is stored and counted as a sequence
+reset, its digest kept among the recent, but the state does not move to it, so nothing is
+counted missing and the device's next honest batch is new. A batch that continues a recent
+jump (at most ``WINDOW`` above it) re-bases the state there: a device that really
+renumbered (an outbox carried to a stream created anew, a LoRaWAN device bound after months
+on the air) is followed after its second batch. A jump sent again is told by the store
+itself (``Holdings``), as any sequence used before.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import numpy.typing as npt
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
+from zeal.protocol import MAX_SEQUENCE, MAX_SEQUENCE_JUMP
 from zeal_server.store.export import segment_columns
 from zeal_server.store.models import Device, Stream
 
@@ -105,9 +117,53 @@ class SequenceState:
         """True when the batch is one of the last stored (same sequence, same content)."""
         return (sequence, digest) in self.recent
 
+    def _reference(self) -> int | None:
+        """What a batch's sequence is measured against (module docstring): the head, -1
+        for a device that never stored anything, None for one whose state was pruned away
+        (revision 0012: any sequence continues it)."""
+        if self.head is not None:
+            return self.head
+        return -1 if self.newest_ms is None else None
+
+    def limit(self) -> int:
+        """The highest sequence that continues the device's (a batch above it is a jump,
+        or the continuation of a recent one)."""
+        reference = self._reference()
+        if reference is None:
+            return MAX_SEQUENCE
+        return min(MAX_SEQUENCE, reference + MAX_SEQUENCE_JUMP)
+
+    def _beyond(self, sequence: int) -> bool:
+        """True when `sequence` is further above the device's than a continuation may be."""
+        reference = self._reference()
+        return reference is not None and sequence > reference + MAX_SEQUENCE_JUMP
+
+    def _rebase_point(self, sequence: int) -> int | None:
+        """The recent jump that `sequence` continues (at most WINDOW above it), if any."""
+        for jumped, _ in self.recent:
+            if self._beyond(jumped) and jumped < sequence <= jumped + WINDOW:
+                return jumped
+        return None
+
+    def jumps(self, sequence: int) -> bool:
+        """True when a batch at `sequence` would be a jump (module docstring): past
+        MAX_SEQUENCE, or more than MAX_SEQUENCE_JUMP above the device's sequence without
+        continuing a recent jump."""
+        if sequence > MAX_SEQUENCE:
+            return True
+        return self._beyond(sequence) and self._rebase_point(sequence) is None
+
     def store(self, sequence: int, digest: int, first_ms: int, *, reset: bool = False) -> bool:
         """Record a stored batch; True if it came after a higher sequence (late; a batch
-        after a reset is not late, its sequence is another outbox's)."""
+        after a reset is not late, its sequence is another outbox's). A jump (``jumps``)
+        is remembered among the recent batches only."""
+        if self.jumps(sequence):  # its newest reading is not the sequence's either
+            self.recent = [*self.recent, (sequence, digest)][-RECENT:]
+            return False
+        base = self._rebase_point(sequence) if self._beyond(sequence) else None
+        if base is not None:  # continues a recent jump: the device renumbered
+            self.settle()
+            self.floor, self.head, self.bits = base + 1, base, 0
         late = not reset and self.head is not None and sequence < self.head
         if self.floor is None:  # its first batch: a small sequence counts from 0 (a device
             # whose state was pruned away, revision 0012, has a newest reading: from there)
@@ -133,7 +189,7 @@ class SequenceState:
             start = 0 if self.newest_ms is None else None
         else:
             start = self.floor if self.bits == 0 and self.head == self.floor - 1 else None
-        if start is None or int(run[0]) != start or start + len(run) > _U64:
+        if start is None or int(run[0]) != start or start + len(run) - 1 > MAX_SEQUENCE:
             return False
         return len(run) == 1 or bool((np.diff(run.astype(np.int64)) == 1).all())
 

@@ -25,7 +25,7 @@ from zeal import (
 from zeal.mqtt.streamconfig import config_document, tombstone_document
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY
 from zeal.protocol import BUCKET_SECONDS, EPSILON_CEILING, check_name
-from zeal.signed import CONFIG_PURPOSE
+from zeal.signed import CONFIG_PURPOSE, ENDORSEMENTS
 from zeal_server.errors import StoreError
 from zeal_server.store.models import (
     Device,
@@ -37,7 +37,7 @@ from zeal_server.store.models import (
     Segment,
     Stream,
 )
-from zeal_server.store.signing import signer
+from zeal_server.store.signing import endorsements, signer
 
 #: Widest codes the store accepts (the limb layout's no-overflow guarantee).
 MAX_SERVER_BITS = 28
@@ -45,6 +45,13 @@ MAX_SERVER_BITS = 28
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def next_revision(stream: Stream) -> int:
+    """The revision of a change of the stream's configuration made now: its time in ms, or
+    the previous revision + 1 if that is not later (a clock set back, two changes in one
+    ms), so it always grows, across a restore from a backup too (zeal.mqtt.streamconfig)."""
+    return max(now_ms(), (stream.revision or 0) + 1)
 
 
 def params_of(stream: Stream) -> Zeal:
@@ -155,6 +162,7 @@ def create_stream(
         retention_days=retention_days,
         max_epsilon_per_day=params.max_epsilon_per_day,
     )
+    stream.revision = stream.created_ms
     session.add(stream)
     session.flush()
     return stream
@@ -189,6 +197,7 @@ def set_policy(session: Session, stream: Stream, max_epsilon_per_day: float) -> 
     )
     stream.max_epsilon_per_day = params.max_epsilon_per_day
     stream.fingerprint = params.fingerprint.hex()
+    stream.revision = next_revision(stream)
     session.flush()
     return params
 
@@ -243,7 +252,17 @@ def config_of(session: Session, stream: Stream, server: str | None = None) -> di
         created_ms=stream.created_ms,
         unit=stream.unit,
         released_ms=stream.released_ms,
+        revision=stream.revision,
     )
+    return _signed(session, document)
+
+
+def _signed(session: Session, document: dict[str, Any]) -> dict[str, Any]:
+    """A configuration or tombstone signed with the installation's key, with the chain of
+    endorsements that leads to it when the key was rotated (store.signing)."""
+    chain = endorsements(session)
+    if chain:
+        document = {**document, ENDORSEMENTS: chain}
     return signer(session).sign(document, CONFIG_PURPOSE)
 
 
@@ -252,7 +271,7 @@ def tombstone_of(session: Session, name: str, created_ms: int) -> dict[str, Any]
     document = tombstone_document(
         name, server=installation_id(session), created_ms=created_ms, deleted_ms=now_ms()
     )
-    return signer(session).sign(document, CONFIG_PURPOSE)
+    return _signed(session, document)
 
 
 def release_stream(session: Session, stream: Stream) -> int:
@@ -260,6 +279,7 @@ def release_stream(session: Session, stream: Stream) -> int:
     their policy ceiling passed): its configuration says so from now on, signed, and they
     adopt it. Returns the release time (ms)."""
     stream.released_ms = now_ms()
+    stream.revision = next_revision(stream)
     session.flush()
     return stream.released_ms
 

@@ -10,18 +10,28 @@ made before policies, which have none); it is part of the fingerprint::
     {"format": "zeal-stream/1", "stream": "temps", "lower": 0.0, "upper": 110.0,
      "epsilon": 1.0, "exponent": 56, "payload_bits": 5, "sampler": "grid",
      "max_epsilon_per_day": 8.0, "fingerprint": "…16 hex digits…", "unit": "degF",
-     "server": "…installation id…", "created_ms": 1767225600000}
+     "server": "…installation id…", "created_ms": 1767225600000,
+     "revision": 1767225600000}
 
 ``server`` and ``created_ms`` say which server (its database's installation id) created
-the stream and when (its *origin*): an agent acts only on notices from that server, and
-it pins the origin of the first configuration it adopts: another origin (the stream deleted
-and created anew) halts it. ``released_ms``, when present, says the operator released the
-agents halted on the stream (``zeal-server streams release``): they may adopt this
-configuration. They and ``unit`` are not part of the fingerprint.
+the stream and when (its *origin*, or incarnation): an agent acts only on notices from that
+server, and it pins the origin of the first configuration it adopts: another origin (the
+stream deleted and created anew) halts it. ``revision`` grows with every change of the
+stream's configuration (its policy, a release): the server takes the change's time in ms,
+or the previous revision + 1 if that is not later, so a database restored from a backup
+still issues newer revisions than before. An agent adopts a configuration of its stream only
+if its revision is not older than the one it follows, so a superseded configuration,
+replayed, changes nothing (a document without ``revision``, from an older server, is
+revision 0). ``released_ms``, when present, says the operator released the agents halted on
+the stream (``zeal-server streams release``): they may adopt this configuration. None of
+these nor ``unit`` is part of the fingerprint.
 
 A server signs the document (``key`` and ``signature``: ``zeal.signed``), and an agent
-acts only on one that verifies under the key it pinned. When a stream is deleted, the
-server retains its *tombstone* on the same topic, signed too::
+acts only on one that verifies under the key it was given (or, by explicit choice, pinned
+on first use). A server that rotated its key adds ``endorsements``: the chain from its
+first key to the one that signed, each link signed by the key before it (zeal.signed).
+When a stream is deleted, the server retains its *tombstone* on the same topic, signed
+too::
 
     {"format": "zeal-stream/1", "stream": "temps", "deleted": true, "server": "…",
      "created_ms": 1767225600000, "deleted_ms": 1767312000000, "key": "…", "signature": "…"}
@@ -59,8 +69,10 @@ def config_document(
     created_ms: int | None = None,
     unit: str = "",
     released_ms: int | None = None,
+    revision: int | None = None,
 ) -> dict[str, Any]:
-    """The configuration document of a stream (origin and release fields only when given)."""
+    """The configuration document of a stream (origin, revision and release fields only
+    when given)."""
     document: dict[str, Any] = {
         "format": FORMAT,
         "stream": check_name("stream", stream),
@@ -84,6 +96,8 @@ def config_document(
         document["created_ms"] = created_ms
     if released_ms is not None:
         document["released_ms"] = released_ms
+    if revision is not None:
+        document["revision"] = revision
     return document
 
 
@@ -120,6 +134,8 @@ class StreamConfig:
     released_ms: int | None = None
     #: The public key that signed the document (zeal.signed), if it was signed.
     key: str | None = None
+    #: Which change of the stream's configuration this is (0: a document without one).
+    revision: int = 0
 
     @property
     def origin(self) -> str:
@@ -141,13 +157,15 @@ def read_config(
     params = params_from_config(data, stream=stream)
     server, unit, key = data.get("server"), data.get("unit", ""), data.get("key")
     created, released = _optional_int(data, "created_ms"), _optional_int(data, "released_ms")
+    revision = _optional_int(data, "revision") or 0
     if server is not None and not isinstance(server, str):
         raise ParameterError(f"configuration field server must be text, got {server!r}")
     if not isinstance(unit, str):
         raise ParameterError(f"configuration field unit must be text, got {unit!r}")
     if key is not None and not isinstance(key, str):
         raise ParameterError(f"configuration field key must be text, got {key!r}")
-    return StreamConfig(data["stream"], params, server, created, unit, released, key)
+    name = data["stream"]
+    return StreamConfig(name, params, server, created, unit, released, key, revision)
 
 
 def _optional_int(data: dict[str, Any], field: str) -> int | None:

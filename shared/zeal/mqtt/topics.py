@@ -8,16 +8,22 @@ Every topic Zeal uses, in one place (standard library only)::
     zeal/v1/{stream}/{device}/presence  device -> devices     which agent runs the device id
                                                               (retained; Last Will: offline)
 
-A *notice* tells one device what the server did with one of its batches when that needs
+A *notice* tells one device what the server did with one of its messages when that needs
 the device's attention: a reject (``reason`` is a reject reason such as
-``unknown_stream``) or a sequence reset (the batch was stored, but the server had seen
-that sequence number with other content: the device's outbox is new). It names the
-*server* (the database's installation id, the same for every collector of one database),
-so an agent acts only on what the server that configured its stream says::
+``unknown_stream``), a sequence reset (the batch was stored, but the server had seen
+that sequence number with other content: the device's outbox is new) or a sequence jump
+(stored, far beyond the device's numbering). It is bound to what it is about, so that
+it cannot be replayed elsewhere: the *server* (the database's installation id, the same
+for every collector of one database), the stream and the device of the topic the message
+came on, the message itself (its ``digest``: BLAKE2b-64 of its payload, 16 hex digits,
+``message_digest``; and its batch ``sequence`` when it decoded), and when it was
+``issued_ms`` (strictly increasing per collector). An agent acts only on a notice for its
+own stream and device, about a message it sent, newer than the last it acted on
+(zeal_edge.notices)::
 
-    {"format": "zeal-notice/1", "server": "…", "stream": "temps", "device": "kitchen-1",
-     "reason": "unknown_stream", "sequence": 12, "last_sequence": null, "time_ms": …,
-     "message": "…"}
+    {"format": "zeal-notice/2", "server": "…", "stream": "temps", "device": "kitchen-1",
+     "reason": "unknown_stream", "sequence": 12, "digest": "9f2c…", "last_sequence": null,
+     "issued_ms": …, "message": "…"}
 
 A *presence* document says which agent instance runs a device id; an agent that finds
 another instance online refuses to start::
@@ -27,6 +33,7 @@ another instance online refuses to start::
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Final
@@ -47,6 +54,7 @@ __all__ = [
     "config_topic",
     "data_topic",
     "device_filters",
+    "message_digest",
     "notice_topic",
     "parse_config_topic",
     "parse_data_topic",
@@ -61,7 +69,7 @@ CONFIG_FILTER: Final = f"{PREFIX}/+/config"
 #: A filter no client subscribes to: the broker's answer to unsubscribing from it comes
 #: after it has read everything the client sent before (the collector's last PUBACKs).
 FLUSH_FILTER: Final = f"{PREFIX}/flush"
-NOTICE_FORMAT: Final = "zeal-notice/1"
+NOTICE_FORMAT: Final = "zeal-notice/2"
 PRESENCE_FORMAT: Final = "zeal-presence/1"
 
 
@@ -136,16 +144,31 @@ def _int_or_none(value: object) -> int | None:
     return value
 
 
+def message_digest(payload: bytes) -> str:
+    """What a notice names a message by: BLAKE2b-64 of its payload, 16 hex digits (the
+    collector's dedup digest, ``zeal_server.store.sequences.payload_digests``, in hex)."""
+    return hashlib.blake2b(payload, digest_size=8).hexdigest()
+
+
+def _digest(value: object) -> str:
+    if not isinstance(value, str) or len(value) != 16 or value.strip("0123456789abcdef"):
+        raise TopicError(f"a notice's digest is 16 lower-case hex digits, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Notice:
-    """What the collector tells a device about one of its batches."""
+    """What the collector tells a device about one of its messages (the module docstring)."""
 
     server: str
     stream: str
     device: str
     reason: str
     message: str
-    time_ms: int
+    issued_ms: int
+    #: The message's digest (``message_digest``).
+    digest: str
+    #: Its batch's sequence number (None: the message did not decode).
     sequence: int | None = None
     last_sequence: int | None = None
 
@@ -158,8 +181,9 @@ class Notice:
             "device": self.device,
             "reason": self.reason,
             "sequence": self.sequence,
+            "digest": self.digest,
             "last_sequence": self.last_sequence,
-            "time_ms": self.time_ms,
+            "issued_ms": self.issued_ms,
             "message": self.message,
         }
 
@@ -177,14 +201,18 @@ class Notice:
             raise TopicError(f"not a {NOTICE_FORMAT} document")
         try:
             fields = {k: data[k] for k in ("server", "stream", "device", "reason", "message")}
-            time_ms = data["time_ms"]
+            issued, digest = data["issued_ms"], data["digest"]
         except KeyError as exc:
             raise TopicError(f"notice lacks {exc}") from exc
         if not all(isinstance(v, str) for v in fields.values()):
             raise TopicError("notice fields server, stream, device, reason, message are text")
+        issued_ms = _int_or_none(issued)
+        if issued_ms is None:
+            raise TopicError("a notice's issued_ms is an integer")
         return cls(
             **fields,
-            time_ms=_int_or_none(time_ms) or 0,
+            issued_ms=issued_ms,
+            digest=_digest(digest),
             sequence=_int_or_none(data.get("sequence")),
             last_sequence=_int_or_none(data.get("last_sequence")),
         )

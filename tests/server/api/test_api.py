@@ -50,7 +50,9 @@ def test_stream_lifecycle(client: TestClient) -> None:
     created = int(datetime.fromisoformat(out["created"]).timestamp() * 1000)
     served = client.get("/api/v1/streams/temps/config").json()
     signature = {k: served.pop(k) for k in ("key", "signature")}  # store.signing
-    assert served == config_document("temps", PARAMS, server=server, created_ms=created, unit="")
+    assert served == config_document(
+        "temps", PARAMS, server=server, created_ms=created, unit="", revision=created
+    )
     assert len(signature["key"]) == 44
     assert len(signature["signature"]) == 88
     again = client.post(

@@ -58,6 +58,7 @@ def test_caps_for_devices_and_tags_are_set_shown_and_removed(client: TestClient)
         "spent_today": 0.0,
         "remaining_today": 3.0,
         "streams": ["humidity"],
+        "others_spent_today": {},
     }
     own = client.put("/api/v1/budgets/devices/flat-1", json={"max_epsilon_per_day": 2.5}).json()
     assert (own["max_epsilon_per_day"], own["source"]) == (2.5, "device")

@@ -175,7 +175,7 @@ def forgeries(genuine: dict[str, Any]) -> list[tuple[str, bytes, bool]]:
 def forged_notices(server_id: str, device: str) -> list[bytes]:
     """Notices that the server no longer has the stream (its own id in them): unsigned,
     signed with the forger's key, empty."""
-    notice = Notice(server_id, "temps", device, "unknown_stream", "deleted", 10**13, 0)
+    notice = Notice(server_id, "temps", device, "unknown_stream", "deleted", 10**13, "0" * 16, 0)
     return [notice.to_json(), Forger().sign(notice.to_document(), NOTICE_PURPOSE), b""]
 
 

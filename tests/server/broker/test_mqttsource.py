@@ -34,14 +34,27 @@ class Desk:
         self.configs: list[tuple[str, bytes]] = []
         self.connects = 0
         self.offered: list[tuple[str, bytes, int, int, bool]] = []
+        self.logins: list[str | None] = []
         self.take = take
 
-    def offer(self, topic: str, payload: bytes, token: int, qos: int, retained: bool) -> bool:
+    def offer(
+        self,
+        topic: str,
+        payload: bytes,
+        token: int,
+        qos: int,
+        *,
+        retained: bool,
+        login: str | None = None,
+    ) -> bool:
         self.offered.append((topic, payload, token, qos, retained))
+        self.logins.append(login)
         return self.take
 
 
-def source(*, data: bool = True, take: bool = True) -> tuple[MqttSource, FakeClient, Desk]:
+def source(
+    *, data: bool = True, take: bool = True, login_property: str | None = None
+) -> tuple[MqttSource, FakeClient, Desk]:
     fake, desk = FakeClient(), Desk(take=take)
     src = MqttSource(
         parse_broker_url("mqtt://127.0.0.1:1883"),
@@ -52,6 +65,7 @@ def source(*, data: bool = True, take: bool = True) -> tuple[MqttSource, FakeCli
         on_config=lambda stream, payload: desk.configs.append((stream, payload)),
         on_connect=lambda: setattr(desk, "connects", desk.connects + 1),
         client=fake,
+        login_property=login_property,
     )
     src.offer = desk.offer
     return src, fake, desk
@@ -100,6 +114,23 @@ def test_a_data_message_waits_for_the_commit_unless_the_door_sheds_it() -> None:
     desk.take = False
     shed = fake.deliver("zeal/v1/temps/a/up", b"x", retain=True)
     assert fake.acked == [(kept, 1), (shed, 1)]  # shed: acknowledged, or it comes back
+
+
+def test_the_login_the_broker_names_goes_to_the_door_only_when_it_is_asked_for() -> None:
+    """With ZEAL_MQTT_LOGIN_PROPERTY the login the broker stamped reaches the door ("" for a
+    message without the stamp); without it, nothing a client sent is read as a login."""
+    stamped = [("other", "x"), ("zeal-login", "home-1")]
+    src, fake, desk = source(login_property="zeal-login")
+    src.start()
+    fake.connected()
+    fake.deliver("zeal/v1/temps/home-1/up", b"a", user=stamped)
+    fake.deliver("zeal/v1/temps/home-1/up", b"b")
+    assert desk.logins == ["home-1", ""]
+    plain, fake, desk = source()
+    plain.start()
+    fake.connected()
+    fake.deliver("zeal/v1/temps/home-1/up", b"a", user=stamped)
+    assert desk.logins == [None]
 
 
 def test_a_topic_that_is_not_utf_8_reaches_the_door_as_empty() -> None:

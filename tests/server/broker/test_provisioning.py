@@ -63,8 +63,11 @@ class Device:
 
 
 def cli(broker: DeployBroker, *args: str) -> subprocess.CompletedProcess[str]:
+    """`zeal-server devices ...` where the broker's admin login and the server's database
+    (setup's: it prints the server's key with a login) are at hand."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZEAL_")}
-    env |= {"ZEAL_MQTT_URL": broker.url, **ADMIN}
+    database = f"sqlite:///{broker.directory.parent / 'zeal.sqlite'}"
+    env |= {"ZEAL_MQTT_URL": broker.url, "ZEAL_DATABASE_URL": database, **ADMIN}
     return subprocess.run(
         [sys.executable, "-m", "zeal_server", "devices", *args],
         env=env,
@@ -110,9 +113,12 @@ def test_provisioned_devices_publish_only_their_own_data_and_revoked_ones_are_re
     made = cli(broker, "provision", "kitchen-1")
     assert made.returncode == 0, made.stderr
     password = made.stdout.split("password: ", 1)[1].split()[0]
+    key = server.http.get("/api/v1/server").json()["key"]
+    assert f"\nserver key: {key}\n" in made.stdout  # handed over with the login
     answer = server.http.post("/api/v1/devices/hall-2/login")
     assert answer.status_code == 201, answer.text
     assert answer.json()["username"] == "hall-2"
+    assert answer.json()["server_key"] == key
     assert sorted(server.http.get("/api/v1/devices").json()) == ["hall-2", "kitchen-1"]
 
     kitchen = Device(broker.port, "kitchen-1", password)

@@ -109,6 +109,10 @@ def mix(seed: int, now: int, count: int) -> list[tuple[str, bytes, int]]:
         sequence = sequences.get(key, 0)
         if roll < 0.17 and sequence:  # an outbox that started again: old number, new content
             sequence = int(rng.integers(0, sequence))
+        elif 0.24 <= roll < 0.27:  # a jump far beyond its numbering; sometimes it goes on
+            sequence = [2**63 - 1, 2**64 - 1, sequence + 70_000][int(rng.integers(0, 3))]
+            if sequence < 2**63 - 1 and rng.random() < 0.5:  # from there (it renumbered)
+                sequences[key] = sequence + 1
         else:
             sequences[key] = sequence + 1
         if roll > 0.97:  # too far in the future, or before the stream
@@ -212,7 +216,8 @@ def contents(sessions: Any) -> dict[str, Any]:
 def test_a_transaction_of_many_messages_stores_what_one_at_a_time_stores(
     two_databases: tuple[str, str], seed: int, device_cap: float | None
 ) -> None:
-    """1,200 messages of every kind: transactions of up to 300 give the outcomes and rows of
+    """1,200 messages of every kind (sequence jumps, and devices that renumber, too):
+    transactions of up to 300 give the outcomes and rows of
     one transaction per message in topic order; with a device cap across streams too (a
     device's batches in three streams then meet both its streams' policies and its cap)."""
     now = store.now_ms()
@@ -241,6 +246,7 @@ def test_a_transaction_of_many_messages_stores_what_one_at_a_time_stores(
     assert got == expected
     statuses = {o.status for o in got} | {o.reason for o in got}
     kinds = ["stored", "duplicate", "over_budget", "fingerprint_mismatch", "bad_topic"]
+    kinds += ["sequence_jump"]
     for kind in kinds + ["device_cap"] * (device_cap is not None):
         assert kind in statuses, kind  # the mix reached every path
     assert ("device_cap" in statuses) == (device_cap is not None)

@@ -110,12 +110,12 @@ def test_0013_gives_every_device_the_default_cap_and_its_days_spend(database_url
     of readings times micro-epsilon, and nothing stored before changed."""
     from alembic import command
     from alembic.config import Config
-    from sqlalchemy import select, text
-    from sqlalchemy.orm import Session
+    from sqlalchemy import MetaData, Table, insert, select, text
 
     from zeal_server import store
     from zeal_server.store.db import MIGRATIONS
-    from zeal_server.store.models import Device, DevicePeriod
+    from zeal_server.store.fleet import new_device_row
+    from zeal_server.store.models import Device
 
     engine = make_engine(database_url)
     config = Config()
@@ -123,18 +123,40 @@ def test_0013_gives_every_device_the_default_cap_and_its_days_spend(database_url
     with engine.begin() as connection:
         config.attributes["connection"] = connection
         command.upgrade(config, "0012")
-    with Session(engine) as session, session.begin():
+    with engine.begin() as connection:  # the tables as they are at 0012 (not the models')
+        tables = {
+            t: Table(t, MetaData(), autoload_with=connection)
+            for t in ("streams", "devices", "device_periods")
+        }
         for name, epsilon, policy in (("a", 1.0, 8.0), ("b", 0.5, 8.0), ("open", 1.0, None)):
-            stream = store.create_stream(
-                session, name=name, lower=0, upper=1, epsilon=epsilon, max_epsilon_per_day=policy
-            )
+            params = store.derive_params(0, 1, epsilon, max_epsilon_per_day=policy)
+            stream_id = connection.execute(
+                insert(tables["streams"]).returning(tables["streams"].c.id),
+                {
+                    **{"name": name, "lower": 0.0, "upper": 1.0, "epsilon": epsilon},
+                    **{"exponent": params.exponent, "payload_bits": params.payload_bits},
+                    **{"sampler": params.sampler, "fingerprint": params.fingerprint.hex()},
+                    **{"bucket_seconds": 60, "description": "", "unit": "", "created_ms": 1},
+                    **{"enrolled_only": False, "max_epsilon_per_day": policy},
+                },
+            ).scalar_one()
             for device, readings in (("home", 3), (f"only-{name}", 1)):
-                row, _ = store.enroll(session, stream, device)
-                session.flush()
-                session.add(
-                    DevicePeriod(device_id=row.id, hours=24, period=20_000, readings=readings)
+                device_id = connection.execute(
+                    insert(tables["devices"]).returning(tables["devices"].c.id),
+                    new_device_row(stream_id, device, 1),
+                ).scalar_one()
+                connection.execute(
+                    insert(tables["device_periods"]),
+                    [
+                        {
+                            "device_id": device_id,
+                            "hours": 24,
+                            "period": 20_000,
+                            "readings": readings,
+                        },
+                        {"device_id": device_id, "hours": 1, "period": 480_000, "readings": 1},
+                    ],
                 )
-                session.add(DevicePeriod(device_id=row.id, hours=1, period=480_000, readings=1))
     with engine.connect() as connection:
         before = sorted(tuple(r) for r in connection.execute(text("SELECT * FROM device_periods")))
         devices = sorted(tuple(r) for r in connection.execute(select(Device.__table__)))

@@ -97,7 +97,8 @@ static void on_message(struct mosquitto *client, void *context,
     json[message->payloadlen] = '\0';
     json_string(json, "reason", reason, sizeof reason);
     json_string(json, "message", text, sizeof text);
-    if (strcmp(reason, "sequence_reset") == 0) { /* stored: the server says so, no refusal */
+    /* stored: the server says so, no refusal */
+    if (strcmp(reason, "sequence_reset") == 0 || strcmp(reason, "sequence_jump") == 0) {
         fprintf(stderr, "zeal-device: server notice: %s\n", text);
     } else if (reason[0] != '\0' && link->refused[0] == '\0') {
         snprintf(link->refused, sizeof link->refused, "%s: %s", reason, text);

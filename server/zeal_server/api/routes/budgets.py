@@ -1,9 +1,12 @@
 """A device's privacy cap across streams: the server's default, the caps given to devices
 and to device tags (operator token to change them), and one device's cap and spend today.
 
-A device is its name (its login where logins are provisioned) in every stream it sends to.
-Its cap is its own, else the lowest cap of the tags its devices carry in any stream, else
-ZEAL_DEVICE_MAX_EPSILON_PER_DAY. The collectors apply a change within 2 s (their sync).
+A device is its name in every stream it sends to. Its cap is its own, else the lowest cap
+of the tags its devices carry in any stream, else ZEAL_DEVICE_MAX_EPSILON_PER_DAY. Only the
+device itself spends it: another broker login publishing under its name (where the broker
+says who published: ZEAL_MQTT_LOGIN_PROPERTY) or a LoRaWAN device of that name has a ledger
+of its own under the same cap (``others_spent_today``). The collectors apply a change
+within 2 s (their sync).
 """
 
 from __future__ import annotations
@@ -67,6 +70,11 @@ class DeviceBudgetOut(BaseModel):
     )
     remaining_today: float | None
     streams: list[str] = Field(description="the streams it sent to or is enrolled in")
+    others_spent_today: dict[str, float] = Field(
+        description="what others spent today under its name, each on a ledger of its own "
+        "(never the device's): by identity, login:NAME (another broker login) or "
+        "lorawan:DEVEUI (a LoRaWAN device)"
+    )
 
 
 def _default(request: Request) -> float | None:
@@ -105,6 +113,7 @@ def _budget_out(db: Db, request: Request, device: str) -> DeviceBudgetOut:
         spent_today=spent,
         remaining_today=None if cap is None else max(0.0, cap - spent),
         streams=found.streams,
+        others_spent_today={k: v / MICRO for k, v in found.others_micro.items()},
     )
 
 

@@ -13,7 +13,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from pydantic import BaseModel, Field
 
+from zeal_server import store
 from zeal_server.api.auth import operator
+from zeal_server.api.deps import Db
 from zeal_server.api.running import Logins
 from zeal_server.errors import ProvisioningError
 
@@ -38,6 +40,11 @@ class LoginOut(BaseModel):
     username: str = Field(description="the broker username (the device id)")
     password: str = Field(description="shown once; the server keeps no copy")
     broker: str = Field(description="the broker the login was made on")
+    server_key: str = Field(
+        description="the server's public key: give it to the device with its login "
+        "(zeal-edge --server-key or ZEAL_SERVER_KEY); it believes only what this key, or a "
+        "key it endorsed, signed"
+    )
 
 
 class RevokedOut(BaseModel):
@@ -68,16 +75,20 @@ def logins(request: Request) -> list[str]:
 
 
 @router.post("/{device}/login", status_code=201, response_model=LoginOut, responses=ANSWERS)
-def provision(device: Name, request: Request) -> LoginOut:
+def provision(device: Name, request: Request, db: Db) -> LoginOut:
     """Create the device's broker login: it may publish only its own data and presence
     (zeal/v1/+/{device}/up, .../presence) and read the stream configurations and its
-    notices. The password is in this answer only."""
+    notices. The password is in this answer only, beside the server's key, which the device
+    is to be given with it."""
     admin = _admin(request)
+    key = store.signer(db).public
     try:
         password = admin.provision(device)
     except ProvisioningError as exc:
         raise _failed(exc) from None
-    return LoginOut(device=device, username=device, password=password, broker=admin.broker.url)
+    return LoginOut(
+        device=device, username=device, password=password, broker=admin.broker.url, server_key=key
+    )
 
 
 @router.delete("/{device}/login", response_model=RevokedOut, responses=ANSWERS)

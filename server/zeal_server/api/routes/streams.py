@@ -19,7 +19,7 @@ from zeal_server.api.deps import (
     stream_or_404,
     stream_out,
 )
-from zeal_server.api.schemas import DeletedOut, StreamIn, StreamOut, StreamPatch
+from zeal_server.api.schemas import DeletedOut, ServerOut, StreamIn, StreamOut, StreamPatch
 
 __all__ = ["router"]
 
@@ -154,3 +154,15 @@ def get_config(name: str, db: Db) -> dict[str, Any]:
     """The configuration document agents use (also retained at zeal/v1/{name}/config);
     save it as the agent's --params file."""
     return store.config_of(db, stream_or_404(db, name))
+
+
+@router.get(f"{API}/server", dependencies=READ, response_model=ServerOut)
+def server(db: Db) -> ServerOut:
+    """This server: its installation id and the public key agents check what it signs with
+    (configurations, tombstones, notices), as they are given it (zeal-edge --server-key),
+    with the chain of endorsements from its first key when it was rotated."""
+    return ServerOut(
+        server=store.installation_id(db),
+        key=store.signer(db).public,
+        endorsements=store.endorsements(db),
+    )

@@ -66,7 +66,7 @@ class ChirpStackSource:
         self.last_error: str | None = None
         self._logged = -1e18  # connection errors are logged once a minute
         self._stopping = False
-        self.offer: Offer = lambda *_: False
+        self.offer: Offer = lambda *_, **__: False
         client = make_client(broker, client_id, manual_ack=True, persistent=True)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
@@ -145,5 +145,5 @@ class ChirpStackSource:
         except UnicodeDecodeError:
             topic = ""
         payload = bytes(message.payload)
-        if not self.offer(topic, payload, message.mid, message.qos, message.retain):
+        if not self.offer(topic, payload, message.mid, message.qos, retained=message.retain):
             client.ack(message.mid, message.qos)

@@ -122,7 +122,7 @@ class Uplinks:
                 reason = exc.reason
         if batch is None:
             return ingest.reject(session, stream, device, reason, when=received_ms)
-        original = Original(identity(uplink), len(uplink.data))
+        original = Original(identity(uplink), len(uplink.data), uplink.dev_eui)
         return Translated(data_topic(stream, device), batch, original)
 
 
