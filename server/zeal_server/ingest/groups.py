@@ -59,8 +59,9 @@ class Group:
     received: npt.NDArray[np.int64]
     sizes: npt.NDArray[np.int64]
     digests: npt.NDArray[np.int64]
-    #: Who sent each under its device's name (store.budgets.Account): whose cap it spends.
-    accounts: list[tuple[str, str]]
+    #: Who sent each under its device's name (store.budgets.Account): whose cap it spends;
+    #: None when every one is its device itself (the usual: no tuple per message).
+    accounts: list[tuple[str, str]] | None
 
     def select(self, keep: npt.NDArray[np.bool_]) -> Group:
         """The messages `keep` marks."""
@@ -77,7 +78,7 @@ class Group:
             self.received[keep],
             self.sizes[keep],
             self.digests[keep],
-            [self.accounts[i] for i in chosen],
+            None if self.accounts is None else [self.accounts[i] for i in chosen],
         )
 
 

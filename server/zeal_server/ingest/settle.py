@@ -51,6 +51,8 @@ class Sequences:
         self.rounds = rounds
         self.here: set[tuple[int, int, int]] = set()
         self.holdings = sequences.Holdings(session)
+        #: The groups of this round with no batch beyond its device's sequence (by id).
+        self._within: set[int] = set()
 
     def _state(self, device: int) -> sequences.SequenceState:
         return self.states.setdefault(device, sequences.SequenceState())  # deleted meanwhile
@@ -71,9 +73,11 @@ class Sequences:
         ones are on where it leaves the device (a re-based sequence), so each is decided on
         the state the ones before leave, as one at a time would."""
         now, later = [], []
+        self._within.clear()
         for group in groups:
             beyond = self._beyond(group)
             if not beyond.any():
+                self._within.add(id(group))
                 now.append(group)
                 continue
             devices = group.device_ids.tolist()
@@ -103,7 +107,8 @@ class Sequences:
         heads = np.array([s.head or 0 for s in states], dtype=np.uint64)
         fresh = np.array([s.head is None for s in states], dtype=bool)
         above = fresh[inverse] | (group.batches.sequences > heads[inverse])
-        above &= ~self._beyond(group)
+        if id(group) not in self._within:  # split_jumps found none beyond in it
+            above &= ~self._beyond(group)
         out = np.full(len(group.positions), NEW, dtype=np.int64)
         for k in np.flatnonzero(~above).tolist():
             out[k] = self.kind(group, k)
@@ -205,12 +210,17 @@ class Round:
         (streams with a policy only): which were refused there (``booked`` is updated)."""
         capped = [np.zeros(len(b), dtype=bool) for b in booked]
         policed = [g.entry.params.readings_per_day is not None for g in groups]
-        accounts = sorted(
-            {a for g, p in zip(groups, policed, strict=True) if p for a in g.accounts}
-        )
-        if self.caps is None or not accounts:
+        wanted: set[tuple[str, str]] = set()
+        for group, p in zip(groups, policed, strict=True):
+            if not p:
+                continue
+            if group.accounts is None:  # its devices' own accounts, once per device
+                wanted.update((n, "") for n in set(group.names))
+            else:
+                wanted.update(group.accounts)
+        if self.caps is None or not wanted:
             return capped
-        found = self.caps(accounts)
+        found = self.caps(sorted(wanted))
         limits = {pid: cap for pid, cap in found.values() if cap is not None}
         if not limits:
             return capped
@@ -220,7 +230,11 @@ class Round:
             if not p or params.readings_per_hour is None or not chosen.any():
                 charges.append(None)
                 continue
-            ids = [found[a] for a in group.accounts]
+            if group.accounts is None:
+                mine = {n: found[(n, "")] for n in set(group.names)}
+                ids = [mine[n] for n in group.names]
+            else:
+                ids = [found[a] for a in group.accounts]
             charges.append(
                 ledger.DeviceCharge(
                     [(group.stream + "/", p) for p in group.positions],

@@ -82,18 +82,25 @@ def _accounts(
     members: list[tuple[int, str]],
     originals: Sequence[Original | None] | None,
     logins: Sequence[str | None] | None,
-) -> list[Account]:
+) -> list[Account] | None:
     """Who sent each member under its device's name (store.budgets.Account): a LoRaWAN
-    device by its DevEUI, an MQTT one by the login the broker named (None: not named)."""
-    if originals is None and logins is None:  # the usual round: the devices themselves
-        return [(device, "") for _, device in members]
-    accounts = []
-    for i, device in members:
-        original = None if originals is None else originals[i]
-        login = None if logins is None else logins[i]
-        dev_eui = None if original is None else original.dev_eui
-        accounts.append((device, identity_of(device, login, dev_eui)))
-    return accounts
+    device by its DevEUI, an MQTT one by the login the broker named (None: not named).
+    None when every one is its device itself (the usual round: no tuple per message)."""
+    identities = (
+        [
+            identity_of(
+                device,
+                None if logins is None else logins[i],
+                None if originals is None or originals[i] is None else originals[i].dev_eui,  # type: ignore[union-attr]
+            )
+            for i, device in members
+        ]
+        if originals is not None or logins is not None
+        else None
+    )
+    if identities is None or not any(identities):
+        return None
+    return [(device, who) for (_, device), who in zip(members, identities, strict=True)]
 
 
 class Decoded(NamedTuple):
