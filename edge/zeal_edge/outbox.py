@@ -16,7 +16,6 @@ spend budget on it again), readings skipped as not finite, and rejects the serve
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import sqlite3
 import threading
@@ -26,6 +25,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from zeal.mqtt.topics import message_digest
 from zeal.policy import cap_micro as policy_cap
 from zeal_edge.errors import OutboxError
 from zeal_edge.outbox_schema import ADDED_COLUMNS, BOOK, SCHEMA, SPENT
@@ -42,9 +42,9 @@ SENT_KEPT = 4096
 MARKS = frozenset({"revision", "released_ms", "notice_ms", "given_key"})
 
 
-def _digest(payload: bytes) -> int:
-    """``zeal.mqtt.topics.message_digest`` as the signed 64-bit integer kept in ``sent``."""
-    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big", signed=True)
+def _digest_key(digest: str) -> int:
+    """A ``zeal.mqtt.topics.message_digest`` as the signed 64-bit integer kept in ``sent``."""
+    return int.from_bytes(bytes.fromhex(digest), "big", signed=True)
 
 
 def namespace_of(stream: str, device: str) -> str:
@@ -204,7 +204,7 @@ class Outbox:
     def sent_sequence(self, namespace: str, digest: str) -> int | None:
         """The sequence of the batch with this digest (``message_digest``) among the last
         SENT_KEPT committed, or None when it is not one of them."""
-        key = int.from_bytes(bytes.fromhex(digest), "big", signed=True)
+        key = _digest_key(digest)
         with self._lock:
             row = self._db.execute(
                 "SELECT sequence FROM sent WHERE namespace = ? AND digest = ? "
@@ -327,7 +327,7 @@ class Outbox:
                         self._db.execute(
                             "INSERT OR REPLACE INTO sent (namespace, sequence, digest) "
                             "VALUES (?, ?, ?)",
-                            (ns, seq, _digest(payload)),
+                            (ns, seq, _digest_key(message_digest(payload))),
                         )
                     if micro:
                         self._db.execute(

@@ -34,7 +34,7 @@ def add_parsers(commands: Commands) -> None:
         "create a broker login for a device: it may publish only its own data and presence "
         "and read the configurations and its notices; prints its password once, and the "
         "server's key the device is to check what the server signs with",
-        variables=BROKER,
+        variables=(*BROKER, "ZEAL_DATABASE_URL", "ZEAL_DATA_DIR"),  # the key: in the database
     )
     provision.add_argument("name", help="the device id (1-64 letters, digits, '_', '.' or '-')")
     revoke = command(
