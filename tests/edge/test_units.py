@@ -88,6 +88,26 @@ def test_bad_settings_name_their_origin(argv: list[str], env: dict[str, str], me
         resolve(parse(argv), env, NAMES, {"stream"})
 
 
+def test_trust_on_first_use_is_a_switch_and_anything_else_is_refused() -> None:
+    """--trust-first-use alone says yes; ZEAL_TRUST_FIRST_USE takes yes or no; the default
+    is no (an agent given no key adopts nothing)."""
+    names = {*NAMES, "trust_first_use"}
+
+    def trust(argv: list[str], env: dict[str, str]) -> object:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser, names)
+        return resolve(parser.parse_args(["--stream", "s", *argv]), env, names, set())[
+            "trust_first_use"
+        ]
+
+    assert trust([], {}) is False
+    assert trust(["--trust-first-use"], {}) is True
+    assert trust([], {"ZEAL_TRUST_FIRST_USE": "yes"}) is True
+    assert trust(["--trust-first-use", "no"], {"ZEAL_TRUST_FIRST_USE": "yes"}) is False
+    with pytest.raises(SettingsError, match="ZEAL_TRUST_FIRST_USE='maybe' is invalid"):
+        trust([], {"ZEAL_TRUST_FIRST_USE": "maybe"})
+
+
 def test_unknown_config_file_keys_are_refused(tmp_path: Path) -> None:
     """A typo in the config file is an error, not silently ignored."""
     config = tmp_path / "agent.toml"

@@ -124,6 +124,10 @@ def test_tokens_guard_writes_and_reads(database_url: str) -> None:
             assert c.get(path, headers={"Authorization": f"Bearer {READER}"}).status_code == 200
     with pytest.raises(SettingsError, match="production mode needs ZEAL_OPERATOR_TOKEN"):
         settings(database_url, ZEAL_MODE="production")
+    for bad in ("zeal login", "x" * 65, "a/b"):  # a property name, or none
+        with pytest.raises(SettingsError, match="ZEAL_MQTT_LOGIN_PROPERTY must be"):
+            settings(database_url, ZEAL_MQTT_LOGIN_PROPERTY=bad)
+    assert settings(database_url, ZEAL_MQTT_LOGIN_PROPERTY="none").mqtt_login_property is None
 
 
 def test_averages_equal_the_library_on_the_stored_codes(client: TestClient) -> None:
