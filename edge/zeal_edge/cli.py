@@ -95,6 +95,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _broker(values: dict[str, Any]) -> Any:
+    """The broker settings, TLS files checked together: a client certificate needs its key
+    and mqtts:// (SettingsError)."""
+    cert, key = values["cert_file"], values["key_file"]
+    if bool(cert) != bool(key):
+        raise SettingsError("--cert and --key go together: the client certificate and its key")
+    if (cert or values["ca_file"]) and not str(values["broker"]).startswith("mqtts://"):
+        raise SettingsError(
+            f"--ca and --cert are for TLS: the broker URL must be mqtts://, not {values['broker']}"
+        )
     return parse_broker_url(
         values["broker"],
         username=values["username"],
@@ -135,6 +144,12 @@ def _run(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(values["log_level"])
     broker = _broker(values)
     streams = values["stream"].split(",")
+    if len(streams) > 1 and values["cert_file"]:
+        raise SettingsError(
+            "a client certificate is one session on the broker (its name is the login and the "
+            "client id), and each stream is a connection of its own: run one stream per "
+            "certificate, or several streams with a password login"
+        )
     if len(streams) > 1 or values["shares"] is not None:
         return _run_together(values, streams, broker, wait=args.wait)
     options = _options(values, streams[0], args.wait)

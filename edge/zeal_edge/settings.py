@@ -42,6 +42,8 @@ class Setting:
     old: tuple[str, str] | None = None
     #: A yes/no setting whose flag alone means yes (``--trust-first-use``)
     switch: bool = False
+    #: Shorter flags for the same setting (``--ca`` for ``--ca-file``)
+    aliases: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -180,9 +182,32 @@ SETTINGS: tuple[Setting, ...] = (
         "broker password (prefer the environment variable to the command line)",
         secret=True,
     ),
-    Setting("ca_file", str, None, "ZEAL_MQTT_CA", "CA certificate file for TLS"),
-    Setting("cert_file", str, None, "ZEAL_MQTT_CERT", "client certificate file for TLS"),
-    Setting("key_file", str, None, "ZEAL_MQTT_KEY", "client key file for TLS"),
+    Setting(
+        "ca_file",
+        str,
+        None,
+        "ZEAL_MQTT_CA",
+        "CA certificate file the broker's certificate is checked with (mqtts://; default: "
+        "the system's CAs)",
+        aliases=("--ca",),
+    ),
+    Setting(
+        "cert_file",
+        str,
+        None,
+        "ZEAL_MQTT_CERT",
+        "client certificate file (mqtts://): the device logs in with it, no password "
+        "(zeal-server devices provision --certificate)",
+        aliases=("--cert",),
+    ),
+    Setting(
+        "key_file",
+        str,
+        None,
+        "ZEAL_MQTT_KEY",
+        "the client certificate's private key file",
+        aliases=("--key",),
+    ),
     Setting("batch", _positive_int, 60, "ZEAL_BATCH", "readings per batch"),
     Setting(
         "batch_seconds",
@@ -314,7 +339,7 @@ def add_arguments(parser: argparse.ArgumentParser, names: set[str]) -> None:
                     s.flag, dest=s.name, default=None, nargs="?", const="yes", help=text
                 )
             else:
-                parser.add_argument(s.flag, dest=s.name, default=None, help=text)
+                parser.add_argument(s.flag, *s.aliases, dest=s.name, default=None, help=text)
             if s.old is not None and s.old[0] != s.name:
                 renamed(parser, f"--{s.old[0].replace('_', '-')}", s.flag, s.name)
 

@@ -17,7 +17,14 @@ from zeal.mqtt.brokerurl import BrokerSettings, parse_broker_url, parse_protocol
 from zeal.policy import DEFAULT_DEVICE_MAX_EPSILON_PER_DAY, check_device_cap
 from zeal_server.errors import SettingsError
 
-__all__ = ["CHIRPSTACK_TOPIC", "VARIABLES", "ServerSettings", "SettingsError", "variables_help"]
+__all__ = [
+    "CHIRPSTACK_TOPIC",
+    "VARIABLES",
+    "DeviceCASettings",
+    "ServerSettings",
+    "SettingsError",
+    "variables_help",
+]
 
 #: ChirpStack v4's uplink event topic (its default event topic template,
 #: ``application/{{application_id}}/device/{{dev_eui}}/event/{{event}}``).
@@ -44,9 +51,27 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "broker login of the dynamic security admin, for zeal-server devices provision/revoke",
     ),
     "ZEAL_MQTT_ADMIN_PASSWORD": ("none", "its password"),
+    "ZEAL_MQTT_ADMIN_URL": (
+        "ZEAL_MQTT_URL",
+        "where the admin logs in, with its password and no client certificate (needed when "
+        "ZEAL_MQTT_URL is a listener that takes certificates only; deploy: mqtts://"
+        "mosquitto:8883)",
+    ),
     "ZEAL_MQTT_CA": ("none", "CA certificate file for mqtts://"),
     "ZEAL_MQTT_CERT": ("none", "client certificate file for mqtts://"),
     "ZEAL_MQTT_KEY": ("none", "client key file for mqtts://"),
+    "ZEAL_DEVICE_CA": (
+        "none",
+        "certificate of the CA that signs device certificates (zeal-server devices provision "
+        "--certificate); the broker trusts it for client certificates",
+    ),
+    "ZEAL_DEVICE_CA_KEY": ("none", "that CA's private key"),
+    "ZEAL_DEVICE_CRL": (
+        "none",
+        "the revocation list of device certificates: written here at every revocation, read "
+        "by the broker (its crlfile, reloaded on change); needed with ZEAL_DEVICE_CA",
+    ),
+    "ZEAL_DEVICE_CERT_DAYS": ("3650", "how long a device certificate is valid (1 to 36500)"),
     "ZEAL_COLLECTOR_INFLIGHT": (
         "20000",
         "messages received but not yet committed, at most (the MQTT v5 Receive Maximum; "
@@ -89,6 +114,12 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "MQTT client id of the collector's persistent session; by default unique per "
         "server process and kept across its restarts",
     ),
+    "ZEAL_TLS_CERT": (
+        "none",
+        "certificate file (the full chain, PEM) the API and dashboard serve HTTPS with; "
+        "none: plain HTTP (a local server, or behind a TLS proxy)",
+    ),
+    "ZEAL_TLS_KEY": ("none", "its private key file"),
     "ZEAL_OPERATOR_TOKEN": ("none", "bearer token for writes (at least 16 characters)"),
     "ZEAL_READ_TOKEN": ("none", "bearer token for reads (reads are open without it)"),
     "ZEAL_MAX_FUTURE_SECONDS": ("600", "reject readings stamped later than arrival + this"),
@@ -125,6 +156,16 @@ def variables_help(names: tuple[str, ...] | None = None) -> str:
 
 
 @dataclass(frozen=True)
+class DeviceCASettings:
+    """The files of the CA that signs device certificates (zeal_server.broker.certificates)."""
+
+    cert: Path
+    key: Path
+    crl: Path
+    days: int = 3650
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     database_url: str
     broker: BrokerSettings | None
@@ -152,6 +193,12 @@ class ServerSettings:
     #: The broker's dynamic security admin login (device provisioning); None: off.
     admin_username: str | None = None
     admin_password: str | None = None
+    #: Where the admin logs in (ZEAL_MQTT_ADMIN_URL; None: the broker's listener).
+    admin_broker: BrokerSettings | None = None
+    #: The API's certificate and key (ZEAL_TLS_CERT, ZEAL_TLS_KEY); None: plain HTTP.
+    https: tuple[Path, Path] | None = None
+    #: The CA of device certificates (ZEAL_DEVICE_CA*); None: passwords only.
+    device_ca: DeviceCASettings | None = None
     #: The broker ChirpStack publishes uplink events to; None: no LoRaWAN source.
     chirpstack: BrokerSettings | None = None
     chirpstack_topic: str = CHIRPSTACK_TOPIC
@@ -222,6 +269,9 @@ class ServerSettings:
             )
         chirpstack = _chirpstack(env, broker)
         return cls(
+            admin_broker=_admin_broker(env, broker),
+            https=_https(env),
+            device_ca=_device_ca(env),
             chirpstack=chirpstack,
             chirpstack_topic=_topic_filter(env.get("ZEAL_CHIRPSTACK_TOPIC") or CHIRPSTACK_TOPIC),
             max_future_seconds=limits["ZEAL_MAX_FUTURE_SECONDS"],
@@ -245,6 +295,51 @@ class ServerSettings:
             admin_username=env.get("ZEAL_MQTT_ADMIN_USERNAME") or None,
             admin_password=env.get("ZEAL_MQTT_ADMIN_PASSWORD") or None,
         )
+
+
+def _admin_broker(env: Mapping[str, str], broker: BrokerSettings | None) -> BrokerSettings | None:
+    """ZEAL_MQTT_ADMIN_URL: the admin's listener, with the broker's CA and no client
+    certificate (on a listener that takes the certificate's name as the login, the admin
+    would log in as the collector)."""
+    url = env.get("ZEAL_MQTT_ADMIN_URL") or ""
+    if not url or broker is None:
+        return None
+    try:
+        return parse_broker_url(
+            url, ca_file=broker.ca_file, keepalive=broker.keepalive, protocol=broker.protocol
+        )
+    except ValueError as exc:
+        raise SettingsError(f"ZEAL_MQTT_ADMIN_URL: {exc}") from exc
+
+
+def _https(env: Mapping[str, str]) -> tuple[Path, Path] | None:
+    """ZEAL_TLS_CERT and ZEAL_TLS_KEY: both or neither (`serve` reads them)."""
+    cert, key = env.get("ZEAL_TLS_CERT") or "", env.get("ZEAL_TLS_KEY") or ""
+    if not cert and not key:
+        return None
+    if not cert or not key:
+        raise SettingsError("ZEAL_TLS_CERT and ZEAL_TLS_KEY go together (HTTPS needs both)")
+    return Path(cert), Path(key)
+
+
+def _device_ca(env: Mapping[str, str]) -> DeviceCASettings | None:
+    """ZEAL_DEVICE_CA, its key and the revocation list: all three or none."""
+    names = ("ZEAL_DEVICE_CA", "ZEAL_DEVICE_CA_KEY", "ZEAL_DEVICE_CRL")
+    given = {name: env.get(name) or "" for name in names}
+    if not any(given.values()):
+        return None
+    missing = [name for name, value in given.items() if not value]
+    if missing:
+        raise SettingsError(
+            f"device certificates need {', '.join(names)} together; missing: {', '.join(missing)}"
+        )
+    days = _whole(env, "ZEAL_DEVICE_CERT_DAYS", 3650, (1, 36_500), "days")
+    return DeviceCASettings(
+        cert=Path(given["ZEAL_DEVICE_CA"]),
+        key=Path(given["ZEAL_DEVICE_CA_KEY"]),
+        crl=Path(given["ZEAL_DEVICE_CRL"]),
+        days=days,
+    )
 
 
 def _device_cap(text: str | None) -> float | None:

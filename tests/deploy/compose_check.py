@@ -21,11 +21,15 @@ SECRETS = {
     "deploy/mosquitto/passwd": None,
     "deploy/mosquitto/dynsec": None,  # the broker's device logins (dynamic security)
     "deploy/nats/users.conf": "deploy/nats/users.conf.example",  # the NATS cluster's logins
+    # Certificates and keys: made by deploy/tls/make-certs (deploy/README.md, step 2).
+    "deploy/tls/ca.crt": "deploy/tls/make-certs",
+    "deploy/tls/crl": "deploy/tls/make-certs",
 }
-KNOWN = set(VARIABLES) | {s.env for s in SETTINGS}
+#: What zeal's programs read: the server, the agent, and the CLI's way to the running server.
+KNOWN = set(VARIABLES) | {s.env for s in SETTINGS} | {"ZEAL_SERVER_URL", "ZEAL_SERVER_CA"}
 _REFERENCE = re.compile(r"(?<!\$)\$\{?[A-Z_]")
 #: The one interpolation the file makes: a host port to publish, with the usual default.
-_PUBLISHED_PORT = re.compile(r"\$\{ZEAL_PUBLISH_[A-Z0-9]+:-\d+\}")
+_PUBLISHED_PORT = re.compile(r"\$\{ZEAL_PUBLISH_[A-Z0-9_]+:-\d+\}")
 
 
 def _ignored(root: Path, relative: str) -> bool:
@@ -114,6 +118,11 @@ def staged(root: Path, directory: Path) -> Path:
     shutil.copytree(root / "deploy", directory / "deploy", dirs_exist_ok=True)
     subprocess.run(["bash", "-euc", first_step(root)], cwd=directory, check=True)
     (directory / "deploy" / "mosquitto" / "passwd").touch()
+    subprocess.run(  # the certificates the stack mounts (deploy/README.md's next step)
+        ["sh", str(root / "deploy" / "tls" / "make-certs"), str(directory / "deploy" / "tls")],
+        check=True,
+        capture_output=True,
+    )
     nats = directory / "deploy" / "nats"
     password = re.search(
         r"^ZEAL_MQTT_PASSWORD=(.*)$", (directory / "deploy" / ".env").read_text(), re.M

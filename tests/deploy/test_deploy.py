@@ -20,7 +20,7 @@ from paho.mqtt.properties import Properties
 from sqlalchemy.engine import make_url
 
 from tests.deploy.compose_check import KNOWN, compose_config, problems, staged
-from tools.testbed.broker import deploy_broker_config, free_port, wait_for_port
+from tools.testbed.broker import BrokerTLS, deploy_broker_config, free_port, wait_for_port
 from tools.testbed.nats import nats_server
 from tools.testbed.server import DeployBroker
 from tools.testbed.wait import wait_until
@@ -114,8 +114,9 @@ def test_the_first_step_leaves_no_placeholder_and_publishes_the_open_listener(
 ) -> None:
     """After deploy/README.md's first step, `docker-compose config` shows no `change-me`
     secret anywhere, Grafana gets its admin password from deploy/.env, and the broker's
-    published ports are the listeners its config opens. Before: four placeholders left,
-    Grafana at admin/admin, 8883 published while only 1883 was open."""
+    published ports are the TLS listeners its config opens, never the plain one. Before:
+    four placeholders left, Grafana at admin/admin, 8883 published while only 1883 was
+    open; then 1883 published in clear."""
     resolved, _ = compose_config(staged(ROOT, tmp_path), "demo", "monitoring")
     assert "change-me" not in json.dumps(resolved)
     grafana = _environment(resolved["services"]["grafana"])
@@ -123,7 +124,11 @@ def test_the_first_step_leaves_no_placeholder_and_publishes_the_open_listener(
     conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
     opened = {int(port) for port in re.findall(r"^listener (\d+)", conf, re.M)}
     published = {int(p["target"]) for p in resolved["services"]["mosquitto"]["ports"]}
-    assert published == opened == {1883}
+    assert opened == {1883, 8883, 8884}
+    assert published == opened - {1883}
+    server_ports = {int(p["target"]) for p in resolved["services"]["server"]["ports"]}
+    assert server_ports == {8000}
+    assert _environment(resolved["services"]["server"])["ZEAL_TLS_CERT"]  # HTTPS there
 
 
 def test_compose_check_catches_interpolation_from_the_env_file(tmp_path: Path) -> None:
@@ -133,9 +138,9 @@ def test_compose_check_catches_interpolation_from_the_env_file(tmp_path: Path) -
     compose = directory / "docker-compose.yml"
     compose.write_text(
         compose.read_text().replace(
-            "      ZEAL_MQTT_URL: mqtt://mosquitto:1883\n    ports:",
-            "      ZEAL_MQTT_URL: mqtt://mosquitto:1883\n      ZEAL_MODE: ${ZEAL_MODE}\n"
-            "      ZEAL_OPERATOR_TOKEN: ${ZEAL_OPERATOR_TOKEN}\n    ports:",
+            "      ZEAL_SERVER_CA: /zeal/tls/ca.crt\n    volumes:",
+            "      ZEAL_SERVER_CA: /zeal/tls/ca.crt\n      ZEAL_MODE: ${ZEAL_MODE}\n"
+            "      ZEAL_OPERATOR_TOKEN: ${ZEAL_OPERATOR_TOKEN}\n    volumes:",
         )
     )
     found = _compose_problems(directory)
@@ -200,6 +205,7 @@ class _Client:
         password: str | None,
         ca: Path | None = None,
         client_id: str | None = None,
+        cert: tuple[Path, Path] | None = None,
     ) -> None:
         self.messages: list[tuple[str, bytes]] = []
         self.refused: str | None = None
@@ -212,14 +218,15 @@ class _Client:
         if user is not None:
             self.client.username_pw_set(user, password)
         if ca is not None:
-            self.client.tls_set(ca_certs=str(ca))
+            certfile, keyfile = (str(cert[0]), str(cert[1])) if cert else (None, None)
+            self.client.tls_set(ca_certs=str(ca), certfile=certfile, keyfile=keyfile)
         self.client.on_connect = self._on_connect
         self.client.on_message = lambda c, u, m: self.messages.append((m.topic, bytes(m.payload)))
         self.subacks = 0
         self.disconnected = threading.Event()
         self.client.on_subscribe = lambda *_: setattr(self, "subacks", self.subacks + 1)
         self.client.on_disconnect = lambda *_: self.disconnected.set()
-        self.client.connect("127.0.0.1", port)
+        self.client.connect("localhost", port)
         self.client.loop_start()
         # An answer: accepted, refused, or the connection closed (plain MQTT to TLS).
         answered = lambda: self.connected or self.refused or self.disconnected.is_set()  # noqa: E731
@@ -243,71 +250,14 @@ class _Client:
         self.client.loop_stop()
 
 
-def make_certificates(directory: Path) -> dict[str, Path]:
-    """A test CA and a server certificate for 127.0.0.1, made with openssl."""
-    directory.mkdir(parents=True, exist_ok=True)
-    ca_key, ca, key, csr, crt = (
-        directory / n for n in ("ca.key", "ca.crt", "server.key", "server.csr", "server.crt")
-    )
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        str(ca_key),
-        "-out",
-        str(ca),
-        "-days",
-        "2",
-        "-subj",
-        "/CN=zeal-test-ca",
-    )
-    openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        str(key),
-        "-out",
-        str(csr),
-        "-subj",
-        "/CN=127.0.0.1",
-    )
-    ext = directory / "ext.cnf"
-    ext.write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl(
-        "x509",
-        "-req",
-        "-in",
-        str(csr),
-        "-CA",
-        str(ca),
-        "-CAkey",
-        str(ca_key),
-        "-CAcreateserial",
-        "-out",
-        str(crt),
-        "-days",
-        "2",
-        "-extfile",
-        str(ext),
-    )
-    return {"ca": ca, "cert": crt, "key": key}
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None:
-    """deploy/mosquitto, on its plain listener and on its TLS listener (a test CA): anonymous
-    and wrong-password clients refused; a device asking for another login's client id (the
-    collector's among them) refused; a device cannot publish as, or read, another device;
+    """deploy/mosquitto, on its plain listener and on its TLS listeners (deploy/tls/make-certs:
+    devices with passwords on 8883, the collector with its certificate on 8884, its password
+    refused): anonymous and wrong-password clients refused; a device asking for another
+    login's client id (the collector's among them) refused; a device cannot publish as, or
+    read, another device;
     its own topic reaches the collector; configs are readable by devices; the collector's
     notices reach only their device, which cannot write them; a device announces its own
     presence and can neither read nor forge another device's; a QoS 2 publish, even on its
@@ -315,20 +265,8 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
     port = free_port()
     conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
     ca = None
-    if tls:
-        certs = make_certificates(tmp_path / "certs")
-        ca = certs["ca"]
-        assert "#listener 8883" in conf
-        conf = (
-            conf.replace("listener 1883\nmax_qos 1\n", "")
-            .replace("#listener 8883", f"listener {port} 127.0.0.1")
-            .replace("#max_qos 1", "max_qos 1")
-            .replace("#cafile /mosquitto/certs/ca.crt", f"cafile {certs['ca']}")
-            .replace("#certfile /mosquitto/certs/server.crt", f"certfile {certs['cert']}")
-            .replace("#keyfile /mosquitto/certs/server.key", f"keyfile {certs['key']}")
-            .replace("#tls_version", "tls_version")
-        )
-    (tmp_path / "mosquitto.conf").write_text(deploy_broker_config(conf, port, tmp_path))
+    listeners = BrokerTLS.make(tmp_path / "tls") if tls else None
+    (tmp_path / "mosquitto.conf").write_text(deploy_broker_config(conf, port, tmp_path, listeners))
     for user in ("zeal-collector", "dev1", "dev2"):
         subprocess.run(
             [
@@ -346,6 +284,13 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    collector_login: dict[str, Any] = {"client_id": "zeal-collector:c1"}
+    if listeners is not None:
+        wait_for_port(listeners.mtls_port)
+        ca = listeners.directory / "ca.crt"
+        own = (listeners.directory / "collector.crt", listeners.directory / "collector.key")
+        collector_login = {"client_id": "zeal-collector", "cert": own}
+        port = listeners.tls_port
     try:
         wait_for_port(port)
         if tls:
@@ -361,8 +306,15 @@ def test_broker_config_enforces_device_topics(tmp_path: Path, tls: bool) -> None
         assert not anonymous.connected
         assert wrong.refused
         assert not wrong.connected
-        collector = _Client(port, "zeal-collector", "pw-zeal-collector", ca,
-                            client_id="zeal-collector:c1")  # fmt: skip
+        if listeners is None:
+            collector = _Client(port, "zeal-collector", "pw-zeal-collector", ca, **collector_login)
+        else:  # its password refused (certificate_only), its certificate accepted
+            stolen = _Client(port, "zeal-collector", "pw-zeal-collector", ca,
+                             client_id="zeal-collector:c1")  # fmt: skip
+            assert stolen.refused
+            assert not stolen.connected
+            stolen.close()
+            collector = _Client(listeners.mtls_port, None, None, ca, **collector_login)
         # Another login's client id, the collector's among them, is refused at connect.
         for asked in ("zeal-collector:c1", "zeal-collector", "dev2", "dev1x", "dev"):
             thief = _Client(port, "dev1", "pw-dev1", ca, client_id=asked)

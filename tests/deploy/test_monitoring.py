@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tools.testbed.broker import Mosquitto, free_port, wait_for_port
+from tools.testbed.broker import Mosquitto, free_port, make_certs, wait_for_port
 from tools.testbed.server import READ, TOKEN, Server, batches, client, stream_body, wait_until
 from zeal.mqtt.streamconfig import params_from_config
 
@@ -73,8 +73,13 @@ def test_promtool_accepts_the_prometheus_config(tmp_path: Path) -> None:
     where the container writes it (here: a temporary path)."""
     token = tmp_path / "read_token"
     token.write_text(READ)
+    make_certs(tmp_path / "tls")
     config = tmp_path / "prometheus.yml"
-    config.write_text(PROMETHEUS.read_text().replace("/prometheus/read_token", str(token)))
+    config.write_text(
+        PROMETHEUS.read_text()
+        .replace("/prometheus/read_token", str(token))
+        .replace("/etc/prometheus/ca.crt", str(tmp_path / "tls" / "ca.crt"))
+    )
     (tmp_path / "alerts.yml").write_text(ALERTS.read_text())
     checked = subprocess.run(
         ["promtool", "check", "config", str(config)], capture_output=True, text=True
@@ -119,13 +124,15 @@ def _query(prometheus: httpx.Client, expr: str) -> list[dict[str, Any]]:
 def test_prometheus_scrapes_the_server_and_every_dashboard_query_evaluates(
     tmp_path: Path, broker: Mosquitto
 ) -> None:
-    """A server with a read token and a little data; Prometheus with the deployment's
-    scrape config (target and token file pointed here, 1 s interval): the target is up,
+    """A server with a read token and a little data, over HTTPS (deploy/tls/make-certs);
+    Prometheus with the deployment's scrape config (target, CA and token file pointed here,
+    1 s interval): the target is up,
     every metric a dashboard query names is one the server exports, and every query
     evaluates without error to at least one series."""
     server = Server(f"sqlite:///{tmp_path / 'zeal.sqlite'}", broker, tmp_path / "server.log")
     server.env.update({"ZEAL_OPERATOR_TOKEN": TOKEN, "ZEAL_READ_TOKEN": READ})
-    server.start()
+    make_certs(tmp_path / "tls")
+    server.use_https(tmp_path / "tls").start()
     prometheus_process = None
     stack = contextlib.ExitStack()
     reader = {"Authorization": f"Bearer {READ}"}
@@ -160,6 +167,7 @@ def test_prometheus_scrapes_the_server_and_every_dashboard_query_evaluates(
         (tmp_path / "alerts.yml").write_text(ALERTS.read_text())
         job = scrape["scrape_configs"][0]
         job["authorization"]["credentials_file"] = str(token)
+        job["tls_config"]["ca_file"] = str(tmp_path / "tls" / "ca.crt")
         job["static_configs"][0]["targets"] = [f"127.0.0.1:{server.port}"]
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(scrape))
         port = free_port()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +34,9 @@ def commands() -> list[str]:
 def test_the_operators_path_runs_as_written_until_docker_starts(tmp_path: Path) -> None:
     """Every command before `docker-compose ... up` succeeds in a copy of the repository's
     deployment files (one shell, as an operator types them): random tokens replace the
-    examples, the collector's password-file user and the dynamic security admin exist, and Compose
-    accepts the result. The broker files then work in a real mosquitto: the collector's
-    login connects, and the README's provisioning command makes a device login."""
+    examples, the certificates are made, the password file is empty, the dynamic security
+    admin exists, and Compose accepts the result. The broker files then work in a real
+    mosquitto, and the README's provisioning command makes a device login."""
     before_up = []
     for command in commands():
         if re.match(r"docker-compose .*\bup\b", command):
@@ -46,6 +47,9 @@ def test_the_operators_path_runs_as_written_until_docker_starts(tmp_path: Path) 
     directory = staged(ROOT, tmp_path / "stack")
     (directory / "deploy" / ".env").unlink()  # the first command makes it
     (directory / "deploy" / "mosquitto" / "passwd").unlink()
+    for made in (directory / "deploy" / "tls").iterdir():  # the README makes them
+        if made.name != "make-certs":
+            shutil.rmtree(made) if made.is_dir() else made.unlink()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEAL_", "POSTGRES_"))}
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", "\n".join(before_up)],
@@ -64,9 +68,11 @@ def test_the_operators_path_runs_as_written_until_docker_starts(tmp_path: Path) 
     for token in ("ZEAL_OPERATOR_TOKEN", "ZEAL_READ_TOKEN"):
         assert re.fullmatch(r"[0-9a-f]{48}", settings[token]), token
     users = (directory / "deploy" / "mosquitto" / "passwd").read_text().splitlines()
-    # The collector's alone: no login that may publish as any device (the simulator's is
-    # made for the demo profile only).
-    assert [u.split(":")[0] for u in users] == ["zeal-collector"]
+    # Empty: the collector logs in with its certificate, and no login may publish as any
+    # device (the simulator's is made for the demo profile only).
+    assert users == []
+    for made in ("ca.crt", "server.crt", "devices-ca.crt", "collector.crt", "crl/devices.crl"):
+        assert (directory / "deploy" / "tls" / made).is_file(), made
     dynsec = json.loads(
         (directory / "deploy" / "mosquitto" / "dynsec" / "dynamic-security.json").read_text()
     )

@@ -15,6 +15,8 @@ import io
 import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -29,9 +31,10 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tools.testbed.broker import StdinAgent, free_port
+from tools.testbed.broker import StdinAgent, certificate_serial, free_port, served_serial
 from tools.testbed.containers import Engine, engine
 from tools.testbed.nats import nats_server
+from tools.testbed.relay import Relay
 from tools.testbed.server import batches, wait_until
 from zeal import Zeal
 from zeal.mqtt.streamconfig import params_from_config
@@ -103,6 +106,8 @@ class Stack:
     env: dict[str, str]
     ports: dict[str, int]
     figures: dict[str, Any] = field(default_factory=dict)
+    #: https (the stack as deployed), or http for a server of a release before it
+    scheme: str = "https"
 
     def compose(self, *args: str, timeout: float = 900, directory: Path | None = None) -> str:
         done = subprocess.run(
@@ -126,6 +131,51 @@ class Stack:
         return found.group(1)
 
     @property
+    def ca(self) -> Path:
+        """The stack's CA certificate (deploy/tls/make-certs), as devices are given it."""
+        return self.directory / "deploy" / "tls" / "ca.crt"
+
+    def certificate(self, device: str, folder: Path) -> tuple[Path, Path]:
+        """A device provisioned with a certificate the recommended way: its key and request
+        made on the device (openssl), the request given to `devices provision --csr -`, the
+        certificate it prints saved beside the key. Returns (certificate, key)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        key, csr = folder / f"{device}.key", folder / f"{device}.csr"
+        subprocess.run(
+            ["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+             "-nodes", "-keyout", str(key), "-subj", f"/CN={device}", "-out", str(csr)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        done = subprocess.run(
+            ["docker-compose", "exec", "-T", "server", "zeal-server", "devices", "provision",
+             device, "--csr", "-"],
+            cwd=self.directory, env=self.env, input=csr.read_text(), capture_output=True,
+            text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "PRIVATE KEY" not in done.stdout
+        pem = re.search(
+            r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----\n", done.stdout, re.S
+        )
+        assert pem, done.stdout
+        certificate = folder / f"{device}.crt"
+        certificate.write_text(pem.group(0))
+        return certificate, key
+
+    def agent(self, tmp_path: Path, device: str, stream: str) -> StdinAgent:
+        """The device's agent over TLS: a password login on the published 8883, or (when
+        `certificates` holds the device's) its certificate on 8884."""
+        key = self.figures["server_key"]
+        ca = ("--ca", str(self.ca))
+        if device in self.figures.get("certificates", {}):
+            cert, private = self.figures["certificates"][device]
+            url = f"mqtts://localhost:{self.ports['MQTT_CERT']}"
+            own = ("--cert", str(cert), "--key", str(private))
+            return StdinAgent(url, tmp_path, device, "", stream, *ca, *own, server_key=key)
+        return StdinAgent(self.mqtt_url, tmp_path, device, self.figures[device], stream, *ca,
+                          server_key=key)  # fmt: skip
+
+    @property
     def settings(self) -> dict[str, str]:
         lines = (self.directory / "deploy" / ".env").read_text().splitlines()
         return dict(
@@ -135,14 +185,17 @@ class Stack:
     def http(self) -> httpx.Client:
         token = self.settings["ZEAL_READ_TOKEN"]
         return httpx.Client(
-            base_url=f"http://127.0.0.1:{self.ports['HTTP']}",
+            base_url=f"{self.scheme}://localhost:{self.ports['HTTPS']}",
             headers={"Authorization": f"Bearer {token}"},
             timeout=30,
+            verify=ssl.create_default_context(cafile=str(self.ca))
+            if self.scheme == "https"
+            else True,
         )
 
     @property
     def mqtt_url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.ports['MQTT']}"
+        return f"mqtts://localhost:{self.ports['MQTT']}"
 
     def ready(self, timeout: float = 300) -> None:
         def answers() -> bool:
@@ -177,7 +230,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("stack")
     project = f"zealstack{os.getpid()}"
     ports = {
-        name: free_port() for name in ("MQTT", "HTTP", "PROMETHEUS", "NATS1", "NATS2", "NATS3")
+        name: free_port()
+        for name in ("MQTT", "MQTT_CERT", "HTTPS", "PROMETHEUS", "NATS1", "NATS2", "NATS3")
     }
     with engine(base) as engine_:
         env = {
@@ -269,24 +323,16 @@ def create_load_stream(stack: Stack, name: str, devices: tuple[str, ...] = ()) -
 
 
 def test_provisioned_agents_are_stored_and_served_exactly(stack: Stack, tmp_path: Path) -> None:
-    """Two real `zeal-edge` agents with their provisioned logins (kitchen-1 of the README,
-    kitchen-2 provisioned here) each read 100 readings and exit 0 (all confirmed): the
-    stack stores every one, and its average is, to the last bit, the library's estimate
-    over the codes behind the stream's /export."""
+    """Two real `zeal-edge` agents over TLS, kitchen-1 with the README's password login on
+    8883, kitchen-2 with a certificate made from its own request on 8884 (mutual TLS),
+    each read 100 readings and exit 0 (all confirmed): the stack stores every one, and its
+    average is, to the last bit, the library's estimate over the codes behind the
+    stream's /export."""
     create_load_stream(stack, "kitchens", ("kitchen-1", "kitchen-2"))
-    stack.figures["kitchen-2"] = stack.provision("kitchen-2")
-    passwords = {d: stack.figures[d] for d in ("kitchen-1", "kitchen-2")}
-    agents = [
-        StdinAgent(
-            stack.mqtt_url,
-            tmp_path,
-            device,
-            password,
-            stream="kitchens",
-            server_key=stack.figures["server_key"],
-        )
-        for device, password in passwords.items()
-    ]
+    stack.figures["certificates"] = {
+        "kitchen-2": stack.certificate("kitchen-2", stack.directory.parent / "devices")
+    }
+    agents = [stack.agent(tmp_path, device, "kitchens") for device in ("kitchen-1", "kitchen-2")]
     try:
         wait_until(lambda: min(a.fed for a in agents) >= 100, 120, "100 readings each")
         codes = [agent.end() for agent in agents]
@@ -318,17 +364,122 @@ def codes_of(params: Zeal, estimates: np.ndarray) -> np.ndarray:
     return (highest - depth).astype(np.uint64)
 
 
-def _client(stack: Stack, user: str, password: str, client_id: str) -> mqtt.Client:
+def _client(stack: Stack, user: str, password: str | None, client_id: str) -> mqtt.Client:
+    """A client of `user` over TLS: its password on 8883, or (None) its certificate on
+    8884."""
     client = mqtt.Client(
         CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
     )
-    client.username_pw_set(user, password)
-    connected = threading.Event()
-    client.on_connect = lambda *_: connected.set()
-    client.connect("127.0.0.1", stack.ports["MQTT"])
+    if password is not None:
+        client.username_pw_set(user, password)
+    cert = stack.figures["certificates"][user] if password is None else (None, None)
+    client.tls_set(ca_certs=str(stack.ca), certfile=cert[0], keyfile=cert[1])
+    port = stack.ports["MQTT" if password is not None else "MQTT_CERT"]
+    answered = threading.Event()
+    accepted: list[bool] = []
+    client.on_connect = lambda _c, _u, _f, reason, _p: (
+        accepted.append(not reason.is_failure),
+        answered.set(),
+    )
+    client.on_disconnect = lambda *_: answered.set()  # refused before any CONNACK
+    try:
+        client.connect("localhost", port)
+    except OSError as exc:
+        raise AssertionError(f"{user} could not connect: {exc}") from None
     client.loop_start()
-    assert connected.wait(30), f"{user} could not connect"
+    if not answered.wait(30) or accepted != [True]:
+        client.loop_stop()
+        raise AssertionError(f"{user} could not connect")
     return client
+
+
+def first_answer(port: int, request: bytes) -> bytes:
+    """What a published port answers a request sent in clear (empty: it closed)."""
+    with socket.create_connection(("localhost", port), timeout=30) as plain:
+        plain.sendall(request)
+        with contextlib.suppress(OSError):
+            return plain.recv(64)
+    return b""
+
+
+#: An MQTT 3.1.1 CONNECT of client "ab", and a plain HTTP request.
+PLAIN_CONNECT = b"\x10\x0e\x00\x04MQTT\x04\x02\x00\x0a\x00\x02ab"
+PLAIN_GET = b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+def test_nothing_crosses_a_published_port_in_clear(stack: Stack, tmp_path: Path) -> None:
+    """Plain MQTT to the published broker ports and plain HTTP to the published API port
+    get no answer of the broker or the API. A TCP relay between kitchen-1's agent and the
+    broker records its whole session: neither its password, nor its login, nor a data
+    topic in it; the same for an HTTPS request with the operator token. The collector's
+    password and client id (deploy/.env) open nothing. A certificate device revoked is
+    refused from its next connection (the server's list, the broker's image reloading)."""
+    for port in (stack.ports["MQTT"], stack.ports["MQTT_CERT"]):
+        answer = first_answer(port, PLAIN_CONNECT)
+        assert not answer.startswith(b"\x20"), answer  # no CONNACK
+    answer = first_answer(stack.ports["HTTPS"], PLAIN_GET)
+    assert not answer.startswith(b"HTTP/"), answer
+
+    create_load_stream(stack, "relayed", ("kitchen-1",))
+    relay = Relay("127.0.0.1", stack.ports["MQTT"])
+    agent = StdinAgent(f"mqtts://localhost:{relay.port}", tmp_path, "kitchen-1",
+                       stack.figures["kitchen-1"], "relayed", "--ca", str(stack.ca),
+                       server_key=stack.figures["server_key"])  # fmt: skip
+    try:
+        wait_until(lambda: stack.readings("relayed") >= 20, 120, "readings through the relay")
+        assert agent.end() == 0, agent.said()[-2000:]
+        wait_until(lambda: stack.readings("relayed") == agent.fed, 120, "every reading")
+    finally:
+        agent.kill()
+        relay.close()
+    secrets = (stack.figures["kitchen-1"].encode(), b"kitchen-1", b"zeal/v1/relayed")
+    assert relay.seen[:1] == b"\x16"
+    assert not any(secret in relay.seen for secret in secrets)
+    token = stack.settings["ZEAL_OPERATOR_TOKEN"]
+    relay = Relay("127.0.0.1", stack.ports["HTTPS"])
+    try:
+        with httpx.Client(
+            verify=ssl.create_default_context(cafile=str(stack.ca)), timeout=30
+        ) as http:
+            answer = http.get(  # the device logins: the operator token's alone
+                f"https://localhost:{relay.port}/api/v1/devices",
+                headers={"Authorization": f"Bearer {token}"},
+            )
+        assert answer.status_code == 200, answer.text
+        assert "kitchen-1" in answer.json()
+    finally:
+        relay.close()
+    assert relay.seen[:1] == b"\x16"
+    assert token.encode() not in relay.seen
+    assert b"/api/v1/devices" not in relay.seen
+    print(f"relayed: MQTT session {len(secrets)} secrets absent, {agent.fed} readings stored")
+
+    collector = (stack.settings["ZEAL_MQTT_USERNAME"], stack.settings["ZEAL_MQTT_PASSWORD"])
+    refused = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=collector[0],
+                          protocol=MQTTProtocolVersion.MQTTv5)  # fmt: skip
+    refused.username_pw_set(*collector)
+    refused.tls_set(ca_certs=str(stack.ca))
+    codes: list[int] = []
+    refused.on_connect = lambda _c, _u, _f, reason, _p: codes.append(reason.value)
+    refused.connect("localhost", stack.ports["MQTT"])
+    refused.loop_start()
+    try:
+        wait_until(lambda: codes, 30, "the broker's answer to the collector's password")
+    finally:
+        refused.disconnect()
+        refused.loop_stop()
+    assert codes == [135], codes  # not authorized: certificate only
+
+    folder = stack.directory.parent / "devices"
+    stack.figures["certificates"]["kitchen-3"] = stack.certificate("kitchen-3", folder)
+    device = _client(stack, "kitchen-3", None, "kitchen-3")
+    device.disconnect()
+    device.loop_stop()
+    said = stack.zeal_server("devices", "revoke", "kitchen-3")
+    assert "the broker refuses them already" in said, said
+    with pytest.raises(AssertionError):
+        _client(stack, "kitchen-3", None, "kitchen-3")
+    print("kitchen-3 revoked: refused at its next connection")
 
 
 def test_a_device_login_cannot_fill_the_broker_nor_read_other_devices(
@@ -345,7 +496,7 @@ def test_a_device_login_cannot_fill_the_broker_nor_read_other_devices(
     spy.on_message = lambda _c, _u, message: heard.append(message.topic)
     spy.subscribe([("#", 1), ("$SYS/#", 1)])
     before = stack.readings("kitchens")
-    publisher = _client(stack, "kitchen-2", stack.figures["kitchen-2"], "kitchen-2:t")
+    publisher = _client(stack, "kitchen-2", None, "kitchen-2")  # its certificate
     params = kitchens_params(stack)
     for payload in batches(params, "kitchens", "kitchen-2", 20, first=10_000):
         publisher.publish("zeal/v1/kitchens/kitchen-2/up", payload, qos=1).wait_for_publish(30)
@@ -383,22 +534,14 @@ def kitchens_params(stack: Stack) -> Zeal:
 def test_restarts_of_every_service_and_down_up_lose_no_acknowledged_reading(
     stack: Stack, tmp_path: Path
 ) -> None:
-    """Two agents send all along while the broker, the server and PostgreSQL are each
-    restarted (`docker-compose restart`), then the stack goes `down` and `up` again (its
-    volumes kept): ingest resumes after each, the agents exit 0 (every batch confirmed by
-    the broker), and every reading they read is stored once."""
+    """Two agents (a password, a certificate) send all along while the server certificate
+    is renewed (deploy/README.md: `make-certs renew`, the broker reloads by itself), then
+    the broker, the server and PostgreSQL are each restarted (`docker-compose restart`:
+    every client connects again, to the renewed certificate), then the stack goes `down`
+    and `up` again (its volumes kept): ingest resumes after each, the agents exit 0 (every
+    batch confirmed by the broker), and every reading they read is stored once."""
     create_load_stream(stack, "restarts", ("kitchen-1", "kitchen-2"))
-    agents = [
-        StdinAgent(
-            stack.mqtt_url,
-            tmp_path,
-            device,
-            stack.figures[device],
-            "restarts",
-            server_key=stack.figures["server_key"],
-        )
-        for device in ("kitchen-1", "kitchen-2")
-    ]
+    agents = [stack.agent(tmp_path, device, "restarts") for device in ("kitchen-1", "kitchen-2")]
     steps: list[str] = []
 
     def resumed(after: str) -> None:
@@ -410,6 +553,14 @@ def test_restarts_of_every_service_and_down_up_lose_no_acknowledged_reading(
 
     try:
         resumed("start")
+        tls = stack.directory / "deploy" / "tls"
+        old = served_serial(stack.ports["MQTT"], stack.ca)
+        subprocess.run(["sh", str(tls / "make-certs"), str(tls), "renew"], check=True)
+        new = certificate_serial(tls / "server.crt")
+        assert new != old
+        for port in (stack.ports["MQTT"], stack.ports["MQTT_CERT"]):
+            wait_until(lambda p=port: served_serial(p, stack.ca) == new, 60, "the renewed cert")
+        resumed("renewal")
         for service in ("mosquitto", "server", "postgres"):
             stack.compose("restart", service, timeout=300)
             resumed(f"restart {service}")
@@ -545,13 +696,15 @@ def test_an_upgrade_migrates_a_populated_database_and_serves_the_same_figures(
     stack: Stack, tmp_path: Path
 ) -> None:
     """A stack of the release before migration 0011 (its server built from that commit's
-    sources with this commit's Dockerfiles), holding a stream with 300 readings; then
-    `docker-compose up -d --build` from this commit on the same volumes: the server
-    upgrades the schema at start and serves the same average, stats and export."""
+    sources with this commit's Dockerfiles and broker, serving plain HTTP: it knows no
+    ZEAL_TLS_CERT; its collector on the certificate listener, its device provisioned over
+    the password one), holding a stream with 300 readings; then `docker-compose up -d
+    --build` from this commit on the same volumes: the server upgrades the schema at start
+    and serves the same average, stats and export, over HTTPS."""
     new = tmp_path / "new"
-    shutil.copytree(stack.directory, new, symlinks=True)
+    copy_owned(stack.directory, new)
     old = tmp_path / "old"
-    shutil.copytree(new, old, symlinks=True)
+    copy_owned(new, old)
     for part in ("shared", "edge", "server"):
         shutil.rmtree(old / part)
     archive = subprocess.run(
@@ -561,19 +714,27 @@ def test_an_upgrade_migrates_a_populated_database_and_serves_the_same_figures(
         check=True,
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
-    ports = {"MQTT": free_port(), "HTTP": free_port()}
+    (old / "docker-compose.override.yml").write_text(OLD_SERVER)
+    ports = {"MQTT": free_port(), "MQTT_CERT": free_port(), "HTTPS": free_port()}
     env = {
         **stack.env,
         "COMPOSE_PROJECT_NAME": f"zealupgrade{os.getpid()}",
-        "ZEAL_PUBLISH_MQTT": str(ports["MQTT"]),
-        "ZEAL_PUBLISH_HTTP": str(ports["HTTP"]),
+        **{f"ZEAL_PUBLISH_{name}": str(port) for name, port in ports.items()},
     }
-    upgrade = Stack(old, stack.engine, env, ports)
+    upgrade = Stack(old, stack.engine, env, ports, scheme="http")
     try:
         upgrade.compose("up", "-d", "--build", "server")
         upgrade.ready()
         create_load_stream(upgrade, "upgrade")
-        password = upgrade.provision("up-1")
+        said = upgrade.compose(  # its admin over the password listener, without a certificate
+            *("exec", "-T", "server", "env", "-u", "ZEAL_MQTT_CERT", "-u", "ZEAL_MQTT_KEY"),
+            *("ZEAL_MQTT_URL=mqtts://mosquitto:8883", "zeal-server", "devices", "provision"),
+            "up-1",
+            timeout=120,
+        )
+        found = re.search(r"^password: (\S+)$", said, flags=re.M)
+        assert found, said
+        password = found.group(1)
         with upgrade.http() as http:
             config = http.get("/api/v1/streams/upgrade/config").text
         params = params_from_config(config, stream="upgrade")
@@ -585,6 +746,7 @@ def test_an_upgrade_migrates_a_populated_database_and_serves_the_same_figures(
         wait_until(lambda: upgrade.readings("upgrade") == 300, 120, "300 readings stored")
         before = served(upgrade)
         upgrade.compose("up", "-d", "--build", "server", directory=new)
+        upgrade.scheme = "https"
         upgrade.ready()
         after = served(upgrade)
         logs = upgrade.compose("logs", "--no-color", "server")
@@ -595,6 +757,27 @@ def test_an_upgrade_migrates_a_populated_database_and_serves_the_same_figures(
     finally:
         with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
             upgrade.compose("down", "--volumes", "--remove-orphans", timeout=300)
+
+
+def copy_owned(source: Path, target: Path) -> None:
+    """A copy of a staged stack whose deploy/ files keep their owners (the README's chown:
+    the broker reads the server key and rewrites the dynamic security file as uid 1883)."""
+    shutil.copytree(source, target, symlinks=True)
+    for path in (source / "deploy").rglob("*"):
+        if not path.is_symlink():
+            owner = path.stat()
+            os.chown(target / path.relative_to(source), owner.st_uid, owner.st_gid)
+
+
+#: Compose's override beside the old release: its server knows no ZEAL_TLS_CERT (it serves
+#: plain HTTP, which its health check and its commands then ask), nor ZEAL_MQTT_ADMIN_URL.
+OLD_SERVER = """services:
+  server:
+    environment:
+      ZEAL_TLS_CERT: ""
+      ZEAL_TLS_KEY: ""
+      ZEAL_SERVER_URL: http://server:8000
+"""
 
 
 def served(stack: Stack) -> dict[str, Any]:

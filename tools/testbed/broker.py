@@ -7,6 +7,7 @@ import json
 import os
 import random
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
+from cryptography import x509
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -307,7 +309,10 @@ class StdinAgent:
         self._feeder.join()
         assert self.process.stdin is not None
         self.process.stdin.close()
-        return self.process.wait(timeout)
+        try:
+            return self.process.wait(timeout)
+        finally:
+            self._output.close()
 
     def said(self) -> str:
         return self.log.read_text()
@@ -355,14 +360,77 @@ def dynsec_plugin() -> str:
     return str(found[0]) if found else "/usr/lib/mosquitto_dynamic_security.so"
 
 
-def deploy_broker_config(conf: str, port: int, directory: Path) -> str:
+@dataclass(frozen=True)
+class BrokerTLS:
+    """The TLS listeners of deploy/mosquitto's config for a private broker: the files
+    deploy/tls/make-certs made in `directory`, and the loopback ports that stand for 8883
+    (TLS, passwords) and 8884 (mutual TLS, certificates)."""
+
+    directory: Path
+    tls_port: int
+    mtls_port: int
+
+    @classmethod
+    def make(cls, directory: Path) -> BrokerTLS:
+        """deploy/tls/make-certs run in `directory` (localhost and 127.0.0.1), two free ports."""
+        make_certs(directory)
+        return cls(directory, free_port(), free_port())
+
+
+def make_certs(directory: Path, *args: str) -> None:
+    """deploy/tls/make-certs DIRECTORY ARGS (openssl)."""
+    subprocess.run(
+        ["sh", str(DEPLOY.parent / "tls" / "make-certs"), str(directory), *args],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "ZEAL_TLS_HOSTS": "localhost,127.0.0.1"},
+    )
+
+
+def served_serial(port: int, ca: Path, host: str = "localhost") -> int:
+    """The serial number of the certificate a TLS port presents now (checked with `ca`)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    with (
+        socket.create_connection((host, port), timeout=30) as raw,
+        context.wrap_socket(raw, server_hostname=host) as wrapped,
+    ):
+        der = wrapped.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def certificate_serial(path: Path) -> int:
+    """The serial number of a PEM certificate file."""
+    return x509.load_pem_x509_certificate(path.read_bytes()).serial_number
+
+
+#: The TLS listeners of deploy/mosquitto/mosquitto.conf.
+TLS_LISTENERS = ("listener 8883", "listener 8884")
+#: Its line that keeps the collector's login off the password listeners.
+CERTIFICATE_ONLY = "plugin_opt_certificate_only zeal-collector"
+
+
+def deploy_broker_config(
+    conf: str, port: int, directory: Path, tls: BrokerTLS | None = None
+) -> str:
     """deploy/mosquitto's mosquitto.conf text for a private broker: its plain listener on
     `port` (loopback), password file, dynamic security file (dynsec/ in it: made with
     `mosquitto_ctrl dynsec init` where a test needs an admin), persistence and log in
     `directory`, the deploy ACL, Debian's plugin path, our plugin built here (when the
-    text loads it), run as the test's user. Everything else is the deployment's own."""
+    text loads it), run as the test's user. With `tls`, its TLS listeners on tls's ports
+    with tls's files; without, no TLS listener, and the collector's login may use its
+    password on the plain listener (as tests of everything but TLS log in). Everything
+    else is the deployment's own."""
     if RETAIN_PLUGIN in conf:
         conf = conf.replace(RETAIN_PLUGIN, str(build_retain_plugin()))
+    if tls is None:
+        conf = _without_tls(conf)
+    else:
+        conf = (
+            conf.replace("listener 8883", f"listener {tls.tls_port} 127.0.0.1")
+            .replace("listener 8884", f"listener {tls.mtls_port} 127.0.0.1")
+            .replace("/mosquitto/tls/", f"{tls.directory}/")
+        )
     conf = (
         conf.replace("listener 1883", f"listener {port} 127.0.0.1")
         .replace("/usr/lib/mosquitto_dynamic_security.so", dynsec_plugin())
@@ -373,3 +441,19 @@ def deploy_broker_config(conf: str, port: int, directory: Path) -> str:
         .replace("log_dest stdout", f"log_dest file {directory}/mosquitto.log")
     )
     return f"user {getpass.getuser()}\n{conf}"
+
+
+def _without_tls(conf: str) -> str:
+    """The config without its TLS listeners (each line from `listener 888x` to the next
+    blank one) and without the collector's certificate-only line."""
+    assert all(f"\n{listener}\n" in conf for listener in TLS_LISTENERS)
+    kept: list[str] = []
+    skipping = False
+    for line in conf.splitlines():
+        if line.strip() in TLS_LISTENERS:
+            skipping = True
+        elif skipping and not line.strip():
+            skipping = False
+        if not skipping and line.strip() != CERTIFICATE_ONLY:
+            kept.append(line)
+    return "\n".join(kept) + "\n"

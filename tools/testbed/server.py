@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -20,11 +21,14 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tools.testbed.broker import (
+    CERTIFICATE_ONLY,
     RETAIN_PLUGIN,
+    BrokerTLS,
     Mosquitto,
     deploy_broker_config,
     fleet_command,
     free_port,
+    wait_for_port,
 )
 from tools.testbed.wait import wait_until as wait_until  # the one wait (re-exported)
 from zeal import Zeal, encode_batch
@@ -66,9 +70,27 @@ class Server:
         self.launcher = [sys.executable, "-m", "zeal_server"]
         self.process: subprocess.Popen[bytes] | None = None
         self._output: IO[bytes] | None = None
+        #: The CA of its HTTPS certificate (use_https); None: plain HTTP.
+        self.ca: Path | None = None
         self.http = self._client()
 
+    def use_https(self, folder: Path) -> Server:
+        """Serve HTTPS with the server certificate deploy/tls/make-certs made in `folder`
+        (ZEAL_TLS_CERT, ZEAL_TLS_KEY), and ask it so, checking it with folder's CA."""
+        self.env["ZEAL_TLS_CERT"] = str(folder / "server.crt")
+        self.env["ZEAL_TLS_KEY"] = str(folder / "server.key")
+        self.ca = folder / "ca.crt"
+        self.http.close()
+        self.http = self._client()
+        return self
+
     def _client(self) -> httpx.Client:
+        if self.ca is not None:
+            return httpx.Client(
+                base_url=f"https://127.0.0.1:{self.port}",
+                timeout=10,
+                verify=ssl.create_default_context(cafile=str(self.ca)),
+            )
         return httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
 
     def start(self) -> Server:
@@ -193,18 +215,27 @@ class DeployBroker(Mosquitto):
     security plugin's file made by `mosquitto_ctrl dynsec init` with its admin zeal-admin
     (pw-zeal-admin). Its
     plugin deploy/mosquitto/plugin/zeal_retain.so is built here; `retain_plugin` False
-    leaves it out (to measure what it prevents)."""
+    leaves it out (to measure what it prevents). With `tls` (BrokerTLS.make), its TLS
+    listeners too, with deploy/mosquitto/reload-on-change running beside it as in the
+    broker's image (ZEAL_RELOAD_EVERY 0.5 s)."""
 
     def __init__(
-        self, directory: Path, *, retain_plugin: bool = True, users: tuple[str, ...] = USERS
+        self,
+        directory: Path,
+        *,
+        retain_plugin: bool = True,
+        users: tuple[str, ...] = USERS,
+        tls: BrokerTLS | None = None,
     ) -> None:
         super().__init__(directory)
+        self.tls = tls
+        self.watcher: subprocess.Popen[bytes] | None = None
         conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text()
         if not retain_plugin:
             line = f"plugin {RETAIN_PLUGIN}\n"
             assert line in conf
-            conf = conf.replace(line, "")
-        self.config.write_text(deploy_broker_config(conf, self.port, directory))
+            conf = conf.replace(line, "").replace(f"{CERTIFICATE_ONLY}\n", "")
+        self.config.write_text(deploy_broker_config(conf, self.port, directory, tls))
         for i, user in enumerate(users):
             subprocess.run(
                 [
@@ -230,6 +261,33 @@ class DeployBroker(Mosquitto):
             check=True,
             capture_output=True,
         )
+
+    def start(self) -> DeployBroker:
+        super().start()
+        if self.tls is not None and self.process is not None:
+            wait_for_port(self.tls.tls_port)
+            wait_for_port(self.tls.mtls_port)
+            folder = self.tls.directory
+            self.watcher = subprocess.Popen(
+                [
+                    "sh",
+                    str(ROOT / "deploy" / "mosquitto" / "reload-on-change"),
+                    str(self.process.pid),
+                    *(str(folder / f) for f in RELOADED),
+                ],
+                env={**os.environ, "ZEAL_RELOAD_EVERY": "0.5"},
+            )
+        return self
+
+    def stop(self) -> None:
+        super().stop()
+        if self.watcher is not None:
+            self.watcher.wait(timeout=10)  # it ends when the broker does
+            self.watcher = None
+
+
+#: The files the broker's image reloads on (deploy/mosquitto/Dockerfile).
+RELOADED = ("server.crt", "server.key", "devices-ca.crt", "crl/devices.crl")
 
 
 def client(port: int, user: str | None, client_id: str = "", **connect: object) -> mqtt.Client:

@@ -45,8 +45,16 @@
  * zeal-login property of its own is refused ("not authorized"): no client can pass for
  * another.
  *
+ * And it keeps the logins named by `plugin_opt_certificate_only` (space-separated: the
+ * collectors') off every password listener: the broker checks a password only on listeners
+ * that do not take the login from a client certificate, and there this plugin refuses those
+ * logins, with any password. So whoever holds the collector's password and client id (both
+ * in deploy/.env) cannot connect as the collector, nor take its session: only the holder of
+ * its certificate can, on the certificate listener.
+ *
  * Build: make -C deploy/mosquitto/plugin (needs the mosquitto-dev headers, 2.0.x).
  */
+#define _POSIX_C_SOURCE 200809L /* strdup, strtok_r under -std=c11 */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -66,6 +74,10 @@ static mosquitto_plugin_id_t *plugin_id = NULL;
 static char (*streams)[MAX_NAME + 1] = NULL;
 static size_t stream_count = 0, stream_room = 0;
 static bool configured = false;
+/* Logins that may connect only with a client certificate (plugin_opt_certificate_only). */
+#define MAX_CERTIFICATE_ONLY 16
+static char *certificate_only[MAX_CERTIFICATE_ONLY];
+static size_t certificate_only_count = 0;
 
 /* Where a topic stands: outside zeal/, or under it a configuration, a presence, a data
  * topic, or somewhere no Zeal client writes. */
@@ -268,6 +280,17 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
     if (ed->username == NULL) {
         return MOSQ_ERR_PLUGIN_DEFER; /* anonymous: the broker's own rules decide */
     }
+    /* The broker asks for a password check only on listeners that do not take the login
+     * from a certificate: a certificate-only login is refused here, password or not. */
+    for (size_t i = 0; i < certificate_only_count; i++) {
+        if (strcmp(ed->username, certificate_only[i]) == 0) {
+            mosquitto_log_printf(MOSQ_LOG_NOTICE,
+                                 "zeal_retain: refused login %.64s with a password (it may "
+                                 "connect only with its client certificate)",
+                                 ed->username);
+            return MOSQ_ERR_AUTH;
+        }
+    }
     size_t n = strlen(ed->username);
     if (id != NULL && strncmp(id, ed->username, n) == 0 && (id[n] == '\0' || id[n] == ':')) {
         return MOSQ_ERR_PLUGIN_DEFER; /* the password is checked by the next in line */
@@ -293,9 +316,32 @@ int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void **userdata,
                           struct mosquitto_opt *options, int option_count)
 {
     (void)userdata;
-    (void)options;
-    (void)option_count;
     plugin_id = identifier;
+    for (int i = 0; i < option_count; i++) {
+        if (strcmp(options[i].key, "certificate_only") != 0) {
+            continue;
+        }
+        /* Space-separated logins. */
+        char *copy = strdup(options[i].value), *save = NULL;
+        if (copy == NULL) {
+            return MOSQ_ERR_NOMEM;
+        }
+        for (char *login = strtok_r(copy, " ", &save); login != NULL;
+             login = strtok_r(NULL, " ", &save)) {
+            if (certificate_only_count == MAX_CERTIFICATE_ONLY) {
+                mosquitto_log_printf(MOSQ_LOG_ERR, "zeal_retain: at most %d certificate_only logins",
+                                     MAX_CERTIFICATE_ONLY);
+                free(copy);
+                return MOSQ_ERR_INVAL;
+            }
+            certificate_only[certificate_only_count] = strdup(login);
+            if (certificate_only[certificate_only_count++] == NULL) {
+                free(copy);
+                return MOSQ_ERR_NOMEM;
+            }
+        }
+        free(copy);
+    }
     int rc = mosquitto_callback_register(plugin_id, MOSQ_EVT_ACL_CHECK, on_acl_check, NULL, NULL);
     if (rc == MOSQ_ERR_SUCCESS) {
         rc = mosquitto_callback_register(plugin_id, MOSQ_EVT_MESSAGE, on_message, NULL, NULL);
@@ -312,6 +358,10 @@ int mosquitto_plugin_cleanup(void *userdata, struct mosquitto_opt *options, int 
     (void)userdata;
     (void)options;
     (void)option_count;
+    for (size_t i = 0; i < certificate_only_count; i++) {
+        free(certificate_only[i]);
+    }
+    certificate_only_count = 0;
     mosquitto_callback_unregister(plugin_id, MOSQ_EVT_ACL_CHECK, on_acl_check, NULL);
     mosquitto_callback_unregister(plugin_id, MOSQ_EVT_MESSAGE, on_message, NULL);
     mosquitto_callback_unregister(plugin_id, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL);

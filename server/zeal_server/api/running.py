@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from prometheus_client.metrics_core import Metric
 from sqlalchemy.orm import Session, sessionmaker
 
+from zeal_server import store
 from zeal_server.settings import ServerSettings
 from zeal_server.status import CollectorStatus
 
@@ -69,7 +70,21 @@ class Logins(Protocol):
 
     def provision(self, device: str) -> str: ...
 
-    def revoke(self, device: str) -> None: ...
+    def provision_certificate(
+        self, session: Session, device: str, csr: bytes | None = None
+    ) -> store.Issued: ...
+
+    def revoke(self, device: str, session: Session | None = None) -> Revoked: ...
+
+
+class Revoked(Protocol):
+    """What revoking a device did (``zeal_server.broker.provisioning.Revoked``)."""
+
+    @property
+    def certificates(self) -> int: ...
+
+    @property
+    def confirmed(self) -> bool: ...
 
 
 #: The login admin for these settings (raises ProvisioningError when provisioning is off).

@@ -20,7 +20,9 @@ the plugin's default access explicitly (``setDefaultACLAccess``: nothing but uns
 is allowed by default), and :meth:`BrokerAdmin.harden` adds the denials to the roles of
 devices provisioned before them (``zeal-server devices harden``). ``revoke(name)`` deletes
 the client and its role: the broker disconnects a connected device at once, and the login
-no longer works.
+no longer works. ``provision_certificate(session, name, csr)`` makes the same client and
+role without a password, for a client certificate the broker takes the device's login from
+(zeal_server.broker.certificates); revoking such a device first revokes its certificates.
 
 The commands travel as JSON on ``$CONTROL/dynamic-security/v1`` under the admin login made
 by ``mosquitto_ctrl dynsec init`` (ZEAL_MQTT_ADMIN_USERNAME, ZEAL_MQTT_ADMIN_PASSWORD); the
@@ -34,25 +36,32 @@ Errors: :class:`ProvisioningError` (``ValueError``) with ``kind`` one of ``inval
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from sqlalchemy.orm import Session
 
 from zeal.errors import ParameterError
 from zeal.mqtt.brokerurl import BrokerSettings
 from zeal.mqtt.client import make_client
 from zeal.mqtt.topics import CONFIG_FILTER, device_filters
 from zeal.protocol import check_name
+from zeal_server import store
+from zeal_server.broker.certificates import DeviceCA
 from zeal_server.errors import ProvisioningError
-from zeal_server.settings import ServerSettings
+from zeal_server.settings import DeviceCASettings, ServerSettings
 
 __all__ = [
     "DEFAULT_ACCESS",
     "BrokerAdmin",
     "ProvisioningError",
+    "Revoked",
     "admin_for",
     "device_acls",
     "role_name",
@@ -108,15 +117,29 @@ def device_acls(device: str) -> list[dict[str, Any]]:
 
 
 def admin_for(settings: ServerSettings) -> BrokerAdmin:
-    """The admin of the server's broker (ZEAL_MQTT_URL, ZEAL_MQTT_ADMIN_*)."""
+    """The admin of the server's broker (ZEAL_MQTT_ADMIN_URL or ZEAL_MQTT_URL,
+    ZEAL_MQTT_ADMIN_*), with the device CA when one is set (ZEAL_DEVICE_CA*)."""
     if settings.broker is None:
         raise ProvisioningError("off", "ZEAL_MQTT_URL is off: there is no broker")
     return BrokerAdmin(
-        settings.broker,
+        settings.admin_broker or settings.broker,
         settings.admin_username,
         settings.admin_password,
-        reserved=frozenset({"zeal-fleet-simulator"}),
+        reserved=frozenset({"zeal-fleet-simulator", settings.broker.username or ""}) - {""},
+        device_ca=settings.device_ca,
+        listener=settings.broker,
     )
+
+
+@dataclass(frozen=True)
+class Revoked:
+    """What revoking a device did."""
+
+    device: str
+    #: Its certificates revoked now.
+    certificates: int = 0
+    #: The broker refuses them already (checked with a probe revoked in the same list).
+    confirmed: bool = False
 
 
 class BrokerAdmin:
@@ -130,16 +153,66 @@ class BrokerAdmin:
         *,
         reserved: frozenset[str] = frozenset(),
         timeout: float = 10.0,
+        device_ca: DeviceCASettings | None = None,
+        listener: BrokerSettings | None = None,
     ) -> None:
         self.broker, self.username, self.password = broker, username, password
         #: Logins that are not devices (the collector's, the admin's): never provisioned.
         self.reserved = reserved | {n for n in (username, broker.username) if n}
         self.timeout = timeout
+        self.device_ca = device_ca
+        #: The collector's listener (ZEAL_MQTT_URL): where a revocation is confirmed.
+        self.listener = listener
 
     def provision(self, device: str) -> str:
         """Create the device's login; returns its password (shown once, stored nowhere)."""
         self._check(device)
         password = secrets.token_urlsafe(24)
+        self._create(device, password)
+        return password
+
+    def provision_certificate(
+        self, session: Session, device: str, csr: bytes | None = None
+    ) -> store.Issued:
+        """Create the device's login for a client certificate (no password): the
+        certificate, for the key of `csr` (a PEM signing request made on the device) or
+        for a key made here and returned once (zeal_server.broker.certificates).
+
+        Commits the record of its serial before returning it: a certificate of the device
+        CA opens the broker whatever the plugin holds, so none may leave without the record
+        that lets revoking it put it in the list. Signed before the login is made (a bad
+        request makes none); the login is deleted again when the record cannot be kept."""
+        self._check(device)
+        ca = self._ca()
+        issued = ca.issue(device, csr)
+        self._create(device, None)
+        try:
+            store.record_certificate(session, issued, int(time.time() * 1000))
+            session.commit()
+        except BaseException:
+            session.rollback()
+            with contextlib.suppress(ProvisioningError):
+                self._delete(device)
+            raise
+        return issued
+
+    def _ca(self) -> DeviceCA:
+        if self.device_ca is None:
+            raise ProvisioningError(
+                "off",
+                "device certificates need the device CA: ZEAL_DEVICE_CA, ZEAL_DEVICE_CA_KEY "
+                "and ZEAL_DEVICE_CRL (deploy/README.md makes them)",
+            )
+        return DeviceCA(self.device_ca)
+
+    def _create(self, device: str, password: str | None) -> None:
+        client: dict[str, Any] = {
+            "command": "createClient",
+            "username": device,
+            "roles": [{"rolename": role_name(device)}],
+        }
+        if password is not None:
+            client["password"] = password
         answers = self.run(
             [
                 {"command": "setDefaultACLAccess", "acls": DEFAULT_ACCESS},
@@ -148,12 +221,7 @@ class BrokerAdmin:
                     "rolename": role_name(device),
                     "acls": device_acls(device),
                 },
-                {
-                    "command": "createClient",
-                    "username": device,
-                    "password": password,
-                    "roles": [{"rolename": role_name(device)}],
-                },
+                client,
             ]
         )
         created = answers[2].get("error")
@@ -161,22 +229,36 @@ class BrokerAdmin:
             if "exist" in created.lower():
                 raise ProvisioningError("exists", f"device {device!r} is already provisioned")
             raise ProvisioningError("unavailable", f"the broker refused: {created}")
-        return password
 
-    def revoke(self, device: str) -> None:
-        """Delete the device's login and role; the broker disconnects it if connected."""
+    def revoke(self, device: str, session: Session | None = None) -> Revoked:
+        """Revoke the device's certificates (with `session` and a device CA), then delete
+        its login and role: the broker disconnects it if connected. A certificate is
+        refused from the broker's next connection on once the broker has loaded the new
+        revocation list, which is waited for before the connection is dropped
+        (zeal_server.broker.certificates). The caller commits."""
         self._check(device)
+        revoked = Revoked(device)
+        if session is not None and self.device_ca is not None:
+            count, confirmed = self._ca().revoke(session, device, self.listener)
+            revoked = Revoked(device, count, confirmed)
+        deleted = self._delete(device)
+        if deleted:
+            if "not found" not in deleted.lower():
+                raise ProvisioningError("unavailable", f"the broker refused: {deleted}")
+            if not revoked.certificates:
+                raise ProvisioningError("unknown", f"device {device!r} is not provisioned")
+        return revoked
+
+    def _delete(self, device: str) -> str | None:
+        """Delete the device's client and role; the broker's error about the client, if any."""
         answers = self.run(
             [
                 {"command": "deleteClient", "username": device},
                 {"command": "deleteRole", "rolename": role_name(device)},
             ]
         )
-        deleted = answers[0].get("error")
-        if deleted:
-            if "not found" in deleted.lower():
-                raise ProvisioningError("unknown", f"device {device!r} is not provisioned")
-            raise ProvisioningError("unavailable", f"the broker refused: {deleted}")
+        error: str | None = answers[0].get("error")
+        return error
 
     def provisioned(self) -> list[str]:
         """The devices with a login made here (those with a zeal-device-* role)."""

@@ -1,7 +1,9 @@
 """How ``zeal-server`` commands ask a running server over HTTP, as ``kubectl`` and ``influx``
 do: ``--server URL`` (or ``ZEAL_SERVER_URL``, default http://127.0.0.1:8000) with the read
 token (``ZEAL_READ_TOKEN``, else ``ZEAL_OPERATOR_TOKEN``; writes send
-``ZEAL_OPERATOR_TOKEN``). They open no database and need no other setting. Errors are one
+``ZEAL_OPERATOR_TOKEN``), an https:// server's certificate checked with ``--ca`` (or
+``ZEAL_SERVER_CA``, else the system's CAs). They open no database and need no other
+setting. Errors are one
 line, exit status 2 (as the rest of ``zeal-server``)."""
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -67,8 +70,15 @@ def open_server(
     token = reads if method == "GET" else env.get("ZEAL_OPERATOR_TOKEN")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
+    ca = getattr(args, "ca", None) or env.get("ZEAL_SERVER_CA") or None
+    context = None
+    if where.startswith("https://"):
+        try:
+            context = ssl.create_default_context(cafile=ca)
+        except OSError as exc:
+            raise RemoteError(f"cannot read the CA certificate {ca}: {exc}") from None
     try:
-        response = urllib.request.urlopen(request, timeout=30)
+        response = urllib.request.urlopen(request, timeout=30, context=context)
     except urllib.error.HTTPError as exc:
         try:
             detail = json.load(exc).get("detail")
@@ -79,6 +89,12 @@ def open_server(
         raise RemoteError(f"{where} answered {exc.code}: {detail}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            raise RemoteError(
+                f"the server at {where} presents a certificate this command cannot check "
+                f"({reason.verify_message}): give its CA with --ca or ZEAL_SERVER_CA "
+                "(deploy/tls/ca.crt)"
+            ) from None
         raise RemoteError(
             f"cannot reach the server at {where}: {reason} (is it running? --server or "
             "ZEAL_SERVER_URL names it; --local opens the database instead where a command "

@@ -65,6 +65,13 @@ def add_server_argument(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"the running server's URL [env ZEAL_SERVER_URL; default {DEFAULT_SERVER}]",
     )
+    parser.add_argument(
+        "--ca",
+        default=None,
+        metavar="FILE",
+        help="CA certificate its https:// certificate is checked with (the stack's "
+        "deploy/tls/ca.crt) [env ZEAL_SERVER_CA; default: the system's CAs]",
+    )
 
 
 def add_local_argument(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import socket
 import sys
 from datetime import datetime
@@ -194,12 +195,18 @@ def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
                 host, port = sockets[0].getsockname()[:2]
                 where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
                 logging.getLogger("uvicorn.error").info(
-                    "Uvicorn running on http://%s (Press CTRL+C to quit)", where
+                    "Uvicorn running on %s://%s (Press CTRL+C to quit)",
+                    "https" if settings.https else "http",
+                    where,
                 )
 
     from zeal_server.api.guard import guarded
     from zeal_server.app import create_app
 
+    if settings.https is not None:  # unreadable files: one line, before anything starts
+        for name, path in zip(("ZEAL_TLS_CERT", "ZEAL_TLS_KEY"), settings.https, strict=True):
+            if not os.access(path, os.R_OK):
+                return fail(f"{name}: cannot read {path} (HTTPS needs the certificate and key)")
     # The port first: a busy one is one line and exit 2, before a collector id is claimed
     # on the broker (its persistent session would outlive this process).
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
@@ -224,6 +231,10 @@ def _serve(settings: ServerSettings, args: argparse.Namespace) -> int:
         log_level=args.log_level.lower(),
         timeout_keep_alive=5,
         http=guarded(settings.http_per_peer),
+        # HTTPS only when set: a plain HTTP request then fails its TLS handshake and never
+        # reaches the application. Read once: a renewed certificate takes a restart.
+        ssl_certfile=str(settings.https[0]) if settings.https else None,
+        ssl_keyfile=str(settings.https[1]) if settings.https else None,
     )
     server = _Uvicorn(config)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn has shut down cleanly

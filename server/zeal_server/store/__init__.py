@@ -36,6 +36,12 @@ from zeal_server.store.budgets import (
     set_tag_cap,
     spent_on,
 )
+from zeal_server.store.certificates import (
+    Issued,
+    record_certificate,
+    revoke_certificates,
+    revoked_certificates,
+)
 from zeal_server.store.compaction import compact, verify
 from zeal_server.store.efficiency import stream_efficiency
 from zeal_server.store.export import (
@@ -120,6 +126,7 @@ __all__ = [
     "DeviceCodes",
     "DeviceSums",
     "Devices",
+    "Issued",
     "Signer",
     "StoreError",
     "StreamTotals",
@@ -169,8 +176,11 @@ __all__ = [
     "overrides",
     "params_of",
     "readings_on_day",
+    "record_certificate",
     "rejects",
     "release_stream",
+    "revoke_certificates",
+    "revoked_certificates",
     "rotate",
     "segment_columns",
     "segment_totals",

@@ -31,6 +31,7 @@ __all__ = [
     "SUM_LIMBS",
     "Base",
     "Device",
+    "DeviceCertificate",
     "DevicePeriod",
     "DeviceTag",
     "Installation",
@@ -289,3 +290,20 @@ class LoRaWANBinding(Base):
     stream_id: Mapped[int] = mapped_column(ForeignKey("streams.id"))
     device_names: Mapped[str] = mapped_column(String(16))
     created_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class DeviceCertificate(Base):
+    """A client certificate issued to a device (revision 0015; zeal_server.broker.
+    certificates): the broker takes its common name as the device's login. Kept so that
+    revoking the device can name every serial of it in the revocation list the broker
+    reads; the certificate itself (public) and never a private key."""
+
+    __tablename__ = "device_certificates"
+
+    #: The serial number, lower-case hex without leading zeros.
+    serial: Mapped[str] = mapped_column(String(40), primary_key=True)
+    device: Mapped[str] = mapped_column(String(64), index=True)
+    issued_ms: Mapped[int] = mapped_column(BigInteger)
+    not_after_ms: Mapped[int] = mapped_column(BigInteger)
+    #: When it was revoked; None: valid until not_after_ms.
+    revoked_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)

@@ -56,12 +56,13 @@ def test_the_c_device_publishes_and_the_served_average_is_its_codes_estimate(
     command = [str(FIRMWARE / "build" / "zeal-device"), "--profile", profile.hex()]
     command += ["--stream", "temps", "--device", "c-device", "--csv", str(csv)]
     base = [*command, "--batch", "60", "--log", str(log)]
-    # This example has no TLS, and says so; --port is the old spelling of --broker's port.
+    # TLS needs the CA (test_certificates.py runs it over TLS); --port is the old spelling
+    # of --broker's port.
     tls = [*base, "--port", "8883", "--broker", "mqtts://127.0.0.1:8883"]
     refused = subprocess.run(tls, capture_output=True, text=True, timeout=60, check=False)
     assert refused.returncode == 2
     assert "--port is now --broker mqtt://HOST:PORT" in refused.stderr
-    assert "only mqtt://host:port (no TLS here)" in refused.stderr
+    assert "mqtts:// needs --ca" in refused.stderr
     command = [*base, "--broker", f"mqtt://127.0.0.1:{broker.port}"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-2000:]

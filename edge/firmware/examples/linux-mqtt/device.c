@@ -7,7 +7,13 @@
  *
  *   zeal-device --profile HEX --stream NAME --device NAME --csv FILE
  *               [--broker mqtt://127.0.0.1:1883] [--username U --password P]
+ *               [--ca FILE [--cert FILE --key FILE]]
  *               [--batch 10] [--log FILE] [--sequence-file FILE] [--linger 5]
+ *
+ * TLS: --broker mqtts://HOST[:8883] with --ca, the CA the broker's certificate and host
+ * name are checked with (the stack's deploy/tls/ca.crt), and either a password login or a
+ * client certificate (--cert and --key: the certificate's name is the login; the Compose
+ * stack's certificate listener, 8884). libmosquitto does the TLS (OpenSSL).
  *
  * The log gets one `timestamp_ms code` line per reading sent: only codes, never a value.
  * The sequence file keeps the next batch number across runs (written after each PUBACK);
@@ -34,19 +40,21 @@
 
 struct options {
     const char *profile, *stream, *device, *csv, *host, *username, *password, *log, *sequence_file;
-    int port, batch, linger;
+    const char *ca, *cert, *key;
+    int port, batch, linger, tls;
     char broker_host[256];
 };
 
-/* --broker mqtt://HOST[:PORT] (this example has no TLS: mqtts:// is refused). */
+/* --broker mqtt://HOST[:PORT] (1883) or mqtts://HOST[:PORT] (TLS, 8883). */
 static int broker_url(const char *url, struct options *o) {
     const char *rest, *colon;
     size_t length;
-    if (strncmp(url, "mqtt://", 7) != 0) {
-        fprintf(stderr, "zeal-device: --broker %s: only mqtt://host:port (no TLS here)\n", url);
+    o->tls = strncmp(url, "mqtts://", 8) == 0;
+    if (!o->tls && strncmp(url, "mqtt://", 7) != 0) {
+        fprintf(stderr, "zeal-device: --broker %s: mqtt://host:port or mqtts://host:port\n", url);
         return 0;
     }
-    rest = url + 7;
+    rest = url + (o->tls ? 8 : 7);
     colon = strrchr(rest, ':');
     length = colon ? (size_t)(colon - rest) : strlen(rest);
     if (length == 0 || length >= sizeof o->broker_host) {
@@ -55,7 +63,7 @@ static int broker_url(const char *url, struct options *o) {
     memcpy(o->broker_host, rest, length);
     o->broker_host[length] = '\0';
     o->host = o->broker_host;
-    o->port = colon ? atoi(colon + 1) : 1883;
+    o->port = colon ? atoi(colon + 1) : o->tls ? 8883 : 1883;
     return 1;
 }
 
@@ -208,6 +216,12 @@ static int parse(int argc, char **argv, struct options *o) {
             o->username = value;
         } else if (strcmp(key, "--password") == 0) {
             o->password = value;
+        } else if (strcmp(key, "--ca") == 0) {
+            o->ca = value;
+        } else if (strcmp(key, "--cert") == 0) {
+            o->cert = value;
+        } else if (strcmp(key, "--key") == 0) {
+            o->key = value;
         } else if (strcmp(key, "--batch") == 0) {
             o->batch = atoi(value);
         } else if (strcmp(key, "--log") == 0) {
@@ -219,6 +233,14 @@ static int parse(int argc, char **argv, struct options *o) {
         } else {
             return 0;
         }
+    }
+    if (i == argc && (o->ca || o->cert || o->key) && !o->tls) {
+        fprintf(stderr, "zeal-device: --ca, --cert and --key need --broker mqtts://\n");
+        return 0;
+    }
+    if (i == argc && o->tls && (!o->ca || !o->cert != !o->key)) {
+        fprintf(stderr, "zeal-device: mqtts:// needs --ca, and --cert with --key or neither\n");
+        return 0;
     }
     return i == argc && o->profile && o->stream && o->device && o->csv && o->batch >= 1 &&
            o->batch <= MAX_BATCH && o->port > 0 && o->linger >= 0;
@@ -320,6 +342,12 @@ int main(int argc, char **argv) {
     mosquitto_message_callback_set(link.client, on_message);
     if (o.username != NULL) {
         mosquitto_username_pw_set(link.client, o.username, o.password);
+    }
+    /* The broker's certificate and host name checked against --ca; a client certificate
+     * when given (its key stays in the file: it never leaves the device). */
+    if (o.tls && mosquitto_tls_set(link.client, o.ca, NULL, o.cert, o.key, NULL) != MOSQ_ERR_SUCCESS) {
+        fprintf(stderr, "zeal-device: cannot use the TLS files (--ca, --cert, --key)\n");
+        return 2;
     }
     if (mosquitto_connect(link.client, o.host, o.port, 30) != MOSQ_ERR_SUCCESS) {
         fprintf(stderr, "zeal-device: cannot reach the broker at %s:%d\n", o.host, o.port);

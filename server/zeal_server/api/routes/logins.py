@@ -35,10 +35,42 @@ ANSWERS: dict[int | str, dict[str, Any]] = {
 }
 
 
+class LoginIn(BaseModel):
+    """How the device is to log in: a password (the default), or a client certificate."""
+
+    model_config = {"extra": "forbid"}
+
+    certificate: bool = Field(
+        default=False,
+        description="a client certificate instead of a password (the broker's certificate "
+        "listener takes its common name, the device id, as the login); needs the device CA "
+        "(ZEAL_DEVICE_CA)",
+    )
+    csr: str | None = Field(
+        default=None,
+        max_length=16_384,
+        description="the device's certificate signing request (PEM), made on the device so "
+        "that its private key never leaves it; implies certificate. Without it a key is "
+        "made here and returned once",
+    )
+
+
 class LoginOut(BaseModel):
     device: str
     username: str = Field(description="the broker username (the device id)")
-    password: str = Field(description="shown once; the server keeps no copy")
+    password: str | None = Field(
+        description="shown once; the server keeps no copy (null: the device logs in with "
+        "its certificate)"
+    )
+    certificate: str | None = Field(
+        default=None, description="the device's client certificate (PEM), with certificate or csr"
+    )
+    private_key: str | None = Field(
+        default=None,
+        description="its private key (PEM), made here because no csr was given: shown once, "
+        "kept nowhere",
+    )
+    serial: str | None = Field(default=None, description="the certificate's serial number (hex)")
     broker: str = Field(description="the broker the login was made on")
     server_key: str = Field(
         description="the server's public key: give it to the device with its login "
@@ -50,6 +82,12 @@ class LoginOut(BaseModel):
 class RevokedOut(BaseModel):
     device: str
     revoked: bool = True
+    certificates: int = Field(0, description="the device's certificates revoked now")
+    confirmed: bool = Field(
+        False,
+        description="the broker refuses them already (checked with a probe certificate "
+        "revoked in the same list); false: it will once it reads the list",
+    )
 
 
 def _admin(request: Request) -> Logins:
@@ -75,14 +113,30 @@ def logins(request: Request) -> list[str]:
 
 
 @router.post("/{device}/login", status_code=201, response_model=LoginOut, responses=ANSWERS)
-def provision(device: Name, request: Request, db: Db) -> LoginOut:
+def provision(device: Name, request: Request, db: Db, body: LoginIn | None = None) -> LoginOut:
     """Create the device's broker login: it may publish only its own data and presence
     (zeal/v1/+/{device}/up, .../presence) and read the stream configurations and its
-    notices. The password is in this answer only, beside the server's key, which the device
-    is to be given with it."""
+    notices. The password (or, with `certificate` or `csr`, the client certificate and a
+    key made here) is in this answer only, beside the server's key, which the device is to
+    be given with it."""
     admin = _admin(request)
     key = store.signer(db).public
+    wanted = body or LoginIn()
     try:
+        if wanted.certificate or wanted.csr is not None:
+            csr = wanted.csr.encode() if wanted.csr is not None else None
+            issued = admin.provision_certificate(db, device, csr)  # commits its record
+            listener = request.app.state.settings.broker
+            return LoginOut(
+                device=device,
+                username=device,
+                password=None,
+                certificate=issued.certificate,
+                private_key=issued.private_key,
+                serial=issued.serial,
+                broker=listener.url if listener else admin.broker.url,
+                server_key=key,
+            )
         password = admin.provision(device)
     except ProvisioningError as exc:
         raise _failed(exc) from None
@@ -92,11 +146,12 @@ def provision(device: Name, request: Request, db: Db) -> LoginOut:
 
 
 @router.delete("/{device}/login", response_model=RevokedOut, responses=ANSWERS)
-def revoke(device: Name, request: Request) -> RevokedOut:
-    """Delete the device's broker login: the broker disconnects it now, and it cannot
-    connect again. Its stored readings stay."""
+def revoke(device: Name, request: Request, db: Db) -> RevokedOut:
+    """Delete the device's broker login and revoke its certificates: the broker disconnects
+    it now, and it cannot connect again. Its stored readings stay."""
     try:
-        _admin(request).revoke(device)
+        revoked = _admin(request).revoke(device, db)
+        db.commit()
     except ProvisioningError as exc:
         raise _failed(exc) from None
-    return RevokedOut(device=device)
+    return RevokedOut(device=device, certificates=revoked.certificates, confirmed=revoked.confirmed)
