@@ -123,7 +123,9 @@ class _Fleet:
             raise ParameterError(
                 "lognormal device means need a typical reading (mean) above the range's lower end"
             )
-        sigma2 = math.log1p((self.between / excess) ** 2)
+        # log(1 + ratio**2); past 1e150 the square would overflow, and the 1 is nothing
+        ratio = self.between / excess
+        sigma2 = math.log1p(ratio**2) if ratio < 1e150 else 2.0 * math.log(ratio)
         size = (rows, devices)
         means = self.lower + rng.lognormal(math.log(excess) - sigma2 / 2, math.sqrt(sigma2), size)
         cv2 = self.readings_cv**2
