@@ -99,7 +99,9 @@ def mix(seed: int, now: int, count: int) -> list[tuple[str, bytes, int]]:
             continue
         p = params[stream]
         size = [1, 1, 1, 3, 10, 60, 700][int(rng.integers(0, 7))]
-        start = now - int(rng.integers(0, 2 * DAY))
+        # Within the two whole UTC days before today's: how many readings fall on one day
+        # (the device cap's) must not depend on the time of day the suite runs at.
+        start = now - now % DAY - int(rng.integers(1, 2 * DAY))
         if rng.random() < 0.5:
             stamps = start + int(rng.integers(0, 100_000)) * np.arange(size)
         else:
