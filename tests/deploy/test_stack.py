@@ -357,6 +357,47 @@ def test_provisioned_agents_are_stored_and_served_exactly(stack: Stack, tmp_path
     assert average["estimate"]["std_error"] == pytest.approx(library.std_error, rel=1e-12)
 
 
+def test_a_fleet_provisioned_from_a_list_as_deploy_readme_says(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """deploy/README.md's line for a fleet from a list, run as written: three devices'
+    folders come out of the server's container as logins/ (none left in it), each readable
+    by its owner only, and an agent run with a folder's login.env stores every reading."""
+    line = next(
+        ln.strip()
+        for ln in (stack.directory / "deploy" / "README.md").read_text().splitlines()
+        if "devices provision --from -" in ln
+    )
+    names = ("fleet-a", "fleet-b", "fleet-c")
+    create_load_stream(stack, "listed", names)
+    (stack.directory / "fleet.txt").write_text("\n".join(names) + "\n")
+    done = subprocess.run(["sh", "-c", line], cwd=stack.directory, env=stack.env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "provisioned 3 device(s)" in done.stderr, done.stderr
+    logins = stack.directory / "logins"
+    assert sorted(p.name for p in logins.iterdir()) == ["fleet-a", "fleet-b", "fleet-c",
+                                                        "logins.csv"]  # fmt: skip
+    assert (logins / "fleet-b" / "login.env").stat().st_mode & 0o777 == 0o600
+    left = stack.compose("exec", "-T", "server", "sh", "-c", "ls /tmp")
+    assert "logins" not in left.split(), left
+    environment = {}
+    for setting in (logins / "fleet-b" / "login.env").read_text().splitlines():
+        if setting and not setting.startswith("#"):
+            key, _, value = setting.partition("=")
+            environment[key] = value
+    assert environment["ZEAL_SERVER_KEY"] == stack.figures["server_key"]
+    agent = StdinAgent(stack.mqtt_url, tmp_path, "fleet-b", "", "listed", "--ca", str(stack.ca),
+                       environment=environment)  # fmt: skip
+    try:
+        wait_until(lambda: stack.readings("listed") >= 30, 120, "fleet-b's readings")
+        assert agent.end() == 0, agent.said()[-2000:]
+        wait_until(lambda: stack.readings("listed") == agent.fed, 120, "every reading stored")
+    finally:
+        agent.kill()
+    print(f"a fleet from a list: 3 folders out, fleet-b stored {agent.fed} readings")
+
+
 def codes_of(params: Zeal, estimates: np.ndarray) -> np.ndarray:
     """The codes whose decoded values are `estimates` (Zeal.decode inverted)."""
     highest = (1 << params.payload_bits) - 2
@@ -635,9 +676,10 @@ def test_the_cluster_profile_loses_nothing_when_a_node_is_killed(
     stack: Stack, tmp_path: Path
 ) -> None:
     """deploy/SCALING.md's cluster: three NATS nodes and two collectors (`--scale
-    collector=2`) on the stack's database. A device (MQTT 3.1.1, its NATS login) sends
-    through node 1 while node 2 is killed and started again: the agent exits 0, and every
-    reading it read is stored once."""
+    collector=2`, MQTT over TLS to the nodes) on the stack's database. A device (MQTT
+    3.1.1 over TLS, its NATS login) sends through node 1 while node 2 is killed and started
+    again: the agent exits 0, and every reading it read is stored once. Plain MQTT to a
+    node's published port gets no CONNACK; a renewed certificate is served after a SIGHUP."""
     create_load_stream(stack, "cluster", ("dev1",))
     users = stack.directory / "deploy" / "nats" / "users.conf"
     device_password = os.urandom(12).hex()
@@ -662,13 +704,16 @@ def test_the_cluster_profile_loses_nothing_when_a_node_is_killed(
         120,
         "NATS node 1 healthy",
     )
+    for node in ("NATS1", "NATS2", "NATS3"):
+        answer = first_answer(stack.ports[node], PLAIN_CONNECT)
+        assert not answer.startswith(b"\x20"), (node, answer)  # no CONNACK in clear
     agent = StdinAgent(
-        f"mqtt://127.0.0.1:{stack.ports['NATS1']}",
+        f"mqtts://localhost:{stack.ports['NATS1']}",
         tmp_path,
         "dev1",
         device_password,
         "cluster",
-        *("--protocol", "3.1.1"),
+        *("--protocol", "3.1.1", "--ca", str(stack.ca)),
         server_key=stack.figures["server_key"],
     )
     try:
@@ -687,6 +732,16 @@ def test_the_cluster_profile_loses_nothing_when_a_node_is_killed(
         print(f"cluster, node 2 killed and back: {fed} read, {stored} stored")
         assert code == 0, agent.said()[-2000:]
         assert stored == fed
+        # A renewed certificate (deploy/SCALING.md): each node serves it after a SIGHUP.
+        tls = stack.directory / "deploy" / "tls"
+        old = served_serial(stack.ports["NATS1"], stack.ca)
+        subprocess.run(["sh", str(tls / "make-certs"), str(tls), "renew"], check=True)
+        new = certificate_serial(tls / "server.crt")
+        assert new != old
+        stack.compose("--profile", "cluster", "kill", "-s", "HUP", "nats1", "nats2", "nats3")
+        for node in ("NATS1", "NATS2", "NATS3"):
+            renewed = lambda p=stack.ports[node]: served_serial(p, stack.ca) == new  # noqa: E731
+            wait_until(renewed, 60, f"{node}'s renewed certificate")
     finally:
         agent.kill()
         stack.compose("--profile", "cluster", "stop", "collector", "nats1", "nats2", "nats3")

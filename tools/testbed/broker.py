@@ -261,14 +261,17 @@ class StdinAgent:
         *extra: str,
         username: str | None = None,
         server_key: str | None = None,
+        environment: dict[str, str] | None = None,
     ) -> None:
         """`server_key`: the key handed over with the login (else the suite's trust on first
-        use, tests/conftest.py)."""
+        use, tests/conftest.py). `environment`: settings added to its environment (a
+        login.env's, say)."""
         self.log = tmp_path / f"agent-{device}.log"
         self._output = self.log.open("w")
-        env = {**os.environ, "ZEAL_MQTT_PASSWORD": password}
-        if server_key is not None:
+        env = {**os.environ, "ZEAL_MQTT_PASSWORD": password, **(environment or {})}
+        if server_key is not None or "ZEAL_SERVER_KEY" in env:
             env.pop("ZEAL_TRUST_FIRST_USE", None)
+        if server_key is not None:
             extra = (*extra, "--server-key", server_key)
         self.process = subprocess.Popen(
             [

@@ -6,13 +6,14 @@ its configurations, and tells it what changed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from prometheus_client.metrics_core import Metric
 from sqlalchemy.orm import Session, sessionmaker
 
 from zeal_server import store
+from zeal_server.logins import Outcome, Wanted
 from zeal_server.settings import ServerSettings
 from zeal_server.status import CollectorStatus
 
@@ -73,6 +74,10 @@ class Logins(Protocol):
     def provision_certificate(
         self, session: Session, device: str, csr: bytes | None = None
     ) -> store.Issued: ...
+
+    def provision_many(
+        self, wanted: Sequence[Wanted], session: Session | None = None
+    ) -> Iterator[Outcome]: ...
 
     def revoke(self, device: str, session: Session | None = None) -> Revoked: ...
 

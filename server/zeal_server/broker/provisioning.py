@@ -23,6 +23,8 @@ the client and its role: the broker disconnects a connected device at once, and 
 no longer works. ``provision_certificate(session, name, csr)`` makes the same client and
 role without a password, for a client certificate the broker takes the device's login from
 (zeal_server.broker.certificates); revoking such a device first revokes its certificates.
+``provision_many(wanted, session)`` does either for a list of devices, some thirty to a
+message, after checking every name and signing request of the list (a bad one makes none).
 
 The commands travel as JSON on ``$CONTROL/dynamic-security/v1`` under the admin login made
 by ``mosquitto_ctrl dynsec init`` (ZEAL_MQTT_ADMIN_USERNAME, ZEAL_MQTT_ADMIN_PASSWORD); the
@@ -41,6 +43,7 @@ import json
 import secrets
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,13 +58,16 @@ from zeal.protocol import check_name
 from zeal_server import store
 from zeal_server.broker.certificates import DeviceCA
 from zeal_server.errors import ProvisioningError
+from zeal_server.logins import Outcome, Wanted
 from zeal_server.settings import DeviceCASettings, ServerSettings
 
 __all__ = [
     "DEFAULT_ACCESS",
     "BrokerAdmin",
+    "Outcome",
     "ProvisioningError",
     "Revoked",
+    "Wanted",
     "admin_for",
     "device_acls",
     "role_name",
@@ -88,6 +94,10 @@ DEFAULT_ACCESS: list[dict[str, Any]] = [
 RESERVED_PREFIX = "zeal-"
 #: Rule priorities in a device role: the plugin takes the first match, highest first.
 ALLOW, DENY = 10, 0
+#: The commands of one message to the plugin, at most: deploy/mosquitto.conf's
+#: max_packet_size (128 KiB) closes the connection of a larger one. A device's two commands
+#: take 1.6 to 2 kB, so a message makes some 30 to 40 logins.
+MESSAGE_BYTES = 64 * 1024
 
 
 def device_acls(device: str) -> list[dict[str, Any]]:
@@ -129,6 +139,40 @@ def admin_for(settings: ServerSettings) -> BrokerAdmin:
         device_ca=settings.device_ca,
         listener=settings.broker,
     )
+
+
+def _chunks(
+    pairs: list[tuple[Wanted, store.Issued | None]],
+) -> Iterator[list[tuple[Wanted, store.Issued | None]]]:
+    """The list in parts whose commands fit in one message of MESSAGE_BYTES."""
+    chunk: list[tuple[Wanted, store.Issued | None]] = []
+    size = 0
+    for pair in pairs:
+        # A password's length (token_urlsafe(24)) in place of the one not yet drawn.
+        grows = len(json.dumps(_login_commands(pair[0].device, "p" * 32))) + 2
+        if chunk and size + grows > MESSAGE_BYTES:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(pair)
+        size += grows
+    if chunk:
+        yield chunk
+
+
+def _login_commands(device: str, password: str | None) -> list[dict[str, Any]]:
+    """The plugin commands that make a device's role and its client (with `password`, or
+    none: it logs in with a certificate)."""
+    client: dict[str, Any] = {
+        "command": "createClient",
+        "username": device,
+        "roles": [{"rolename": role_name(device)}],
+    }
+    if password is not None:
+        client["password"] = password
+    return [
+        {"command": "createRole", "rolename": role_name(device), "acls": device_acls(device)},
+        client,
+    ]
 
 
 @dataclass(frozen=True)
@@ -205,23 +249,115 @@ class BrokerAdmin:
             )
         return DeviceCA(self.device_ca)
 
+    def provision_many(
+        self, wanted: Sequence[Wanted], session: Session | None = None
+    ) -> Iterator[Outcome]:
+        """Provision a list of devices, yielding each one's outcome in the list's order, a
+        chunk at a time (one message to the plugin of at most MESSAGE_BYTES each).
+
+        Everything that can be checked here is checked first: the names (valid, not the
+        deployment's own, none twice) and, for certificates, the device CA and every
+        signing request (all signed before any login is made): one bad entry raises
+        ProvisioningError "invalid" naming every bad entry, and nothing is made. A device
+        that has a login already is refused ("exists") and the others go on. The records of
+        a chunk's certificates are committed (with `session`, needed for certificates)
+        before its outcomes are yielded: none leaves without the record revoking needs. A
+        broker that fails refuses the rest ("unavailable")."""
+        issued = self._checked(wanted, session)
+        failed: ProvisioningError | None = None
+        for chunk in _chunks(list(zip(wanted, issued, strict=True))):
+            if failed is not None:
+                yield from (Outcome(one.device, refused=failed) for one, _ in chunk)
+                continue
+            try:
+                outcomes = self._make_chunk(chunk, session)
+            except ProvisioningError as exc:
+                if exc.kind != "unavailable":
+                    raise
+                failed = ProvisioningError(
+                    "unavailable",
+                    f"{exc} (the logins of this part of the list may have been made: "
+                    "`devices list` shows them; revoke those whose answer you lack)",
+                )
+                outcomes = [Outcome(one.device, refused=failed) for one, _ in chunk]
+            yield from outcomes
+
+    def _checked(
+        self, wanted: Sequence[Wanted], session: Session | None
+    ) -> list[store.Issued | None]:
+        """Every entry checked (names, then the signing requests: each certificate signed);
+        ProvisioningError "invalid" naming every bad entry. The certificates, in order."""
+        problems: list[str] = []
+        seen: set[str] = set()
+        for number, one in enumerate(wanted, 1):
+            try:
+                self._check(one.device)
+            except ProvisioningError as exc:
+                problems.append(f"entry {number}: {exc}")
+            if one.device in seen:
+                problems.append(f"entry {number}: {one.device!r} is in the list twice")
+            seen.add(one.device)
+        signed = [w.certificate or w.csr is not None for w in wanted]
+        issued: list[store.Issued | None] = [None] * len(wanted)
+        if any(signed) and not problems:
+            if session is None:
+                raise ProvisioningError("off", "certificates need the server's database")
+            ca = self._ca()
+            for number, (one, sign) in enumerate(zip(wanted, signed, strict=True), 1):
+                try:
+                    issued[number - 1] = ca.issue(one.device, one.csr) if sign else None
+                except ProvisioningError as exc:
+                    problems.append(f"entry {number} ({one.device}): {exc}")
+        if problems:
+            shown = "; ".join(problems[:10])
+            more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+            raise ProvisioningError("invalid", f"nothing provisioned: {shown}{more}")
+        return issued
+
+    def _make_chunk(
+        self,
+        chunk: Sequence[tuple[Wanted, store.Issued | None]],
+        session: Session | None,
+    ) -> list[Outcome]:
+        passwords = [None if made else secrets.token_urlsafe(24) for _, made in chunk]
+        commands: list[dict[str, Any]] = [
+            {"command": "setDefaultACLAccess", "acls": DEFAULT_ACCESS}
+        ]
+        for (one, _), password in zip(chunk, passwords, strict=True):
+            commands += _login_commands(one.device, password)
+        answers = self.run(commands)
+        outcomes: list[Outcome] = []
+        for i, ((one, made), password) in enumerate(zip(chunk, passwords, strict=True)):
+            error = answers[2 + 2 * i].get("error")  # createClient's (the role may exist)
+            if error:
+                refused = (
+                    ProvisioningError("exists", f"device {one.device!r} is already provisioned")
+                    if "exist" in error.lower()
+                    else ProvisioningError("unavailable", f"the broker refused: {error}")
+                )
+                outcomes.append(Outcome(one.device, refused=refused))
+            else:
+                outcomes.append(Outcome(one.device, password=password, issued=made))
+        records = [o.issued for o in outcomes if o.issued is not None]
+        if records and session is not None:
+            now = int(time.time() * 1000)
+            try:
+                for made in records:
+                    store.record_certificate(session, made, now)
+                session.commit()
+            except BaseException:
+                session.rollback()
+                for made in records:
+                    with contextlib.suppress(ProvisioningError):
+                        self._delete(made.device)
+                raise
+        return outcomes
+
     def _create(self, device: str, password: str | None) -> None:
-        client: dict[str, Any] = {
-            "command": "createClient",
-            "username": device,
-            "roles": [{"rolename": role_name(device)}],
-        }
-        if password is not None:
-            client["password"] = password
         answers = self.run(
             [
                 {"command": "setDefaultACLAccess", "acls": DEFAULT_ACCESS},
-                {
-                    "command": "createRole",
-                    "rolename": role_name(device),
-                    "acls": device_acls(device),
-                },
-                client,
+                *_login_commands(device, password),
             ]
         )
         created = answers[2].get("error")

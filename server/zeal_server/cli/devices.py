@@ -11,6 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from zeal_server import store
 from zeal_server.broker.provisioning import BrokerAdmin, admin_for
+from zeal_server.cli.bulk import provision_list
 from zeal_server.cli.common import Commands, command, fail
 from zeal_server.errors import ProvisioningError, StoreError
 from zeal_server.settings import ServerSettings
@@ -46,7 +47,29 @@ def add_parsers(commands: Commands) -> None:
         "--certificate, a client certificate instead of a password",
         variables=(*BROKER, *CERTIFICATES, "ZEAL_DATABASE_URL", "ZEAL_DATA_DIR"),
     )
-    provision.add_argument("name", help="the device id (1-64 letters, digits, '_', '.' or '-')")
+    provision.add_argument(
+        "name",
+        nargs="?",
+        help="the device id (1-64 letters, digits, '_', '.' or '-'); or --from a list",
+    )
+    provision.add_argument(
+        "--from",
+        dest="listed",
+        metavar="FILE",
+        help="provision every device of a list (- for standard input): one per line, its "
+        "id, and optionally the path of its certificate signing request (relative to the "
+        "list's folder; such a device gets a certificate); '#' starts a comment. Needs "
+        "--out; the whole list is checked before any login is made",
+    )
+    provision.add_argument(
+        "--out",
+        metavar="DIR",
+        help="with --from: where each device's login goes, DIR/NAME/login.env (ZEAL_DEVICE, "
+        "its password or certificate paths, ZEAL_SERVER_KEY) beside device.crt and "
+        "device.key, and DIR/logins.csv (no secrets); files readable by you alone. A device "
+        "whose DIR/NAME exists is skipped, so running the same command again finishes an "
+        "interrupted list",
+    )
     provision.add_argument(
         "--certificate",
         action="store_true",
@@ -125,6 +148,10 @@ def _carry_out(settings: ServerSettings, args: argparse.Namespace) -> None:
         print(f"default access: deny; roles given the denials: {len(changed)}")
         for name in changed:
             print(f"  {name}")
+    elif args.action == "provision" and (args.listed is not None or args.out is not None):
+        provision_list(settings, admin, args, _server_key)
+    elif args.action == "provision" and args.name is None:
+        raise ProvisioningError("invalid", "name a device, or give a list with --from FILE")
     elif args.action == "provision" and (args.certificate or args.csr):
         _provision_certificate(settings, admin, args.name, args.csr)
     elif args.action == "provision":

@@ -396,3 +396,165 @@ def test_the_api_issues_a_certificate_and_refuses_a_bad_request(deployment: Depl
         "confirmed": True,
     }
     assert connack(mtls, client_id="api-1", tls=deployment.tls, cert=pair) == -1
+
+
+def run_cli(deployment: Deployment, *args: str, stdin: bytes | None = None) -> tuple[int, str]:
+    """`zeal-server ARGS` with the operator's settings: its exit status and all it said."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZEAL_")} | deployment.env
+    done = subprocess.run([sys.executable, "-m", "zeal_server", *args], env=env, input=stdin,
+                          capture_output=True, check=False, timeout=300)  # fmt: skip
+    return done.returncode, done.stdout.decode() + done.stderr.decode()
+
+
+def copied(folder: Path) -> dict[str, str]:
+    """A device folder of `provision --from` as the device has it once copied to
+    /etc/zeal-edge: its login.env's settings, the paths in them where the files are."""
+    settings = {}
+    for line in (folder / "login.env").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.partition("=")
+            settings[name] = value.replace("/etc/zeal-edge", str(folder))
+    return settings
+
+
+def test_a_fleet_provisioned_from_a_list(deployment: Deployment) -> None:
+    """`devices provision --from LIST --out DIR`: a list of password devices, one with a
+    request made on the device (openssl) and one provisioned before; each made device gets a
+    folder only its owner reads (login.env, its certificate), and agents run from those
+    folders over TLS store every reading; the one provisioned before is refused (exit 2)
+    and the rest made; run again, the command skips what it wrote. A list with a bad entry
+    makes nothing; --certificate gives every device of a list a certificate made here."""
+    tmp = deployment.tmp_path
+    deployment.zeal_server("devices", "provision", "old-1")
+    requests = tmp / "requests"
+    requests.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-keyout", str(requests / "lst-csr.key"), "-subj", "/CN=lst-csr",
+         "-out", str(requests / "lst-csr.csr")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    listed = tmp / "fleet.txt"
+    listed.write_text(
+        "# kitchen sensors\nlst-pw-1\n\nlst-pw-2   # the hall\n"
+        "lst-csr requests/lst-csr.csr\nold-1\n"
+    )
+    out = tmp / "logins"
+    command = ("devices", "provision", "--from", str(listed), "--out", str(out))
+    code, said = run_cli(deployment, *command)
+    print(said)
+    assert code == 2, said
+    assert "provisioned 3 device(s)" in said
+    assert "2 with a password, 1 with a certificate" in said
+    assert "1 of 4 not provisioned: old-1: device 'old-1' is already provisioned" in said
+    assert sorted(p.name for p in out.iterdir()) == ["logins.csv", "lst-csr", "lst-pw-1",
+                                                     "lst-pw-2"]  # fmt: skip
+    assert out.stat().st_mode & 0o777 == 0o700
+    for path in out.rglob("*"):
+        assert path.stat().st_mode & 0o777 == (0o700 if path.is_dir() else 0o600), path
+    rows = (out / "logins.csv").read_text().splitlines()
+    assert rows[0] == "device,login,serial,not_after,result"
+    assert [r.split(",")[:2] for r in rows[1:]] == [
+        ["lst-pw-1", "password"], ["lst-pw-2", "password"], ["lst-csr", "certificate"],
+        ["old-1", ""],
+    ]  # fmt: skip
+    assert "ZEAL_MQTT_PASSWORD" not in (out / "logins.csv").read_text()
+    assert not (out / "lst-csr" / "device.key").exists()  # the device's key stayed on it
+    (out / "lst-csr" / "device.key").write_bytes((requests / "lst-csr.key").read_bytes())
+
+    again = run_cli(deployment, *command)
+    assert again[0] == 2, again[1]
+    assert "skipped 3 device(s)" in again[1]
+    assert "1 of 1 not provisioned: old-1" in again[1]
+
+    stdin = b"lst-cert-1\n"
+    code, said = run_cli(deployment, "devices", "provision", "--from", "-", "--certificate",
+                         "--out", str(out), stdin=stdin)  # fmt: skip
+    assert code == 0, said
+    assert "0 with a password, 1 with a certificate" in said
+    assert "PRIVATE KEY" in (out / "lst-cert-1" / "device.key").read_text()
+
+    bad = tmp / "bad.txt"
+    bad.write_text("lst-x\nbad/name\nlst-x\nzeal-collector\n")
+    code, said = run_cli(deployment, "devices", "provision", "--from", str(bad), "--out",
+                         str(tmp / "bad-out"))  # fmt: skip
+    assert code == 2, said
+    assert "nothing provisioned: entry 2" in said
+    assert "entry 3: 'lst-x' is in the list twice" in said
+    assert "entry 4" in said
+    listed_now = deployment.zeal_server("devices", "list").split()
+    assert "lst-x" not in listed_now
+    assert {"lst-pw-1", "lst-pw-2", "lst-csr", "lst-cert-1"} <= set(listed_now)
+
+    tls, ca = deployment.tls, str(deployment.tls.directory / "ca.crt")
+    agents = {
+        "lst-pw-1": StdinAgent(f"mqtts://localhost:{tls.tls_port}", tmp, "lst-pw-1", "",
+                               "temps", "--ca", ca, environment=copied(out / "lst-pw-1")),
+        "lst-csr": StdinAgent(f"mqtts://localhost:{tls.mtls_port}", tmp, "lst-csr", "",
+                              "temps", "--ca", ca, environment=copied(out / "lst-csr")),
+        "lst-cert-1": StdinAgent(f"mqtts://localhost:{tls.mtls_port}", tmp, "lst-cert-1", "",
+                                 "temps", "--ca", ca, environment=copied(out / "lst-cert-1")),
+    }  # fmt: skip
+    wait_until(lambda: all(deployment.readings(d) >= 10 for d in agents), 90, "their readings")
+    all_stored(deployment, agents)
+
+
+def test_two_hundred_and_fifty_devices_from_one_list(deployment: Deployment) -> None:
+    """A list far longer than a message to the broker holds (the deployment's 128 KiB
+    packets take some 35 devices): every device made once, each folder's password the
+    broker's (the last one checked by logging in)."""
+    names = [f"fleet-{i:03d}" for i in range(250)]
+    started = time.monotonic()
+    out = str(deployment.tmp_path / "out")
+    code, said = run_cli(deployment, "devices", "provision", "--from", "-", "--out", out,
+                         stdin="\n".join(names).encode())  # fmt: skip
+    took = time.monotonic() - started
+    assert code == 0, said
+    assert "100 of 250..." in said
+    assert "200 of 250..." in said
+    print(f"250 devices from a list: {took:.1f} s (the command, from start to end)")
+    assert set(names) <= set(deployment.zeal_server("devices", "list").split())
+    env = copied(deployment.tmp_path / "out" / "fleet-249")
+    got = connack(deployment.tls.tls_port, username="fleet-249",
+                  password=env["ZEAL_MQTT_PASSWORD"], client_id="fleet-249",
+                  tls=deployment.tls)  # fmt: skip
+    assert got == 0
+
+
+def test_the_api_provisions_a_list(deployment: Deployment) -> None:
+    """POST /api/v1/devices/logins: a password and a certificate login made, a device with a
+    login already refused (409) beside them; a list with a device twice, a reserved name or
+    over 1,000 entries is 422 and makes nothing."""
+    http = deployment.server.http
+    assert http.post("/api/v1/devices/api-old/login").status_code == 201
+    body = {"devices": [{"device": "api-l1"}, {"device": "api-l2", "certificate": True},
+                        {"device": "api-old"}]}  # fmt: skip
+    answer = http.post("/api/v1/devices/logins", json=body)
+    assert answer.status_code == 200, answer.text
+    made = {m["device"]: m for m in answer.json()["provisioned"]}
+    assert list(made) == ["api-l1", "api-l2"]
+    assert made["api-l1"]["password"]
+    assert made["api-l1"]["certificate"] is None
+    assert made["api-l2"]["password"] is None
+    assert "PRIVATE KEY" in made["api-l2"]["private_key"]
+    refused = answer.json()["refused"]
+    assert [(r["device"], r["status"]) for r in refused] == [("api-old", 409)]
+    folder = deployment.tmp_path / "api-l2"
+    folder.mkdir()
+    (folder / "c.crt").write_text(made["api-l2"]["certificate"])
+    (folder / "c.key").write_text(made["api-l2"]["private_key"])
+    tls = deployment.tls
+    assert connack(tls.mtls_port, client_id="api-l2", tls=tls,
+                   cert=(folder / "c.crt", folder / "c.key")) == 0  # fmt: skip
+    assert connack(tls.tls_port, username="api-l1", password=made["api-l1"]["password"],
+                   client_id="api-l1", tls=tls) == 0  # fmt: skip
+
+    for devices, says in (
+        ([{"device": "api-x"}, {"device": "api-x"}], "'api-x' is in the list twice"),
+        ([{"device": "api-y"}, {"device": "zeal-collector"}], "entry 2"),
+        ([{"device": f"d{i}"} for i in range(1001)], "at most 1000"),
+    ):
+        refused_list = http.post("/api/v1/devices/logins", json={"devices": devices})
+        assert refused_list.status_code == 422, refused_list.text
+        assert says in refused_list.text, refused_list.text
+    assert not {"api-x", "api-y", "d0"} & set(http.get("/api/v1/devices").json())

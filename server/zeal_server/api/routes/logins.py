@@ -18,6 +18,7 @@ from zeal_server.api.auth import operator
 from zeal_server.api.deps import Db
 from zeal_server.api.running import Logins
 from zeal_server.errors import ProvisioningError
+from zeal_server.logins import Wanted
 
 __all__ = ["router"]
 
@@ -77,6 +78,44 @@ class LoginOut(BaseModel):
         "(zeal-edge --server-key or ZEAL_SERVER_KEY); it believes only what this key, or a "
         "key it endorsed, signed"
     )
+
+
+#: Devices of one list request (the body is at most 64 KiB in any case: about 1,000 names,
+#: or some 60 signing requests; a longer list goes in parts).
+MAX_LIST = 1000
+
+
+class ListedIn(LoginIn):
+    """One device of a list and how it is to log in."""
+
+    device: str = Field(description="device id: 1-64 letters, digits, '_', '.' or '-'")
+
+
+class LoginsIn(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    devices: list[ListedIn] = Field(
+        min_length=1,
+        max_length=MAX_LIST,
+        description=f"the devices to provision (at most {MAX_LIST}, each once)",
+    )
+
+
+class RefusedOut(BaseModel):
+    device: str
+    status: int = Field(
+        description="409: the device has a login already; 502: the broker failed (it may "
+        "have made the login: GET /api/v1/devices shows it, DELETE its login to start again)"
+    )
+    detail: str
+
+
+class LoginsOut(BaseModel):
+    provisioned: list[LoginOut] = Field(
+        description="the logins made, in the list's order: the passwords and keys are in "
+        "this answer only"
+    )
+    refused: list[RefusedOut] = Field(description="the devices of the list not provisioned")
 
 
 class RevokedOut(BaseModel):
@@ -143,6 +182,66 @@ def provision(device: Name, request: Request, db: Db, body: LoginIn | None = Non
     return LoginOut(
         device=device, username=device, password=password, broker=admin.broker.url, server_key=key
     )
+
+
+@router.post(
+    "/logins",
+    response_model=LoginsOut,
+    responses={
+        422: {
+            "description": "an entry is invalid (a bad or reserved name, a device twice, a "
+            "signing request that is not one, names another device or has too weak a key): "
+            "nothing is made"
+        },
+        **ANSWERS,
+    },
+)
+def provision_list(body: LoginsIn, request: Request, db: Db) -> LoginsOut:
+    """Provision a list of devices, as POST /devices/{device}/login does each, some thirty
+    to a message to the broker. Every entry is checked first (one bad entry: 422, nothing
+    made); a device that has a login already is refused, the others are made. Each
+    certificate's record is committed before the answer is sent."""
+    admin = _admin(request)
+    key = store.signer(db).public
+    wanted = [
+        Wanted(
+            one.device,
+            certificate=one.certificate or one.csr is not None,
+            csr=one.csr.encode() if one.csr is not None else None,
+        )
+        for one in body.devices
+    ]
+    listener = request.app.state.settings.broker
+    answer = LoginsOut(provisioned=[], refused=[])
+    try:
+        for outcome in admin.provision_many(wanted, db):
+            if outcome.refused is not None:
+                answer.refused.append(
+                    RefusedOut(
+                        device=outcome.device,
+                        status=STATUS[outcome.refused.kind],
+                        detail=str(outcome.refused),
+                    )
+                )
+                continue
+            issued = outcome.issued
+            answer.provisioned.append(
+                LoginOut(
+                    device=outcome.device,
+                    username=outcome.device,
+                    password=outcome.password,
+                    certificate=issued.certificate if issued else None,
+                    private_key=issued.private_key if issued else None,
+                    serial=issued.serial if issued else None,
+                    broker=listener.url if issued and listener else admin.broker.url,
+                    server_key=key,
+                )
+            )
+    except ProvisioningError as exc:
+        raise _failed(exc) from None
+    if not answer.provisioned and answer.refused and answer.refused[0].status == 502:
+        raise HTTPException(502, answer.refused[0].detail)  # nothing made: the broker is down
+    return answer
 
 
 @router.delete("/{device}/login", response_model=RevokedOut, responses=ANSWERS)
