@@ -122,9 +122,10 @@ def test_enroll_and_policy_set_change_the_running_server(broker: Mosquitto, tmp_
         )
         assert zeal_server(server, tmp_path, "policy", "device", "dev7", "none").returncode == 0
         shown = zeal_server(server, tmp_path, "policy", "show", "dev7")
-        assert shown.stdout.strip() == (
-            "device dev7: no cap across its streams (the default); 0 spent today in temps"
-        ), shown.stdout
+        assert shown.stdout.strip().splitlines() == [
+            "device dev7: no cap across its streams (the default); 0 spent today in temps",
+            "spent in the last 7 days 0, 30 days 0, 365 days 0; since first seen 0",
+        ], shown.stdout
         bad = zeal_server(server, tmp_path, "policy", "device", "dev7", "-1")
         assert bad.returncode == 2
         assert "max_epsilon_per_day" in bad.stderr

@@ -118,7 +118,11 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
     tag_cap.add_argument("tag", help="KEY:VALUE")
     tag_cap.add_argument("epsilon", type=_cap, help="epsilon per UTC day, or none")
     budget = command(
-        actions, "show", "a device's cap across streams and its spend today" + over_http, ()
+        actions,
+        "show",
+        "a device's cap across streams and its spend: today, the last 7, 30 and 365 days, "
+        "since first seen" + over_http,
+        (),
     )
     budget.add_argument("device", help="the device")
     for p in (show, released, listed, enroll, setting, device_cap, tag_cap, budget):
@@ -270,6 +274,16 @@ def _budget_line(out: Mapping[str, Any]) -> str:
     )
 
 
+def _account_line(out: Mapping[str, Any]) -> str:
+    """Its account over the longer horizons (epsilon, its own ledger)."""
+    first = out.get("first_seen")
+    return (
+        f"spent in the last 7 days {out['spent_last_7_days']:g}, 30 days "
+        f"{out['spent_last_30_days']:g}, 365 days {out['spent_last_365_days']:g}; since first "
+        f"seen {out['spent_since_first_seen']:g}" + (f" (since {first})" if first else "")
+    )
+
+
 def _device_cap(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     path = f"/budgets/devices/{urllib.parse.quote(args.device, safe='')}"
     print(_budget_line(ask(args, env, "PUT", path, {"max_epsilon_per_day": args.epsilon})))
@@ -289,7 +303,9 @@ def _tag_cap(args: argparse.Namespace, env: Mapping[str, str]) -> None:
 
 def _budget(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     path = f"/budgets/devices/{urllib.parse.quote(args.device, safe='')}"
-    print(_budget_line(get(args, env, path)))
+    out = get(args, env, path)
+    print(_budget_line(out))
+    print(_account_line(out))
 
 
 def _create(args: argparse.Namespace, env: Mapping[str, str]) -> None:

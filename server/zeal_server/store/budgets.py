@@ -1,6 +1,8 @@
 """A device's privacy cap across streams: who a device is (``principals``: its name and the
 identity that sent under it), what it may spend per UTC day over every stream with a policy,
-and what it spent (``principal_days``, booked by ``store.ledger.charge_devices``).
+and what it spent (``principal_days``, booked by ``store.ledger.charge_devices``, kept 400
+days behind the import window, then folded into the principal's ``retired_micro``): its
+account today, over the last 7, 30 and 365 days and since first seen (``device_budget``).
 
 An *account* is (device name, identity): identity "" is the device itself (its own login,
 where the broker says who published: deploy/mosquitto's zeal_retain plugin; or anyone,
@@ -38,6 +40,7 @@ from zeal_server.store.models import (
 from zeal_server.store.streams import insert_for
 
 __all__ = [
+    "HORIZONS",
     "Account",
     "BudgetOverrides",
     "DeviceBudget",
@@ -207,6 +210,10 @@ def overrides(session: Session) -> BudgetOverrides:
     )
 
 
+#: The rolling horizons of a device's account, in UTC days (today included).
+HORIZONS = (7, 30, 365)
+
+
 @dataclass(frozen=True)
 class DeviceBudget:
     """One device's cap across streams and what it spent on a day."""
@@ -222,6 +229,12 @@ class DeviceBudget:
     streams: list[str]
     #: What others spent under its name that day, by identity (each its own ledger).
     others_micro: dict[str, int]
+    #: Its own spend (micro-epsilon) over the last N UTC days up to `day` (N in HORIZONS,
+    #: `day` included; readings stamped after `day` count too), and since first seen.
+    horizons_micro: dict[int, int]
+    lifetime_micro: int
+    #: The first UTC day it spent on (None: never).
+    first_day: int | None
 
 
 def device_budget(session: Session, name: str, default: float | None, day: int) -> DeviceBudget:
@@ -247,4 +260,30 @@ def device_budget(session: Session, name: str, default: float | None, day: int) 
     spent = spent_on(session, [p.id for p in rows.values()], day)
     others = {i: spent[p.id] for i, p in sorted(rows.items()) if i and p.id in spent}
     own = 0 if row is None else spent.get(row.id, 0)
-    return DeviceBudget(name, cap, source, tag, own, streams, others)
+    days: list[tuple[int, int]] = []
+    if row is not None:
+        days = [
+            (int(d), int(m))
+            for d, m in session.execute(
+                select(PrincipalDay.period, PrincipalDay.micro).where(
+                    PrincipalDay.principal_id == row.id
+                )
+            )
+        ]
+    horizons = {n: sum(m for d, m in days if d > day - n) for n in HORIZONS}
+    retired = 0 if row is None else int(row.retired_micro or 0)
+    firsts = [d for d, m in days if m > 0]
+    if row is not None and row.first_day is not None:
+        firsts.append(int(row.first_day))
+    return DeviceBudget(
+        name,
+        cap,
+        source,
+        tag,
+        own,
+        streams,
+        others,
+        horizons_micro=horizons,
+        lifetime_micro=retired + sum(m for _, m in days),
+        first_day=min(firsts) if firsts else None,
+    )

@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import and_, delete, or_
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from zeal.policy import DAY_MS, HOUR_MS, tally
 from zeal.wirebatches import Batches
-from zeal_server.store.models import DevicePeriod, PrincipalDay
+from zeal_server.store.models import DevicePeriod, Principal, PrincipalDay
 from zeal_server.store.rawsql import Raw
 
 __all__ = ["DeviceCharge", "charge", "charge_days", "charge_devices", "prune"]
@@ -260,12 +260,34 @@ def _charge_device(
     return True
 
 
+#: Days of a device's spend across streams kept behind the import window (its account over
+#: 7, 30 and 365 days: store.budgets); older ones are folded into its principal's total.
+KEEP_DAYS = 400
+
+
 def prune(session: Session, horizon_ms: int) -> None:
     """Delete the days and hours that end at or before `horizon_ms`: no batch stamped in them
-    is accepted any more, so their counts can no longer decide one."""
+    is accepted any more, so their counts can no longer decide one. A device's days across
+    streams stay KEEP_DAYS longer (its account), then fold into its principal's
+    ``retired_micro`` (and ``first_day``) as they go."""
     behind = [
         and_(DevicePeriod.hours == size // HOUR_MS, DevicePeriod.period < horizon_ms // size)
         for _, size in PERIODS
     ]
     session.execute(delete(DevicePeriod).where(or_(*behind)))
-    session.execute(delete(PrincipalDay).where(PrincipalDay.period < horizon_ms // DAY_MS))
+    cut = horizon_ms // DAY_MS - KEEP_DAYS
+    days = PrincipalDay
+    gone = (days.principal_id == Principal.id, days.period < cut)
+    session.execute(
+        update(Principal)
+        .where(Principal.id.in_(select(days.principal_id).where(days.period < cut)))
+        .values(
+            retired_micro=Principal.retired_micro
+            + select(func.sum(days.micro)).where(*gone).scalar_subquery(),
+            first_day=func.coalesce(
+                Principal.first_day, select(func.min(days.period)).where(*gone).scalar_subquery()
+            ),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(delete(days).where(days.period < cut))

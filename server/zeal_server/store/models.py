@@ -173,6 +173,11 @@ class Principal(Base):
     identity: Mapped[str] = mapped_column(String(100), default="")
     #: The name's own daily cap in epsilon (on its "" row); None: its tags' or the default.
     max_epsilon_per_day: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    #: Micro-epsilon of its days no longer kept (folded in when their rows go: store.ledger
+    #: keeps KEEP_DAYS behind the import window), and the first day it ever spent on once
+    #: one was folded (None: its first is still among its rows).
+    retired_micro: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    first_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
 
 
 class PrincipalDay(Base):

@@ -4,11 +4,13 @@ device running several streams (/preview/device)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from tests.server.helpers import OPERATOR, settings
 from zeal import Zeal, encode_batch
@@ -16,6 +18,8 @@ from zeal.policy import HOUR_MS
 from zeal_server import store
 from zeal_server.app import create_app
 from zeal_server.ingest import Ingest
+from zeal_server.store.ledger import prune as prune_ledger
+from zeal_server.store.models import PrincipalDay
 
 
 @pytest.fixture
@@ -59,6 +63,11 @@ def test_caps_for_devices_and_tags_are_set_shown_and_removed(client: TestClient)
         "remaining_today": 3.0,
         "streams": ["humidity"],
         "others_spent_today": {},
+        "spent_last_7_days": 0.0,
+        "spent_last_30_days": 0.0,
+        "spent_last_365_days": 0.0,
+        "spent_since_first_seen": 0.0,
+        "first_seen": None,
     }
     own = client.put("/api/v1/budgets/devices/flat-1", json={"max_epsilon_per_day": 2.5}).json()
     assert (own["max_epsilon_per_day"], own["source"]) == (2.5, "device")
@@ -177,3 +186,66 @@ def test_the_stream_preview_plans_it_with_a_devices_other_streams(client: TestCl
     assert client.get("/api/v1/preview", params={**query, "devices": None}).status_code == 422
     nowhere = client.get("/api/v1/preview", params=query | {"with_streams": "nowhere"})
     assert nowhere.status_code == 422
+
+
+def test_a_devices_account_over_7_30_365_days_and_its_life(client: TestClient) -> None:
+    """Readings of one device in two streams on days 0 to 380 back: /budgets/devices/{d}
+    gives each horizon's spend equal to the epsilon of the readings each stream's export
+    holds in it, and its first day. Days folded into the lifetime total (the ledger's
+    prune, as retention runs it) change none of the figures."""
+    make_streams(client)
+    now = store.now_ms()
+    today = now // 86_400_000
+    ago = (0, 3, 10, 40, 200, 380)
+    ingest = Ingest(device_max_epsilon_per_day=8.0, max_age_ms=400 * 86_400_000)
+    epsilons = {"humidity": 1.0, "temperature": 0.5}
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        for stream, epsilon in epsilons.items():
+            params = Zeal(lower=0, upper=100, epsilon=epsilon, max_epsilon_per_day=8.0)
+            for sequence, back in enumerate(ago):
+                start = (today - back) * 86_400_000
+                count = 2 if stream == "humidity" else 1
+                payload = encode_batch(
+                    params,
+                    stream=stream,
+                    device="home",
+                    sequence=sequence,
+                    timestamps=[start + HOUR_MS * k for k in range(count)],
+                    codes=params.perturb(np.full(count, 20.0)),
+                )
+                outcome = ingest.add(session, f"zeal/v1/{stream}/home/up", payload, now)
+                assert outcome.status == "stored", (stream, back, outcome)
+
+    def from_exports(days: int | None) -> float:
+        """The epsilon of the readings stored in the last `days` UTC days (None: all)."""
+        total = 0.0
+        for stream, epsilon in epsilons.items():
+            rows = client.get(f"/api/v1/streams/{stream}/export").text.splitlines()[1:]
+            stamps = [int(r.split(",")[0]) for r in rows]
+            total += epsilon * sum(
+                1 for t in stamps if days is None or t // 86_400_000 > today - days
+            )
+        return total
+
+    def account() -> dict[str, object]:
+        shown = client.get("/api/v1/budgets/devices/home").json()
+        return {k: v for k, v in shown.items() if k.startswith("spent") or k == "first_seen"}
+
+    expected = {
+        "spent_today": from_exports(1),
+        "spent_last_7_days": from_exports(7),
+        "spent_last_30_days": from_exports(30),
+        "spent_last_365_days": from_exports(365),
+        "spent_since_first_seen": from_exports(None),
+        "first_seen": dt.date.fromordinal(
+            dt.date(1970, 1, 1).toordinal() + today - 380
+        ).isoformat(),
+    }
+    assert (expected["spent_today"], expected["spent_last_365_days"]) == (2.5, 12.5)
+    assert account() == expected
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        prune_ledger(session, now + 30 * 86_400_000)  # keeps 400 days behind it: 370 back
+        kept = session.scalars(select(PrincipalDay.period)).all()
+    assert today - 380 not in kept
+    assert today - 200 in kept
+    assert account() == expected

@@ -1,5 +1,6 @@
 """A device's privacy cap across streams: the server's default, the caps given to devices
-and to device tags (operator token to change them), and one device's cap and spend today.
+and to device tags (operator token to change them), and one device's cap and its account
+(today, the last 7, 30 and 365 days, since first seen).
 
 A device is its name in every stream it sends to. Its cap is its own, else the lowest cap
 of the tags its devices carry in any stream, else ZEAL_DEVICE_MAX_EPSILON_PER_DAY. Only the
@@ -11,6 +12,7 @@ within 2 s (their sync).
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request
@@ -75,6 +77,19 @@ class DeviceBudgetOut(BaseModel):
         "(never the device's): by identity, login:NAME (another broker login) or "
         "lorawan:DEVEUI (a LoRaWAN device)"
     )
+    spent_last_7_days: float = Field(
+        description="epsilon booked for its readings stamped in the last 7 UTC days, today "
+        "included, over its streams with a policy (its own ledger)"
+    )
+    spent_last_30_days: float = Field(description="the same over the last 30 UTC days")
+    spent_last_365_days: float = Field(description="the same over the last 365 UTC days")
+    spent_since_first_seen: float = Field(
+        description="the same since the first day it spent on (days older than 400 days "
+        "behind the import window are kept as one total)"
+    )
+    first_seen: str | None = Field(
+        description="the first UTC day it spent on, YYYY-MM-DD (null: never)"
+    )
 
 
 def _default(request: Request) -> float | None:
@@ -114,12 +129,20 @@ def _budget_out(db: Db, request: Request, device: str) -> DeviceBudgetOut:
         remaining_today=None if cap is None else max(0.0, cap - spent),
         streams=found.streams,
         others_spent_today={k: v / MICRO for k, v in found.others_micro.items()},
+        spent_last_7_days=found.horizons_micro[7] / MICRO,
+        spent_last_30_days=found.horizons_micro[30] / MICRO,
+        spent_last_365_days=found.horizons_micro[365] / MICRO,
+        spent_since_first_seen=found.lifetime_micro / MICRO,
+        first_seen=None
+        if found.first_day is None
+        else dt.datetime.fromtimestamp(found.first_day * 86_400, dt.UTC).date().isoformat(),
     )
 
 
 @router.get("/devices/{device}", dependencies=READ, response_model=DeviceBudgetOut)
 def device_budget(device: Device, request: Request, db: Db) -> DeviceBudgetOut:
-    """One device's cap across streams, where it comes from, and its spend today (UTC)."""
+    """One device's cap across streams, where it comes from, and its account: its spend
+    today (UTC), over the last 7, 30 and 365 days and since first seen."""
     return _budget_out(db, request, device)
 
 
