@@ -1,12 +1,14 @@
 """deploy/nats: the cluster profile's nats.conf and users.conf.example, run by the real
-nats-server (three nodes, addresses rewritten to loopback ports): the configuration is
-valid, the collector logs in with its login, a device writes only its own data topic
-and finds its stream's configuration on any node."""
+nats-server (three nodes, addresses rewritten to loopback ports, MQTT over TLS with the
+certificates of deploy/tls/make-certs): the configuration is valid, the collector logs in
+with its login, a device writes only its own data topic and finds its stream's
+configuration on any node, and a plain MQTT connection gets no CONNACK."""
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -44,7 +46,7 @@ def agent(cluster: NatsCluster, node: int, device: str, tmp_path: Path) -> str:
         tmp_path / f"agent-{device}",
         device,
         seattle_rows(tmp_path / "rows.csv", 120),
-        *("--protocol", "3.1.1", "--username", "dev1"),
+        *("--protocol", "3.1.1", "--username", "dev1", "--ca", str(cluster.ca)),
         ZEAL_MQTT_PASSWORD="change-me-dev1",
     ).stderr
 
@@ -61,6 +63,7 @@ def test_a_device_on_any_node_reaches_the_collector_through_the_deploy_cluster(
     )
     server.env.update(
         ZEAL_MQTT_URL=cluster.mqtt_url(0),
+        ZEAL_MQTT_CA=str(cluster.ca),
         ZEAL_MQTT_PROTOCOL="3.1.1",
         ZEAL_MQTT_USERNAME="zeal-collector",
         ZEAL_MQTT_PASSWORD="change-me-collector",
@@ -76,11 +79,19 @@ def test_a_device_on_any_node_reaches_the_collector_through_the_deploy_cluster(
         # dev1's login as device dev2: NATS denies the publish; nothing is stored.
         other = agent(cluster, 1, "dev2", tmp_path)
         after = stats(server)
+        # An MQTT 3.1.1 CONNECT in clear to a node's listener gets no CONNACK.
+        with socket.create_connection(("127.0.0.1", cluster.mqtt_ports[0]), timeout=30) as raw:
+            raw.sendall(b"\x10\x0e\x00\x04MQTT\x04\x02\x00\x0a\x00\x02ab")
+            try:
+                plain = raw.recv(64)
+            except OSError:
+                plain = b""
     finally:
         server.stop()
         cluster.stop()
     assert "stream parameters: Zeal(" in own, own  # the configuration, on another node
     assert after["readings"] == 120, (after, other[-2000:])
+    assert not plain.startswith(b"\x20"), plain
     # Like Mosquitto, NATS acknowledges a 3.1.1 publish it denies (docs/edge-agent.md):
     # the agent saw both batches confirmed, and they are gone from its outbox.
     # (One line per confirmation, or one for both: "2 batches, #0 to #1".)

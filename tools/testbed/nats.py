@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nats
 
-from tools.testbed.broker import free_port, wait_for_port
+from tools.testbed.broker import free_port, make_certs, wait_for_port
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 
@@ -34,15 +34,16 @@ def nats_server() -> str:
 
 
 def deploy_config(node: int, cluster: NatsCluster) -> str:
-    """deploy/nats/nats.conf, unchanged but for addresses and the store directory: the
-    compose service names become loopback ports."""
+    """deploy/nats/nats.conf, unchanged but for addresses, the store directory and where
+    the certificates are: the compose service names become loopback ports."""
     text = (DEPLOY / "nats.conf").read_text()
     for old, new in (
         ("0.0.0.0:4222", f"127.0.0.1:{cluster.client_ports[node]}"),
         ("0.0.0.0:8222", f"127.0.0.1:{cluster.http_ports[node]}"),
         ("0.0.0.0:6222", f"127.0.0.1:{cluster.route_ports[node]}"),
-        ("0.0.0.0:1883", f"127.0.0.1:{cluster.mqtt_ports[node]}"),
+        ("0.0.0.0:8883", f"127.0.0.1:{cluster.mqtt_ports[node]}"),
         ("store_dir: /data", f'store_dir: "{cluster.directory / f"js{node}"}"'),
+        ("/etc/nats/tls/", f"{cluster.directory / 'tls'}/"),
     ):
         assert old in text, old
         text = text.replace(old, new)
@@ -55,7 +56,8 @@ class NatsCluster:
     """`size` nats-server processes in one cluster; each can be killed and restarted.
 
     With `users` (the text of a deploy/nats/users.conf), each node runs the deployment's
-    own nats.conf (addresses rewritten) with those logins."""
+    own nats.conf (addresses rewritten) with those logins, and its MQTT listener takes TLS
+    only, with the certificates deploy/tls/make-certs makes in DIRECTORY/tls (`ca`)."""
 
     def __init__(self, directory: Path, size: int = 3, *, users: str | None = None) -> None:
         self.directory, self.size = directory, size
@@ -66,8 +68,12 @@ class NatsCluster:
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
         directory.mkdir(parents=True, exist_ok=True)
         routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in self.route_ports)
+        #: The CA the deployment's MQTT listeners are checked with (None: plain MQTT).
+        self.ca: Path | None = None
         if users is not None:
             (directory / "users.conf").write_text(users)
+            make_certs(directory / "tls")
+            self.ca = directory / "tls" / "ca.crt"
         for i in range(size):
             if users is not None:
                 (directory / f"n{i}.conf").write_text(deploy_config(i, self))
@@ -94,6 +100,8 @@ class NatsCluster:
         return self.mqtt_url(0)
 
     def mqtt_url(self, node: int) -> str:
+        if self.ca is not None:  # the deployment's listener: TLS, its certificate's name
+            return f"mqtts://localhost:{self.mqtt_ports[node]}"
         return f"mqtt://127.0.0.1:{self.mqtt_ports[node]}"
 
     def start(self) -> NatsCluster:

@@ -523,8 +523,9 @@ def test_two_hundred_and_fifty_devices_from_one_list(deployment: Deployment) -> 
 
 def test_the_api_provisions_a_list(deployment: Deployment) -> None:
     """POST /api/v1/devices/logins: a password and a certificate login made, a device with a
-    login already refused (409) beside them; a list with a device twice, a reserved name or
-    over 1,000 entries is 422 and makes nothing."""
+    login already refused (409) beside them; a list with a device twice, a reserved name,
+    over 500 entries or a signing request (they go one per call) is 422 and makes
+    nothing."""
     http = deployment.server.http
     assert http.post("/api/v1/devices/api-old/login").status_code == 201
     body = {"devices": [{"device": "api-l1"}, {"device": "api-l2", "certificate": True},
@@ -552,7 +553,8 @@ def test_the_api_provisions_a_list(deployment: Deployment) -> None:
     for devices, says in (
         ([{"device": "api-x"}, {"device": "api-x"}], "'api-x' is in the list twice"),
         ([{"device": "api-y"}, {"device": "zeal-collector"}], "entry 2"),
-        ([{"device": f"d{i}"} for i in range(1001)], "at most 1000"),
+        ([{"device": f"d{i}"} for i in range(501)], "at most 500"),
+        ([{"device": "api-z", "csr": "-----BEGIN"}], "Extra inputs are not permitted"),
     ):
         refused_list = http.post("/api/v1/devices/logins", json={"devices": devices})
         assert refused_list.status_code == 422, refused_list.text

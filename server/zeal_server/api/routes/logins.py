@@ -80,15 +80,29 @@ class LoginOut(BaseModel):
     )
 
 
-#: Devices of one list request (the body is at most 64 KiB in any case: about 1,000 names,
-#: or some 60 signing requests; a longer list goes in parts).
-MAX_LIST = 1000
+#: Devices of one list request: its largest body (500 names of 64 characters) stays under
+#: the 64 KiB every request body is held to. A device's signing request goes in a call of
+#: its own (POST /devices/{device}/login), or in a list to `zeal-server devices provision
+#: --from`.
+MAX_LIST = 500
 
 
-class ListedIn(LoginIn):
+class ListedIn(BaseModel):
     """One device of a list and how it is to log in."""
 
-    device: str = Field(description="device id: 1-64 letters, digits, '_', '.' or '-'")
+    model_config = {"extra": "forbid"}
+
+    device: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="device id: 1-64 letters, digits, '_', '.' or '-'",
+    )
+    certificate: bool = Field(
+        default=False,
+        description="a client certificate and a key made here instead of a password (needs "
+        "the device CA, ZEAL_DEVICE_CA)",
+    )
 
 
 class LoginsIn(BaseModel):
@@ -189,28 +203,23 @@ def provision(device: Name, request: Request, db: Db, body: LoginIn | None = Non
     response_model=LoginsOut,
     responses={
         422: {
-            "description": "an entry is invalid (a bad or reserved name, a device twice, a "
-            "signing request that is not one, names another device or has too weak a key): "
+            "description": "an entry is invalid (a bad or reserved name, a device twice): "
             "nothing is made"
         },
         **ANSWERS,
     },
 )
 def provision_list(body: LoginsIn, request: Request, db: Db) -> LoginsOut:
-    """Provision a list of devices, as POST /devices/{device}/login does each, some thirty
-    to a message to the broker. Every entry is checked first (one bad entry: 422, nothing
-    made); a device that has a login already is refused, the others are made. Each
-    certificate's record is committed before the answer is sent."""
+    """Provision a list of devices (passwords, or certificates with keys made here), as
+    POST /devices/{device}/login does each, some thirty to a message to the broker. Every
+    entry is checked first (one bad entry: 422, nothing made); a device that has a login
+    already is refused, the others are made. Each certificate's record is committed before
+    the answer is sent. A device's own signing request goes through
+    POST /devices/{device}/login, or a list of them to `zeal-server devices provision
+    --from`."""
     admin = _admin(request)
     key = store.signer(db).public
-    wanted = [
-        Wanted(
-            one.device,
-            certificate=one.certificate or one.csr is not None,
-            csr=one.csr.encode() if one.csr is not None else None,
-        )
-        for one in body.devices
-    ]
+    wanted = [Wanted(one.device, certificate=one.certificate) for one in body.devices]
     listener = request.app.state.settings.broker
     answer = LoginsOut(provisioned=[], refused=[])
     try:
