@@ -9,10 +9,12 @@ first transactions warm the caches up (statements compiled, device rows made); t
 is the median over the next `--transactions` of (transaction time / messages), commit
 included, broker and acknowledgements left out. With ``--baseline COMMIT`` the same
 measurement runs on that commit's server code (a git worktree, the same interpreter and
-packages), alternated with this one, and the ratio is printed.
+packages), alternated with this one, and the ratio is printed; with ``--without-cap`` this
+checkout is alternated with itself without a device cap (the cap's own cost).
 
     .venv/bin/python bench/writer_cost.py [--devices 1000] [--per-transaction 20000]
-        [--transactions 7] [--databases sqlite,postgresql] [--baseline COMMIT] [--out FILE]
+        [--transactions 7] [--databases sqlite,postgresql] [--baseline COMMIT | --without-cap]
+        [--out FILE]
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ sys.path.insert(0, str(ROOT))
 WARM_UP = 2
 
 
-def measure(kind: str, devices: int, per_transaction: int, transactions: int) -> dict[str, Any]:
-    """Microseconds per message of each measured transaction, in a fresh database."""
+def measure(
+    kind: str, devices: int, per_transaction: int, transactions: int, cap: bool = True
+) -> dict[str, Any]:
+    """Microseconds per message of each measured transaction, in a fresh database (`cap`
+    False: this code without a device cap, ZEAL_DEVICE_MAX_EPSILON_PER_DAY none)."""
     from tools.testbed.databases import postgres_database
     from zeal import encode_batch
     from zeal.mqtt.topics import data_topic
@@ -83,13 +88,24 @@ def measure(kind: str, devices: int, per_transaction: int, transactions: int) ->
             # A device cap across streams that refuses nothing, as the stream's policy: the
             # collector's default path books it (code from before it has none).
             capped = "device_max_epsilon_per_day" in inspect.signature(Ingest).parameters
-            extra = {"device_max_epsilon_per_day": 86_400.0} if capped else {}
+            extra = {"device_max_epsilon_per_day": 86_400.0 if cap else None} if capped else {}
             ingest = Ingest(max_future_ms=600_000, **extra)
+            # What a collector does every 2 s (here before every transaction, the worst
+            # case): read the counter of cap changes and drop its cached caps when it moved;
+            # code from before that counter read every cap again each time.
+            versioned = hasattr(store, "caps_version")
+            seen = None
             costs = []
             for n in range(WARM_UP + transactions):
                 chunk = messages[n * per_transaction : (n + 1) * per_transaction]
                 started = time.perf_counter()
-                if capped:  # the caps read again, as a collector does every 2 s (at most)
+                if versioned:
+                    with sessions() as session:
+                        version = store.caps_version(session)
+                    if version != seen:
+                        ingest.forget_caps()
+                        seen = version
+                elif capped:
                     ingest.forget_caps()
                 with sessions() as session, session.begin():
                     outcomes = ingest.add_many(session, chunk)
@@ -106,7 +122,12 @@ def measure(kind: str, devices: int, per_transaction: int, transactions: int) ->
 
 
 def run_code(
-    code: Path | None, kind: str, devices: int, per_transaction: int, transactions: int
+    code: Path | None,
+    kind: str,
+    devices: int,
+    per_transaction: int,
+    transactions: int,
+    cap: bool = True,
 ) -> dict[str, Any]:
     """`measure` in a child process on the server code at `code` (None: this checkout)."""
     env = dict(os.environ)
@@ -115,6 +136,7 @@ def run_code(
         env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     args = [sys.executable, __file__, "--child", kind, "--devices", str(devices)]
     args += ["--per-transaction", str(per_transaction), "--transactions", str(transactions)]
+    args += [] if cap else ["--no-cap"]
     out = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{kind} on {code or 'this checkout'} failed:\n{out.stderr[-3000:]}")
@@ -130,10 +152,19 @@ def main() -> None:
     parser.add_argument("--baseline", help="a commit whose writer to measure alongside")
     parser.add_argument("--rounds", type=int, default=2, help="alternations with --baseline")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--without-cap",
+        action="store_true",
+        help="measure this checkout alongside itself without a device cap (instead of "
+        "--baseline): the cap's own cost, ratios in one run",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--no-cap", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        result = measure(args.child, args.devices, args.per_transaction, args.transactions)
+        result = measure(
+            args.child, args.devices, args.per_transaction, args.transactions, not args.no_cap
+        )
         print(json.dumps(result))
         return
     sizes = (args.devices, args.per_transaction, args.transactions)
@@ -151,16 +182,20 @@ def main() -> None:
             for kind in args.databases.split(","):
                 this: list[float] = []
                 then: list[float] = []
-                for _ in range(args.rounds if baseline is not None else 1):  # alternated
+                alongside = baseline is not None or args.without_cap
+                for _ in range(args.rounds if alongside else 1):  # alternated
                     this.append(run_code(None, kind, *sizes)["median"])
                     if baseline is not None:
                         then.append(run_code(baseline, kind, *sizes)["median"])
+                    elif args.without_cap:
+                        then.append(run_code(None, kind, *sizes, cap=False)["median"])
                 figure = {"this": statistics.median(this), "rounds": this}
                 line = f"{kind}: this checkout {figure['this']:.1f} us/message"
                 if then:
+                    other = args.baseline or "without a device cap"
                     figure |= {"baseline": statistics.median(then), "baseline_rounds": then}
                     ratio = figure["baseline"] / figure["this"]
-                    line += f", {args.baseline} {figure['baseline']:.1f} ({ratio:.2f}x)"
+                    line += f", {other} {figure['baseline']:.1f} ({ratio:.2f}x)"
                 print(line, flush=True)
                 results[kind] = figure
         finally:

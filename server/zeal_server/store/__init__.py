@@ -111,6 +111,7 @@ from zeal_server.store.sums import (
     window_ms,
     window_sums,
 )
+from zeal_server.store.versions import bump_caps, caps_version
 
 __all__ = [
     "ALL_TIME",
@@ -134,7 +135,9 @@ __all__ = [
     "bind",
     "binding_map",
     "bucket_bounds",
+    "bump_caps",
     "caps_of",
+    "caps_version",
     "check_binding",
     "check_retention",
     "check_tags",

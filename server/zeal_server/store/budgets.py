@@ -38,6 +38,7 @@ from zeal_server.store.models import (
     TagBudget,
 )
 from zeal_server.store.streams import insert_for
+from zeal_server.store.versions import bump_caps
 
 __all__ = [
     "HORIZONS",
@@ -169,6 +170,7 @@ def set_device_cap(session: Session, name: str, max_epsilon_per_day: float | Non
     cap = _checked(max_epsilon_per_day, "max_epsilon_per_day")
     pid = principal_ids(session, [(name, "")])[(name, "")]
     session.get_one(Principal, pid).max_epsilon_per_day = cap
+    bump_caps(session)
 
 
 def set_tag_cap(session: Session, key: str, value: str, max_epsilon_per_day: float | None) -> None:
@@ -183,6 +185,7 @@ def set_tag_cap(session: Session, key: str, value: str, max_epsilon_per_day: flo
     if cap is not None:
         session.add(TagBudget(key=key, value=value, max_epsilon_per_day=cap))
         session.flush()
+    bump_caps(session)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from zeal.protocol import check_name
 from zeal_server.errors import StoreError
 from zeal_server.store.models import Device, DevicePeriod, DeviceTag, Stream
 from zeal_server.store.streams import insert_for, now_ms
+from zeal_server.store.versions import bump_caps
 
 __all__ = [
     "DEVICE_ORDER",
@@ -162,6 +163,7 @@ def set_tags(session: Session, device: Device, tags: dict[str, str]) -> None:
             insert(DeviceTag),
             [{"device_id": device.id, "key": k, "value": v} for k, v in tags.items()],
         )
+    bump_caps(session)  # a tag's cap may now apply to it, or no longer
 
 
 def group_devices(session: Session, stream: Stream, group: str) -> Select[Any]:

@@ -30,6 +30,7 @@ __all__ = [
     "SQUARE_LIMBS",
     "SUM_LIMBS",
     "Base",
+    "CapsVersion",
     "Device",
     "DeviceCertificate",
     "DevicePeriod",
@@ -190,6 +191,16 @@ class PrincipalDay(Base):
     #: The UTC day (days since 1970).
     period: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     micro: Mapped[int] = mapped_column(BigInteger)
+
+
+class CapsVersion(Base):
+    """One row: a counter raised with every change a device's cap depends on
+    (store.versions), so that collectors read caps again only when one changed."""
+
+    __tablename__ = "caps_version"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class TagBudget(Base):

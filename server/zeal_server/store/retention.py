@@ -32,6 +32,7 @@ from zeal_server.store.models import Device, DevicePeriod, DeviceTag, Segment, S
 from zeal_server.store.segments import PART, Columns, decode, encode_part, limb_sums
 from zeal_server.store.sequences import prune as prune_sequences
 from zeal_server.store.sums import VALUE_COLUMNS
+from zeal_server.store.versions import bump_caps
 
 __all__ = [
     "MAX_RETENTION_DAYS",
@@ -133,6 +134,7 @@ def delete_device_data(session: Session, stream: Stream, device: Device) -> int:
                 readings += int(np.count_nonzero(theirs))
                 _rewrite(session, stream, row, columns.take(~theirs))
     session.execute(delete(DeviceTag).where(DeviceTag.device_id == device.id))
+    bump_caps(session)  # its tags' caps no longer apply to it here
     session.execute(delete(DevicePeriod).where(DevicePeriod.device_id == device.id))
     session.execute(delete(Device).where(Device.id == device.id))
     return readings

@@ -21,8 +21,10 @@ from tests.server.helpers import publish_all, wait_until
 from tools.testbed.broker import Mosquitto, agent_status
 from zeal import Zeal, encode_batch
 from zeal.policy import DAY_MS, HOUR_MS, day_of
+from zeal_server import store
 from zeal_server.app import create_app
 from zeal_server.settings import ServerSettings
+from zeal_server.store.db import make_engine, session_factory
 
 pytestmark = pytest.mark.integration
 
@@ -165,3 +167,41 @@ def test_an_honest_agent_of_three_streams_sends_nothing_the_collector_refuses(
         lambda: totals(client, "home")[0] == sum(expected), timeout=60, what="readings stored"
     )
     assert totals(client, "home") == (sum(expected), {})
+
+
+def test_a_cap_set_by_another_process_applies_once_the_collector_sees_it_changed(
+    client: TestClient, broker: Mosquitto, database_url: str
+) -> None:
+    """The collector keeps each device's cap cached and reads only the counter of cap
+    changes every 2 s (store.versions): a cap lowered to 2 by another process (its own
+    engine and transaction, as a second server would) is seen at the next poll, and from
+    then on the device stores 2 readings of the day in all, the rest refused as device_cap."""
+    params = Zeal(lower=0, upper=100, epsilon=1, max_epsilon_per_day=8.0)
+    hours = yesterday_hours()
+
+    def send(hour: int) -> None:
+        payload = encode_batch(params, stream="humidity", device="moved", sequence=hour,
+                               timestamps=[hours[hour]], codes=params.perturb([50.0]))  # fmt: skip
+        publish_all(broker.port, [("zeal/v1/humidity/moved/up", payload)])
+        wait_until(
+            lambda: (
+                sum(totals(client, "moved")[1].values()) + totals(client, "moved")[0] == hour + 1
+            ),
+            timeout=60,
+            what=f"hour {hour}'s batch settled",
+        )
+
+    send(0)  # stored under the default cap of 8, which the collector now holds cached
+    collector = client.app.state.collector  # type: ignore[attr-defined]
+    engine = make_engine(database_url)
+    try:
+        with session_factory(engine)() as session, session.begin():
+            store.set_device_cap(session, "moved", 2.0)
+        with session_factory(engine)() as session:
+            changed = store.caps_version(session)
+    finally:
+        engine.dispose()
+    wait_until(lambda: collector._caps_version == changed, timeout=30, what="the change seen")
+    for hour in range(1, 6):
+        send(hour)
+    assert totals(client, "moved") == (2, {"device_cap": 4})
