@@ -747,6 +747,14 @@ def test_stream_page_shows_the_privacy_policy_and_each_devices_spend_today(
     )
     row = page.locator("#devices-body tr[data-device=sim-00000]")
     assert row.locator("td.today").inner_text() == f"{device['epsilon_today']:.2f}"
+    # Its account over all its streams (the API's /budgets figures): 30 days shown, the
+    # other horizons in the cell's title.
+    account = server.get("/api/v1/budgets/devices/sim-00000")
+    cell = row.locator("td.account")
+    assert cell.inner_text() == f"{account['spent_last_30_days']:.2f}"
+    assert f"{account['spent_since_first_seen']:.2f} since first seen" in (
+        cell.get_attribute("title") or ""
+    )
     assert row.locator("td.flags").inner_text() == (", ".join(device["flags"]) or "–")
     assert device["epsilon_spent"] == device["readings"] * stream["epsilon"]
 

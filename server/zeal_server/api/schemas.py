@@ -399,6 +399,12 @@ class DeviceOut(BaseModel):
         description="its messages refused, by reason (docs/server.md): what a device that "
         "no notice reaches (a LoRaWAN one) is told nowhere else",
     )
+    account: dict[str, float] = Field(
+        default={},
+        description="epsilon the device spent over all its streams with a policy (its own "
+        "ledger, as /api/v1/budgets/devices/{device} gives it): last_7_days, last_30_days, "
+        "last_365_days (UTC days, today included) and since_first_seen",
+    )
 
 
 class DevicesOut(BaseModel):
@@ -463,6 +469,13 @@ class StatsOut(BaseModel):
     database_bytes: dict[str, int] = Field(description="the database figure, table by table")
     rejects: dict[str, int]
     efficiency: EfficiencyOut | None = Field(description="null until data is stored")
+    device_accounts: dict[str, dict[str, float]] = Field(
+        default={},
+        description="how the stream's devices' accounts over all their streams are spread "
+        "(epsilon; last_7_days, last_30_days, last_365_days, since_first_seen): median, p90 "
+        "and max over its devices, a device with nothing booked counting 0; empty with no "
+        "device",
+    )
 
 
 class StatusOut(BaseModel):

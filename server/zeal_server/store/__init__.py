@@ -15,6 +15,7 @@ the session and the transaction; no function here commits.
 from __future__ import annotations
 
 from zeal_server.errors import StoreError
+from zeal_server.store.accounts import ACCOUNT_COLUMNS, accounts_of, stream_accounts
 from zeal_server.store.bindings import (
     DEVICE_NAMES,
     MAX_F_PORT,
@@ -114,6 +115,7 @@ from zeal_server.store.sums import (
 from zeal_server.store.versions import bump_caps, caps_version
 
 __all__ = [
+    "ACCOUNT_COLUMNS",
     "ALL_TIME",
     "DEVICE_NAMES",
     "MAX_F_PORT",
@@ -132,6 +134,7 @@ __all__ = [
     "StoreError",
     "StreamTotals",
     "Sums",
+    "accounts_of",
     "bind",
     "binding_map",
     "bucket_bounds",
@@ -196,6 +199,7 @@ __all__ = [
     "set_tags",
     "signer",
     "spent_on",
+    "stream_accounts",
     "stream_by_name",
     "stream_bytes",
     "stream_efficiency",

@@ -16,11 +16,13 @@ from zeal import ParameterError
 from zeal.policy import DAY_MS, HOUR_MS
 from zeal.protocol import check_name
 from zeal_server.errors import StoreError
+from zeal_server.store.accounts import ACCOUNT_COLUMNS, accounts
 from zeal_server.store.models import Device, DevicePeriod, DeviceTag, Stream
 from zeal_server.store.streams import insert_for, now_ms
 from zeal_server.store.versions import bump_caps
 
 __all__ = [
+    "ACCOUNT_ORDER",
     "DEVICE_ORDER",
     "LORAWAN",
     "MAX_TAGS",
@@ -220,22 +222,31 @@ DEVICE_ORDER = {
 }
 
 
+#: The device's account across streams the list can be sorted by too (store.accounts).
+ACCOUNT_ORDER = {f"account_{c}" for c, _ in ACCOUNT_COLUMNS}
+
+
 def device_page(
-    session: Session, stream: Stream, *, sort: str, descending: bool, limit: int, offset: int
+    session: Session,
+    stream: Stream,
+    *,
+    sort: str,
+    descending: bool,
+    limit: int,
+    offset: int,
+    today: int = 0,
 ) -> list[Device]:
-    """One page of the stream's devices, ordered by `sort` (a key of DEVICE_ORDER), ties by
-    name."""
-    column = DEVICE_ORDER[sort]
+    """One page of the stream's devices, ordered by `sort` (a key of DEVICE_ORDER, or of
+    ACCOUNT_ORDER: its account across streams up to UTC day `today`), ties by name."""
+    query = select(Device).where(Device.stream_id == stream.id)
+    if sort in ACCOUNT_ORDER:
+        found = accounts(today)
+        query = query.outerjoin(found, found.c.name == Device.name)
+        column: Any = func.coalesce(found.c[sort.removeprefix("account_")], 0)
+    else:
+        column = DEVICE_ORDER[sort]
     primary = column.desc() if descending else column.asc()
-    return list(
-        session.scalars(
-            select(Device)
-            .where(Device.stream_id == stream.id)
-            .order_by(primary, Device.name)
-            .limit(limit)
-            .offset(offset)
-        )
-    )
+    return list(session.scalars(query.order_by(primary, Device.name).limit(limit).offset(offset)))
 
 
 @dataclass(frozen=True)

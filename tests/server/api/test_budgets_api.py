@@ -243,6 +243,34 @@ def test_a_devices_account_over_7_30_365_days_and_its_life(client: TestClient) -
     }
     assert (expected["spent_today"], expected["spent_last_365_days"]) == (2.5, 12.5)
     assert account() == expected
+    # The devices list shows the same account and sorts by it; /stats spreads it over the
+    # stream's devices (a second device, two humidity readings of 40 days back).
+    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        params = Zeal(lower=0, upper=100, epsilon=1.0, max_epsilon_per_day=8.0)
+        stamps = [(today - 40) * 86_400_000 + HOUR_MS * k for k in range(2)]
+        codes = params.perturb(np.full(2, 20.0))
+        payload = encode_batch(params, stream="humidity", device="flat", sequence=0,
+                               timestamps=stamps, codes=codes)  # fmt: skip
+        assert ingest.add(session, "zeal/v1/humidity/flat/up", payload, now).status == "stored"
+    by_year = {"sort": "account_last_365_days", "descending": True}
+    listed = client.get("/api/v1/streams/humidity/devices", params=by_year).json()
+    assert [d["name"] for d in listed["devices"]] == ["home", "flat"]
+    home = {f"spent_{k}": v for k, v in listed["devices"][0]["account"].items()}
+    assert home == {k: v for k, v in expected.items() if k in home}
+    assert listed["devices"][1]["account"] == {
+        "last_7_days": 0.0, "last_30_days": 0.0, "last_365_days": 2.0, "since_first_seen": 2.0
+    }  # fmt: skip
+    ascending = client.get("/api/v1/streams/humidity/devices",
+                           params={"sort": "account_last_365_days"}).json()  # fmt: skip
+    assert [d["name"] for d in ascending["devices"]] == ["flat", "home"]
+    spread = client.get("/api/v1/streams/humidity/stats").json()["device_accounts"]
+    both = np.array([expected["spent_last_365_days"], 2.0])
+    assert spread["last_365_days"] == {
+        "median": float(np.median(both)),
+        "p90": float(np.percentile(both, 90)),
+        "max": 12.5,
+    }
+    assert spread["last_7_days"]["max"] == expected["spent_last_7_days"]
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
         prune_ledger(session, now + 30 * 86_400_000)  # keeps 400 days behind it: 370 back
         kept = session.scalars(select(PrincipalDay.period)).all()

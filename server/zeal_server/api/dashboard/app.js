@@ -586,7 +586,8 @@ function streamView(main, name, params) {
   const columns = [
     ["name", "Device", false], [null, "Tags", false], ["first_seen", "First seen", false],
     ["last_seen", "Last seen", false], ["readings", "Readings", true], ["epsilon_spent", "ε spent", true],
-    [null, "ε today", true], [null, "Sequence resets", true], ["missing", "Missing", true],
+    [null, "ε today", true], ["account_last_30_days", "ε all streams, 30 d", true],
+    [null, "Sequence resets", true], ["missing", "Missing", true],
     [null, "Flags", false],
   ];
 
@@ -626,6 +627,10 @@ function streamView(main, name, params) {
       el("td", { class: "num", text: fmt(d.epsilon_spent, 2) }),
       el("td", { class: "num today", text: fmt(d.epsilon_today, 2),
         title: "ε spent on readings stamped in the current UTC day, the period of the stream's policy" }),
+      el("td", { class: "num account", text: fmt(d.account.last_30_days, 2),
+        title: `ε the device spent over all its streams: ${fmt(d.account.last_7_days, 2)} in 7 ` +
+          `days, ${fmt(d.account.last_30_days, 2)} in 30, ${fmt(d.account.last_365_days, 2)} in ` +
+          `365, ${fmt(d.account.since_first_seen, 2)} since first seen` }),
       el("td", { class: "num", text: fmtInt(d.sequence_resets),
         title: "batches stored although their sequence number had been used before: the " +
           "device's outbox started again, or two agents share its id" }),
@@ -637,7 +642,7 @@ function streamView(main, name, params) {
           "of averages); over_budget: batches refused at the privacy policy; device_cap: " +
           "batches refused at the device's daily cap across all its streams; at_cap: today's " +
           "readings, or those of one of today's UTC hours, reached the policy" }))));
-    if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 10, text: "No devices yet." })));
+    if (!out.devices.length) devicesBody.append(el("tr", {}, el("td", { colspan: 11, text: "No devices yet." })));
     const first = out.total ? out.offset + 1 : 0;
     pagerText.textContent = `${fmtInt(first)}–${fmtInt(out.offset + out.devices.length)} of ${fmtInt(out.total)}`;
     prev.disabled = state.page === 0;

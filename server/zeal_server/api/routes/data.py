@@ -7,9 +7,11 @@ import weakref
 from collections.abc import Iterator
 from typing import Annotated
 
+import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 
+from zeal.policy import MICRO, day_of
 from zeal_server import store
 from zeal_server.api.costs import paced
 from zeal_server.api.deps import (
@@ -54,6 +56,7 @@ def stats(
     stored, segment_bytes = store.segment_totals(db, stream)
     tables = store.stream_bytes(db, stream)
     database = sum(tables.values())
+    spread = _spread(store.stream_accounts(db, stream.id, day_of(store.now_ms())))
     return StatsOut(
         stream=name,
         readings=readings,
@@ -81,7 +84,24 @@ def stats(
         database_bytes=tables,
         rejects=store.rejects(db, name),
         efficiency=None if measured is None else EfficiencyOut(**measured),
+        device_accounts=spread,
     )
+
+
+def _spread(accounts: list[tuple[int, ...]]) -> dict[str, dict[str, float]]:
+    """Median, 90th percentile (linear, numpy's default) and max of each account column
+    over the stream's devices, in epsilon."""
+    if not accounts:
+        return {}
+    table = np.array(accounts, dtype=np.float64) / MICRO
+    return {
+        column: {
+            "median": float(np.median(table[:, i])),
+            "p90": float(np.percentile(table[:, i], 90)),
+            "max": float(table[:, i].max()),
+        }
+        for i, (column, _) in enumerate(store.ACCOUNT_COLUMNS)
+    }
 
 
 @router.get(

@@ -36,8 +36,10 @@ def device_out(
     today: int = 0,
     flags: list[str] | None = None,
     rejects: dict[str, int] | None = None,
+    account: tuple[int, ...] | None = None,
 ) -> DeviceOut:
-    """`today`: the device's readings stamped in the current UTC day."""
+    """`today`: the device's readings stamped in the current UTC day; `account`: its
+    account across streams (store.accounts, micro-epsilon)."""
     cost = micro_epsilon(epsilon)
     return DeviceOut(
         name=device.name,
@@ -54,6 +56,12 @@ def device_out(
         missing=device.missing,
         late=device.late,
         rejects=rejects or {},
+        account={
+            c: v / MICRO
+            for (c, _), v in zip(
+                store.ACCOUNT_COLUMNS, account or (0,) * len(store.ACCOUNT_COLUMNS), strict=True
+            )
+        },
     )
 
 
@@ -91,18 +99,34 @@ def devices(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     sort: Annotated[
-        Literal["name", "first_seen", "last_seen", "readings", "epsilon_spent", "missing"],
-        Query(description="column to order by (epsilon_spent orders as readings)"),
+        Literal[
+            "name",
+            "first_seen",
+            "last_seen",
+            "readings",
+            "epsilon_spent",
+            "missing",
+            "account_last_7_days",
+            "account_last_30_days",
+            "account_last_365_days",
+            "account_since_first_seen",
+        ],
+        Query(
+            description="column to order by (epsilon_spent orders as readings; account_*: "
+            "the device's spend over all its streams in that horizon)"
+        ),
     ] = "name",
     descending: bool = False,
 ) -> DevicesOut:
     """Devices of the stream with what each sent and its epsilon spent, one page."""
     stream = stream_or_404(db, name)
     total = store.count_devices(db, stream)
+    day = day_of(store.now_ms())
     rows = store.device_page(
-        db, stream, sort=sort, descending=descending, limit=limit, offset=offset
+        db, stream, sort=sort, descending=descending, limit=limit, offset=offset, today=day
     )
-    today = store.readings_on_day(db, [d.id for d in rows], day_of(store.now_ms()))
+    today = store.readings_on_day(db, [d.id for d in rows], day)
+    accounts = store.accounts_of(db, [d.name for d in rows], day)
     rejects = store.device_rejects(db, stream.name, [d.name for d in rows])
     flags = _flags(db, stream, rows, today, rejects)
     return DevicesOut(
@@ -110,7 +134,14 @@ def devices(
         limit=limit,
         offset=offset,
         devices=[
-            device_out(d, stream.epsilon, today.get(d.id, 0), flags[d.id], rejects.get(d.name))
+            device_out(
+                d,
+                stream.epsilon,
+                today.get(d.id, 0),
+                flags[d.id],
+                rejects.get(d.name),
+                accounts.get(d.name),
+            )
             for d in rows
         ],
     )
@@ -118,11 +149,13 @@ def devices(
 
 def _one_out(db: Db, stream: Stream, row: Device) -> DeviceOut:
     """One device as the devices list shows it (today's epsilon and flags included)."""
-    today = store.readings_on_day(db, [row.id], day_of(store.now_ms()))
+    day = day_of(store.now_ms())
+    today = store.readings_on_day(db, [row.id], day)
     rejects = store.device_rejects(db, stream.name, [row.name])
     flags = _flags(db, stream, [row], today, rejects)
+    account = store.accounts_of(db, [row.name], day).get(row.name)
     return device_out(
-        row, stream.epsilon, today.get(row.id, 0), flags[row.id], rejects.get(row.name)
+        row, stream.epsilon, today.get(row.id, 0), flags[row.id], rejects.get(row.name), account
     )
 
 
