@@ -127,7 +127,11 @@ class Agent:
         self._throttle = Throttle(60)
         if ledger is None:
             ledger = DeviceLedger(
-                self.outbox, options.device, options.device_max_epsilon_per_day, [options.stream]
+                self.outbox,
+                options.device,
+                options.device_max_epsilon_per_day,
+                [options.stream],
+                rolling=options.device_rolling_caps,
             )
         self.holding = Holding(self.outbox, self.namespace, options, self._throttle, ledger)
         self.configs = ConfigDesk(self.outbox, self.namespace, options, self._throttle)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from zeal import ParameterError
-from zeal.policy import MICRO, day_of
+from zeal.policy import MICRO, ROLLING, day_of
 from zeal_edge.budget import BudgetPolicy
 from zeal_edge.errors import AgentError
 from zeal_edge.mqtt import parse_broker_url
@@ -129,6 +129,7 @@ def _options(values: dict[str, Any], stream: str, wait: bool) -> Any:
         max_epsilon=values["max_epsilon"],
         max_epsilon_per_day=values["max_epsilon_per_day"],
         device_max_epsilon_per_day=values["device_max_epsilon_per_day"],
+        device_rolling_caps=_rolling(values),
         pin=values["pin"],
         server_key=values["server_key"],
         on_halt=values["on_halt"],
@@ -171,6 +172,11 @@ def _run(args: argparse.Namespace) -> int:
     return agent.run(source)
 
 
+def _rolling(values: dict[str, Any]) -> dict[int, float | None]:
+    """The device's caps over 30 and 365 UTC days given (zeal.policy.ROLLING)."""
+    return {days: values[f"device_max_epsilon_per_{days}_days"] for days in ROLLING}
+
+
 def _run_together(values: dict[str, Any], streams: list[str], broker: Any, *, wait: bool) -> int:
     """One device's streams in one process, an agent each in its own thread, keeping one
     ledger of the device's cap across them (zeal_edge.device). They read one CSV source, a
@@ -187,6 +193,7 @@ def _run_together(values: dict[str, Any], streams: list[str], broker: Any, *, wa
         values["device_max_epsilon_per_day"],
         streams,
         values["shares"] or (),
+        rolling=_rolling(values),
     )
     agents: dict[str, Agent] = {}
     results: dict[str, int] = {}

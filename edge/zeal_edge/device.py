@@ -6,16 +6,20 @@ a device's streams together (``zeal-edge run --stream a,b,c``) keeps one ledger 
 each stream may spend its share of the cap (``--shares``; even by default, each share
 rounded down to whole micro-epsilon) and the device's total over the day, read from the
 outbox for every stream of the device it holds and kept up to date in memory, never passes
-the cap. A reading that would pass either is neither privatized nor sent, and counted as a
-skip at the policy, as a reading over its stream's own policy is.
+the cap. Nor does the device's spend in a UTC hour pass the device hour rule (the larger of
+a twelfth of the cap and the reading's cost: zeal.policy.device_hour_cap), nor its spend
+over any 30 or 365 consecutive UTC days a cap given for them (``rolling``), exactly as the
+collector counts them (zeal_server.store.ledger). A reading that would pass any is neither
+privatized nor sent, and counted as a skip at the policy, as a reading over its stream's
+own policy is.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from zeal.policy import cap_micro, check_shares, split
+from zeal.policy import DAY_MS, HOUR_MS, ROLLING, cap_micro, check_shares, device_hour_cap, split
 from zeal_edge.outbox import Outbox
 
 __all__ = ["DeviceLedger"]
@@ -33,9 +37,15 @@ class DeviceLedger:
         cap: float | None,
         streams: Sequence[str],
         shares: Sequence[float] = (),
+        *,
+        rolling: Mapping[int, float | None] | None = None,
     ) -> None:
         self.outbox, self.device = outbox, device
         self.cap_micro = None if cap is None else cap_micro(cap)
+        #: Its caps over ROLLING horizons (UTC days -> micro-epsilon).
+        self.rolling = {
+            days: cap_micro(c) for days in ROLLING if (c := (rolling or {}).get(days)) is not None
+        }
         parts = check_shares(list(shares), len(streams))
         self.shares: dict[str, int | None] = (
             dict.fromkeys(streams)
@@ -44,22 +54,60 @@ class DeviceLedger:
         )
         self._lock = threading.Lock()
         self._spent: dict[int, int] = {}  # day: micro-epsilon, outbox and admitted
+        self._hours: dict[int, int] = {}  # hour: the same (an entry an hour: 8,760 a year)
 
     def share(self, stream: str) -> int | None:
         """The stream's share of the cap in micro-epsilon per UTC day (None: no cap)."""
         return self.shares[stream]
 
-    def take(self, day: int, cost: int) -> tuple[int, int] | None:
-        """Charge a reading costing `cost` micro-epsilon stamped in UTC day `day`, or give
-        (spent, cap) if it would pass the cap (nothing charged)."""
-        if self.cap_micro is None:
+    def take(self, stamp: int, cost: int) -> tuple[str, int, int, int] | None:
+        """Charge a reading costing `cost` micro-epsilon stamped `stamp` (ms), or give the
+        period it would pass a cap in (kind: "day", "hour" or "N days"; its number, the
+        micro-epsilon spent there, the cap) with nothing charged."""
+        if self.cap_micro is None and not self.rolling:
             return None
+        day, hour = stamp // DAY_MS, stamp // HOUR_MS
         with self._lock:
-            spent = self._spent.get(day)
-            if spent is None:
-                spent = self.outbox.device_spent(self.device, day)
-            if spent + cost > self.cap_micro:
-                self._spent[day] = spent
-                return spent, self.cap_micro
+            spent = self._day(day)
+            if self.cap_micro is not None:
+                if spent + cost > self.cap_micro:
+                    return "day", day, spent, self.cap_micro
+                in_hour = self._hours.get(hour)
+                if in_hour is None:
+                    in_hour = self.outbox.device_spent(self.device, hour, kind="hour")
+                self._hours[hour] = in_hour
+                allowed = device_hour_cap(self.cap_micro, cost)
+                if in_hour + cost > allowed:
+                    return "hour", hour, in_hour, allowed
+            for days, cap in self.rolling.items():
+                self._load(day - days + 1, day + days - 1)
+                total = sum(self._spent.get(d, 0) for d in range(day - days + 1, day + 1))
+                for start in range(day - days + 1, day + 1):  # every window holding the day
+                    if start > day - days + 1:
+                        total += self._spent.get(start + days - 1, 0)
+                        total -= self._spent.get(start - 1, 0)
+                    if total + cost > cap:
+                        return f"{days} days", start, total, cap
             self._spent[day] = spent + cost
+            if self.cap_micro is not None:
+                self._hours[hour] += cost
             return None
+
+    def _load(self, first: int, last: int) -> None:
+        """Read the days from `first` to `last` the ledger holds no figure of yet, in one
+        query (those it holds include readings admitted and not yet booked)."""
+        if self._covered(first, last):
+            return
+        found = self.outbox.device_days(self.device, first, last)
+        for d in range(first, last + 1):
+            self._spent.setdefault(d, found.get(d, 0))
+
+    def _covered(self, first: int, last: int) -> bool:
+        return all(d in self._spent for d in range(first, last + 1))
+
+    def _day(self, day: int) -> int:
+        """What the device spent on UTC day `day` (read from the outbox once)."""
+        spent = self._spent.get(day)
+        if spent is None:
+            spent = self._spent[day] = self.outbox.device_spent(self.device, day)
+        return spent

@@ -85,9 +85,9 @@ class Holding:
                     log.warning("%s", policy.reached(spent))
                 return
         if policed and self.device is not None:  # last: it books the reading
-            taken = self.device.take(stamp // DAY_MS, cost)
+            taken = self.device.take(stamp, cost)
             if taken is not None:
-                self._skip(now_ms, ("device cap", "day", stamp // DAY_MS, *taken))
+                self._skip(now_ms, ("device cap", *taken))
                 return
         if not self._readings:
             self._since = time.monotonic()
@@ -103,7 +103,7 @@ class Holding:
         self._skipped, self._skip_ms = self._skipped + 1, now_ms
         if self.throttle.ready("policy"):
             when = datetime.fromtimestamp(
-                period * (DAY_MS if kind == "day" else HOUR_MS) / 1000, UTC
+                period * (HOUR_MS if kind == "hour" else DAY_MS) / 1000, UTC
             )
             log.warning(
                 "%s reached: %.6f of %g epsilon spent on readings of the UTC %s from %s; its "

@@ -67,6 +67,9 @@ class AgentOptions:
     #: The device's daily cap across its streams, as its server holds it (zeal.policy: the
     #: device cap; None: none): the agent keeps within it (zeal_edge.device).
     device_max_epsilon_per_day: float | None = DEFAULT_DEVICE_MAX_EPSILON_PER_DAY
+    #: Its caps over any 30 and any 365 consecutive UTC days (horizon -> epsilon; None or
+    #: left out: none).
+    device_rolling_caps: dict[int, float | None] = field(default_factory=dict)
     #: Adopt only the configuration with this parameter fingerprint (16 hex digits).
     pin: str | None = None
     #: The server's public key its configurations and notices must verify under, given

@@ -441,16 +441,30 @@ class Outbox:
         with self._lock:
             return {int(p): int(m) for p, m in self._db.execute(query, (namespace, since))}
 
-    def device_spent(self, device: str, day: int) -> int:
-        """Micro-epsilon booked for readings of UTC day `day` over every stream of `device`
-        this outbox holds (its cap across streams)."""
+    def device_spent(self, device: str, period: int, *, kind: str = "day") -> int:
+        """Micro-epsilon booked for readings of UTC day (or hour, `kind`) `period` over
+        every stream of `device` this outbox holds (its cap across streams)."""
+        if kind not in ("day", "hour"):
+            raise ValueError(kind)
         with self._lock:
             row = self._db.execute(
-                "SELECT COALESCE(SUM(s.micro), 0) FROM day_spend s JOIN namespaces n "
-                "ON n.namespace = s.namespace WHERE n.device = ? AND s.day = ?",
-                (device, day),
+                f"SELECT COALESCE(SUM(s.micro), 0) FROM {kind}_spend s JOIN namespaces n "
+                f"ON n.namespace = s.namespace WHERE n.device = ? AND s.{kind} = ?",
+                (device, period),
             ).fetchone()
         return int(row[0])
+
+    def device_days(self, device: str, first: int, last: int) -> dict[int, int]:
+        """Micro-epsilon booked per UTC day from `first` to `last` over every stream of
+        `device` this outbox holds (its caps over 30 and 365 days)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.day, SUM(s.micro) FROM day_spend s JOIN namespaces n "
+                "ON n.namespace = s.namespace WHERE n.device = ? AND s.day BETWEEN ? AND ? "
+                "GROUP BY s.day",
+                (device, first, last),
+            ).fetchall()
+        return {int(d): int(m) for d, m in rows}
 
     def set_policy(
         self,

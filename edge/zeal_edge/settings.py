@@ -277,7 +277,23 @@ SETTINGS: tuple[Setting, ...] = (
         DEFAULT_DEVICE_MAX_EPSILON_PER_DAY,
         "ZEAL_DEVICE_MAX_EPSILON_PER_DAY",
         "the device's daily cap across all its streams, as its server holds it "
-        "(zeal-server policy show DEVICE; none: no cap): the agent keeps within it",
+        "(zeal-server policy show DEVICE; none: no cap): the agent keeps within it, and "
+        "within the device hour rule it sets",
+    ),
+    Setting(
+        "device_max_epsilon_per_30_days",
+        _cap_or_none,
+        None,
+        "ZEAL_DEVICE_MAX_EPSILON_PER_30_DAYS",
+        "the device's cap over any 30 consecutive UTC days across its streams, as its server "
+        "holds it (none: no such cap, the default)",
+    ),
+    Setting(
+        "device_max_epsilon_per_365_days",
+        _cap_or_none,
+        None,
+        "ZEAL_DEVICE_MAX_EPSILON_PER_365_DAYS",
+        "the same over any 365 consecutive UTC days",
     ),
     Setting(
         "shares",

@@ -26,7 +26,7 @@ import numpy.typing as npt
 from zeal import Zeal
 from zeal.mqtt.streamconfig import is_tombstone, params_from_config
 from zeal.mqtt.topics import config_topic
-from zeal.policy import DAY_MS, HOUR_MS, cap_micro, micro_epsilon, tally
+from zeal.policy import DAY_MS, HOUR_MS, cap_micro, device_hour_cap, micro_epsilon, tally
 from zeal.protocol import check_name
 from zeal.signed import CONFIG_PURPOSE
 from zeal.vocabulary import renamed
@@ -164,14 +164,19 @@ class _Ledger:
     """The stream's policy for the simulated devices (which all read on one schedule): a
     round whose readings would take a UTC day or hour past the policy, or a device past its
     cap across streams (`device_cap`, epsilon per UTC day: the stream is each device's only
-    one), is skipped whole, never privatized (the agent's rule; the collector would refuse
-    it as over_budget or device_cap)."""
+    one) or the hour rule that cap sets (zeal.policy.device_hour_cap), is skipped whole,
+    never privatized (the agent's rule; the collector would refuse it as over_budget or
+    device_cap)."""
 
     def __init__(self, params: Zeal, device_cap: float | None = None) -> None:
         self.allowed, self.skipped = params.readings_per_day, 0
+        hourly = params.readings_per_hour
         if self.allowed is not None and device_cap is not None:
-            self.allowed = min(self.allowed, cap_micro(device_cap) // micro_epsilon(params.epsilon))
-        self.caps = [(DAY_MS, self.allowed), (HOUR_MS, params.readings_per_hour)]
+            cost = micro_epsilon(params.epsilon)
+            self.allowed = min(self.allowed, cap_micro(device_cap) // cost)
+            ruled = device_hour_cap(cap_micro(device_cap), cost) // cost  # the device hour rule
+            hourly = ruled if hourly is None else min(hourly, ruled)
+        self.caps = [(DAY_MS, self.allowed), (HOUR_MS, hourly)]
         self.booked: dict[tuple[int, int], int] = {}  # (period size, period) -> readings
 
     def report(self, devices: int) -> None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from zeal.mqtt.brokerurl import BrokerSettings, parse_broker_url, parse_protocol
-from zeal.policy import DEFAULT_DEVICE_MAX_EPSILON_PER_DAY, check_device_cap
+from zeal.policy import DEFAULT_DEVICE_MAX_EPSILON_PER_DAY, ROLLING, check_device_cap
 from zeal_server.errors import SettingsError
 
 __all__ = [
@@ -134,6 +134,15 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "privacy loss one device may spend per UTC day over all its streams with a policy, "
         "unless a device or tag cap is set (none: no device cap; docs/privacy.md)",
     ),
+    "ZEAL_DEVICE_MAX_EPSILON_PER_30_DAYS": (
+        "none",
+        "privacy loss one device may spend over any 30 consecutive UTC days, unless a device "
+        "or tag cap over 30 days is set (none: no such cap)",
+    ),
+    "ZEAL_DEVICE_MAX_EPSILON_PER_365_DAYS": (
+        "none",
+        "the same over any 365 consecutive UTC days",
+    ),
     "ZEAL_HEAVY_READS": (
         "half the CPUs, at least 1",
         "costly reads (of a stream's data: averages, series, exports, devices, ...) at once; "
@@ -184,6 +193,9 @@ class ServerSettings:
     max_buckets_per_batch: int = 1440
     #: A device's default daily cap across streams (ZEAL_DEVICE_MAX_EPSILON_PER_DAY).
     device_max_epsilon_per_day: float | None = DEFAULT_DEVICE_MAX_EPSILON_PER_DAY
+    #: A device's default caps over any 30 and any 365 UTC days (horizon -> epsilon;
+    #: ZEAL_DEVICE_MAX_EPSILON_PER_30_DAYS, _365_DAYS; none by default).
+    device_rolling_caps: dict[int, float | None] = field(default_factory=dict)
     #: Messages received and not yet committed, at most (ZEAL_COLLECTOR_INFLIGHT).
     collector_inflight: int = 20_000
     #: NATS servers to pull data from (JetStream); empty: data arrive over MQTT.
@@ -279,6 +291,10 @@ class ServerSettings:
             backfill_seconds=limits["ZEAL_BACKFILL_SECONDS"],
             max_buckets_per_batch=buckets,
             device_max_epsilon_per_day=_device_cap(env.get("ZEAL_DEVICE_MAX_EPSILON_PER_DAY")),
+            device_rolling_caps={
+                days: _device_cap(env.get(f"ZEAL_DEVICE_MAX_EPSILON_PER_{days}_DAYS"), days)
+                for days in ROLLING
+            },
             collector_inflight=inflight,
             http_per_peer=per_peer,
             heavy_reads=heavy,
@@ -342,17 +358,18 @@ def _device_ca(env: Mapping[str, str]) -> DeviceCASettings | None:
     )
 
 
-def _device_cap(text: str | None) -> float | None:
+def _device_cap(text: str | None, days: int = 1) -> float | None:
+    """A device cap setting over `days` (1: ZEAL_DEVICE_MAX_EPSILON_PER_DAY, default 8;
+    30 and 365: ..._PER_{days}_DAYS, default none)."""
+    name = "ZEAL_DEVICE_MAX_EPSILON_PER_" + ("DAY" if days == 1 else f"{days}_DAYS")
     if text is None or not text.strip():
-        return DEFAULT_DEVICE_MAX_EPSILON_PER_DAY
+        return DEFAULT_DEVICE_MAX_EPSILON_PER_DAY if days == 1 else None
     if text.strip().lower() == "none":
         return None
     try:
-        return check_device_cap(float(text), what="ZEAL_DEVICE_MAX_EPSILON_PER_DAY")
+        return check_device_cap(float(text), what=name)
     except ValueError as exc:
-        raise SettingsError(
-            f"ZEAL_DEVICE_MAX_EPSILON_PER_DAY must be a number in (0, 1e8] or none, got {text!r}"
-        ) from exc
+        raise SettingsError(f"{name} must be a number in (0, 1e8] or none, got {text!r}") from exc
 
 
 def _chirpstack(env: Mapping[str, str], broker: BrokerSettings | None) -> BrokerSettings | None:

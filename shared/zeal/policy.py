@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Final
 
@@ -46,11 +47,14 @@ __all__ = [
     "HOUR_SLACK",
     "MAX_EPSILON_PER_DAY",
     "MICRO",
+    "ROLLING",
+    "DeviceCaps",
     "cap_micro",
     "check_device_cap",
     "check_policy",
     "check_shares",
     "day_of",
+    "device_hour_cap",
     "micro_epsilon",
     "readings_per_day",
     "readings_per_hour",
@@ -138,6 +142,34 @@ def check_device_cap(max_epsilon_per_day: object, *, what: str = "max_epsilon_pe
             f"{what} must be in (0, {MAX_EPSILON_PER_DAY:g}], got {max_epsilon_per_day!r}"
         )
     return cap
+
+
+def device_hour_cap(day_cap_micro: int, cost_micro: int) -> int:
+    """The device hour rule: what a device may spend in one UTC hour over all its streams,
+    in micro-epsilon, when the reading to book costs `cost_micro`: the larger of HOUR_SLACK
+    times its even hourly share of the day cap (rounded down) and that one reading. A
+    reading is booked if the hour's spend with it stays within this, so the hour never
+    holds more than the larger of that share and one reading of the device's costliest
+    stream (with the default cap of 8 at epsilon 1: one reading an hour)."""
+    return max(HOUR_SLACK * day_cap_micro // 24, cost_micro)
+
+
+#: The rolling horizons a device may be capped over besides the UTC day, in UTC days.
+ROLLING: Final = (30, 365)
+
+
+@dataclass(frozen=True)
+class DeviceCaps:
+    """A device's caps across streams, in micro-epsilon (None: no such cap): per UTC day
+    (and with it the hour rule, ``device_hour_cap``), and over any ``days`` consecutive
+    UTC days for each horizon of ROLLING (``rolling``: horizon -> cap)."""
+
+    day: int | None
+    rolling: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def any(self) -> bool:
+        return self.day is not None or bool(self.rolling)
 
 
 def check_shares(shares: Sequence[object], streams: int) -> list[Fraction]:

@@ -99,6 +99,7 @@ class Collector:
             backfill_ms=settings.backfill_seconds * 1000,
             max_buckets=settings.max_buckets_per_batch,
             device_max_epsilon_per_day=settings.device_max_epsilon_per_day,
+            device_rolling_caps=settings.device_rolling_caps,
         )
         self.counts: Counter[str] = Counter()
         #: Rejected messages by reason (door and store); sums to counts["rejected"].

@@ -42,7 +42,7 @@ zeal-server average STREAM [--start T] [--end T] [--group K:V] [--device D]
 zeal-server series STREAM [--interval-seconds S] [--quantile Q] ...  |  zeal-server tail STREAM
 zeal-server distribution STREAM [--bins B] [--quantiles 0.5,0.9] [--above X] ...  histogram
 zeal-server enroll STREAM DEVICE  |  zeal-server policy set STREAM EPSILON_PER_DAY
-zeal-server policy device DEVICE EPSILON|none  |  policy tag KEY:VALUE EPSILON|none
+zeal-server policy device DEVICE EPSILON|none [--days 30|365]  |  policy tag KEY:VALUE ...
 zeal-server policy show DEVICE               a device's cap across streams, its spend (1-365 days)
 
 On the database itself (ZEAL_DATABASE_URL or ZEAL_DATA_DIR; the line on stderr names it):

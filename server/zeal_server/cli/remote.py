@@ -109,6 +109,14 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
     )
     device_cap.add_argument("device", help="the device")
     device_cap.add_argument("epsilon", type=_cap, help="epsilon per UTC day, or none")
+    device_cap.add_argument(
+        "--days",
+        type=int,
+        choices=(1, 30, 365),
+        default=1,
+        help="the cap's horizon: per UTC day (default; it also sets the device hour rule), or "
+        "over any 30 or any 365 consecutive UTC days",
+    )
     tag_cap = command(
         actions,
         "tag",
@@ -117,6 +125,9 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
     )
     tag_cap.add_argument("tag", help="KEY:VALUE")
     tag_cap.add_argument("epsilon", type=_cap, help="epsilon per UTC day, or none")
+    tag_cap.add_argument(
+        "--days", type=int, choices=(1, 30, 365), default=1, help="as for policy device"
+    )
     budget = command(
         actions,
         "show",
@@ -275,28 +286,45 @@ def _budget_line(out: Mapping[str, Any]) -> str:
 
 
 def _account_line(out: Mapping[str, Any]) -> str:
-    """Its account over the longer horizons (epsilon, its own ledger)."""
+    """Its account over the longer horizons (epsilon, its own ledger), and their caps."""
     first = out.get("first_seen")
+
+    def capped(days: int) -> str:
+        cap = out.get(f"max_epsilon_per_{days}_days")
+        return "" if cap is None else f" (cap {cap:g})"
+
     return (
         f"spent in the last 7 days {out['spent_last_7_days']:g}, 30 days "
-        f"{out['spent_last_30_days']:g}, 365 days {out['spent_last_365_days']:g}; since first "
+        f"{out['spent_last_30_days']:g}{capped(30)}, 365 days "
+        f"{out['spent_last_365_days']:g}{capped(365)}; since first "
         f"seen {out['spent_since_first_seen']:g}" + (f" (since {first})" if first else "")
     )
 
 
+def _field(days: int) -> str:
+    return "max_epsilon_per_day" if days == 1 else f"max_epsilon_per_{days}_days"
+
+
+def _horizon(days: int) -> str:
+    return "per UTC day" if days == 1 else f"over any {days} UTC days"
+
+
 def _device_cap(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     path = f"/budgets/devices/{urllib.parse.quote(args.device, safe='')}"
-    print(_budget_line(ask(args, env, "PUT", path, {"max_epsilon_per_day": args.epsilon})))
+    out = ask(args, env, "PUT", path, {_field(args.days): args.epsilon})
+    print(_budget_line(out))
+    if args.days != 1:
+        print(_account_line(out))
 
 
 def _tag_cap(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     path = f"/budgets/tags/{urllib.parse.quote(args.tag, safe='')}"
-    out = ask(args, env, "PUT", path, {"max_epsilon_per_day": args.epsilon})
-    caps = {t["tag"]: t["max_epsilon_per_day"] for t in out["tags"]}
+    out = ask(args, env, "PUT", path, {_field(args.days): args.epsilon})
+    caps = {t["tag"]: t[_field(args.days)] for t in out["tags"]}
     cap = caps.get(args.tag)
     print(
         f"tag {args.tag}: "
-        + ("no cap of its own" if cap is None else f"at most {cap:g} epsilon per UTC day")
+        + ("no cap of its own" if cap is None else f"at most {cap:g} epsilon {_horizon(args.days)}")
         + " for each device carrying it"
     )
 

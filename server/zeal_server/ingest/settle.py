@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy.orm import Session
 
-from zeal.policy import micro_epsilon
+from zeal.policy import DeviceCaps, micro_epsilon
 from zeal_server.ingest.groups import Group, Outcome
 from zeal_server.store import ledger, sequences
 from zeal_server.store.rawsql import Raw
@@ -25,9 +25,9 @@ __all__ = ["DUPLICATE", "JUMP", "NEW", "RESET", "SEQUENCE_JUMP", "Round", "Seque
 
 #: Refusal counter and outcome: (writes, (stream, device), reason, when=, sequence=).
 Refuse = Callable[..., Outcome]
-#: The device caps of accounts (store.budgets.Account): (principal id, micro-epsilon per
-#: day or None).
-Caps = Callable[[list[tuple[str, str]]], dict[tuple[str, str], tuple[int, int | None]]]
+#: The device caps of accounts (store.budgets.Account): (principal id, caps in
+#: micro-epsilon or None).
+Caps = Callable[[list[tuple[str, str]]], dict[tuple[str, str], tuple[int, DeviceCaps | None]]]
 #: What a batch is to its device's sequences (``Sequences.kind``).
 DUPLICATE, NEW, RESET, JUMP = -1, 0, 1, 2
 #: The outcome's reason of a batch stored as a jump (``store.sequences``).

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from zeal import ParameterError, Zeal
 from zeal.mqtt.topics import MAX_TOPIC_LENGTH, parse_data_topic
+from zeal.policy import DeviceCaps
 from zeal.protocol import check_name
 from zeal.wirebatches import Batches
 from zeal_server.ingest.bounded import Bounded
@@ -135,13 +136,16 @@ class Ingest:
         backfill_ms: int | None = None,
         max_buckets: int | None = None,
         device_max_epsilon_per_day: float | None = None,
+        device_rolling_caps: dict[int, float | None] | None = None,
     ) -> None:
         self.max_future_ms, self.max_age_ms = max_future_ms, max_age_ms
         #: The device cap across streams where no device or tag cap is set (None: none).
         self.device_max_epsilon_per_day = device_max_epsilon_per_day
+        #: The default caps over 30 and 365 UTC days (zeal.policy.ROLLING; None: none).
+        self.device_rolling_caps = dict(device_rolling_caps or {})
         #: Principal ids and device caps by account (store.budgets.Account), read again
         #: every time the collector syncs (``forget_caps``).
-        self._caps: Bounded[Account, tuple[int, int | None]] = Bounded(DEVICE_IDS)
+        self._caps: Bounded[Account, tuple[int, DeviceCaps | None]] = Bounded(DEVICE_IDS)
         self.backfill_ms, self.max_buckets = backfill_ms, max_buckets
         self._streams: dict[str, StreamEntry | None] = {}
         #: Device ids and transports (store.fleet) by (stream id, name), the most recently
@@ -164,13 +168,14 @@ class Ingest:
 
     def _caps_of(
         self, session: Session, accounts: list[Account]
-    ) -> dict[Account, tuple[int, int | None]]:
-        """(principal id, micro-epsilon per day or None) of each account (cached)."""
+    ) -> dict[Account, tuple[int, DeviceCaps | None]]:
+        """(principal id, caps in micro-epsilon or None) of each account (cached)."""
         found = {a: e for a in accounts if (e := self._caps.find(a)) is not None}
         missing = [a for a in accounts if a not in found]
         if missing:
             default = self.device_max_epsilon_per_day
-            for account, known in caps_of(session, missing, default).items():
+            rolling = self.device_rolling_caps
+            for account, known in caps_of(session, missing, default, rolling).items():
                 self._caps[account] = found[account] = known
         return found
 
@@ -385,7 +390,7 @@ class Ingest:
         ) -> Outcome:
             return self._refuse(session, writes, names, reason, when=when, sequence=sequence)
 
-        def caps(accounts: list[Account]) -> dict[Account, tuple[int, int | None]]:
+        def caps(accounts: list[Account]) -> dict[Account, tuple[int, DeviceCaps | None]]:
             return self._caps_of(session, accounts)
 
         try:  # the statements' cursor lives as long as this batch of messages

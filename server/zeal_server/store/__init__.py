@@ -27,6 +27,7 @@ from zeal_server.store.bindings import (
     unbind,
 )
 from zeal_server.store.budgets import (
+    CAP_COLUMNS,
     BudgetOverrides,
     DeviceBudget,
     caps_of,
@@ -117,6 +118,7 @@ from zeal_server.store.versions import bump_caps, caps_version
 __all__ = [
     "ACCOUNT_COLUMNS",
     "ALL_TIME",
+    "CAP_COLUMNS",
     "DEVICE_NAMES",
     "MAX_F_PORT",
     "MAX_SERVER_BITS",

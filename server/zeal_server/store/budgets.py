@@ -19,14 +19,15 @@ booked in integer micro-epsilon rounded down (zeal.policy.cap_micro), as a strea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from zeal.errors import ParameterError
-from zeal.policy import cap_micro, check_device_cap
+from zeal.policy import ROLLING, DeviceCaps, cap_micro, check_device_cap
 from zeal_server.errors import StoreError
 from zeal_server.store.fleet import MAX_TAG_KEY, MAX_TAG_VALUE
 from zeal_server.store.models import (
@@ -41,6 +42,8 @@ from zeal_server.store.streams import insert_for
 from zeal_server.store.versions import bump_caps
 
 __all__ = [
+    "CAP_COLUMNS",
+    "COLUMNS",
     "HORIZONS",
     "Account",
     "BudgetOverrides",
@@ -114,14 +117,23 @@ def principal_ids(session: Session, accounts: list[Account]) -> dict[Account, in
     return {a: found[a] for a in wanted}
 
 
-def _tag_caps(session: Session, names: list[str]) -> dict[str, tuple[float, str]]:
-    """The lowest tag cap, with its tag (KEY:VALUE), of each of `names` that carries a
-    capped tag in some stream (ties: the first tag in order)."""
+#: The column of each cap's horizon (UTC days) on principals and tag_budgets.
+COLUMNS = CAP_COLUMNS = {
+    1: "max_epsilon_per_day",
+    **{days: f"max_epsilon_per_{days}_days" for days in ROLLING},
+}
+
+
+def _tag_caps(session: Session, names: list[str], days: int = 1) -> dict[str, tuple[float, str]]:
+    """The lowest tag cap over `days` (1: the day; ROLLING), with its tag (KEY:VALUE), of
+    each of `names` that carries such a capped tag in some stream (ties: the first tag in
+    order)."""
+    column = getattr(TagBudget, COLUMNS[days])
     rows = session.execute(
-        select(Device.name, TagBudget.max_epsilon_per_day, TagBudget.key, TagBudget.value)
+        select(Device.name, column, TagBudget.key, TagBudget.value)
         .join(DeviceTag, DeviceTag.device_id == Device.id)
         .join(TagBudget, (TagBudget.key == DeviceTag.key) & (TagBudget.value == DeviceTag.value))
-        .where(Device.name.in_(names))
+        .where(Device.name.in_(names), column.is_not(None))
     )
     out: dict[str, tuple[float, str]] = {}
     for name, cap, key, value in rows:
@@ -130,26 +142,45 @@ def _tag_caps(session: Session, names: list[str]) -> dict[str, tuple[float, str]
 
 
 def caps_of(
-    session: Session, accounts: list[Account], default: float | None
-) -> dict[Account, tuple[int, int | None]]:
-    """(principal id, daily cap in micro-epsilon or None for none) of each of `accounts`,
-    creating the principals not known yet: the cap of the account's device name."""
+    session: Session,
+    accounts: list[Account],
+    default: float | None,
+    rolling: Mapping[int, float | None] | None = None,
+) -> dict[Account, tuple[int, DeviceCaps | None]]:
+    """(principal id, caps in micro-epsilon or None for none) of each of `accounts`,
+    creating the principals not known yet: the caps of the account's device name, each
+    horizon its own (the name's, else its tags' lowest, else `default` for the day and
+    `rolling`'s for 30 and 365 days)."""
     ids = principal_ids(session, accounts)
     names = sorted({name for name, _ in ids})
-    own = _pairs(
-        session,
-        select(Principal.name, Principal.max_epsilon_per_day).where(
-            Principal.name.in_(names),
-            Principal.identity == "",
-            Principal.max_epsilon_per_day.is_not(None),
-        ),
-    )
-    tags = _tag_caps(session, [n for n in names if n not in own])
-    out: dict[Account, tuple[int, int | None]] = {}
+    found: dict[int, dict[str, float]] = {}
+    for horizon in (1, *ROLLING):
+        fallback = default if horizon == 1 else (rolling or {}).get(horizon)
+        column = getattr(Principal, COLUMNS[horizon])
+        own = _pairs(
+            session,
+            select(Principal.name, column).where(
+                Principal.name.in_(names), Principal.identity == "", column.is_not(None)
+            ),
+        )
+        tags = _tag_caps(session, [n for n in names if n not in own], horizon)
+        for name in names:
+            cap = own.get(name, tags[name][0] if name in tags else fallback)
+            if cap is not None:
+                found.setdefault(horizon, {})[name] = float(cap)
+    out: dict[Account, tuple[int, DeviceCaps | None]] = {}
     for account, pid in ids.items():
         name = account[0]
-        cap = own.get(name, tags[name][0] if name in tags else default)
-        out[account] = (pid, None if cap is None else cap_micro(cap))
+        day = found.get(1, {}).get(name)
+        caps = DeviceCaps(
+            None if day is None else cap_micro(day),
+            tuple(
+                (days, cap_micro(found[days][name]))
+                for days in ROLLING
+                if name in found.get(days, {})
+            ),
+        )
+        out[account] = (pid, caps if caps.any else None)
     return out
 
 
@@ -165,25 +196,42 @@ def spent_on(session: Session, principal_ids_: list[int], day: int) -> dict[int,
     return {int(p): int(m) for p, m in rows}
 
 
-def set_device_cap(session: Session, name: str, max_epsilon_per_day: float | None) -> None:
-    """Give device `name` a cap of its own (None: back to its tags' or the default)."""
-    cap = _checked(max_epsilon_per_day, "max_epsilon_per_day")
+def set_device_cap(
+    session: Session, name: str, max_epsilon: float | None, *, days: int = 1
+) -> None:
+    """Give device `name` a cap of its own over `days` (1: per UTC day; 30 or 365: over
+    any that many consecutive UTC days); None: back to its tags' or the default."""
+    cap = _checked(max_epsilon, COLUMNS[_horizon(days)])
     pid = principal_ids(session, [(name, "")])[(name, "")]
-    session.get_one(Principal, pid).max_epsilon_per_day = cap
+    setattr(session.get_one(Principal, pid), COLUMNS[days], cap)
     bump_caps(session)
 
 
-def set_tag_cap(session: Session, key: str, value: str, max_epsilon_per_day: float | None) -> None:
-    """Cap the devices carrying tag key:value (None: remove that cap)."""
+def _horizon(days: int) -> int:
+    if days not in COLUMNS:
+        raise StoreError(f"a device cap is per 1, 30 or 365 UTC days, not {days!r}")
+    return days
+
+
+def set_tag_cap(
+    session: Session, key: str, value: str, max_epsilon: float | None, *, days: int = 1
+) -> None:
+    """Cap the devices carrying tag key:value over `days` (as set_device_cap; None: remove
+    that cap, and the tag's row with its last cap)."""
     if not (0 < len(key) <= MAX_TAG_KEY and len(value) <= MAX_TAG_VALUE and ":" not in key):
         raise StoreError(
             f"a tag is KEY:VALUE with a key of 1 to {MAX_TAG_KEY} characters (no ':') and a "
             f"value of at most {MAX_TAG_VALUE}"
         )
-    cap = _checked(max_epsilon_per_day, "max_epsilon_per_day")
-    session.execute(delete(TagBudget).where(TagBudget.key == key, TagBudget.value == value))
-    if cap is not None:
-        session.add(TagBudget(key=key, value=value, max_epsilon_per_day=cap))
+    cap = _checked(max_epsilon, COLUMNS[_horizon(days)])
+    row = session.get(TagBudget, (key, value))
+    if row is None and cap is not None:
+        row = TagBudget(key=key, value=value)
+        session.add(row)
+    if row is not None:
+        setattr(row, COLUMNS[days], cap)
+        if all(getattr(row, c) is None for c in COLUMNS.values()):
+            session.delete(row)
         session.flush()
     bump_caps(session)
 
@@ -196,20 +244,22 @@ class BudgetOverrides:
     tags: dict[tuple[str, str], float]
 
 
-def overrides(session: Session) -> BudgetOverrides:
+def overrides(session: Session, days: int = 1) -> BudgetOverrides:
+    """The caps over `days` (1, 30 or 365: COLUMNS) given to devices and to tags."""
+    own, tag = getattr(Principal, COLUMNS[_horizon(days)]), getattr(TagBudget, COLUMNS[days])
     devices = session.execute(
-        select(Principal.name, Principal.max_epsilon_per_day)
-        .where(Principal.identity == "", Principal.max_epsilon_per_day.is_not(None))
+        select(Principal.name, own)
+        .where(Principal.identity == "", own.is_not(None))
         .order_by(Principal.name)
     )
     tags = session.execute(
-        select(TagBudget.key, TagBudget.value, TagBudget.max_epsilon_per_day).order_by(
-            TagBudget.key, TagBudget.value
-        )
+        select(TagBudget.key, TagBudget.value, tag)
+        .where(tag.is_not(None))
+        .order_by(TagBudget.key, TagBudget.value)
     )
     return BudgetOverrides(
         devices={str(n): float(c) for n, c in devices if c is not None},
-        tags={(str(k), str(v)): float(c) for k, v, c in tags},
+        tags={(str(k), str(v)): float(c) for k, v, c in tags if c is not None},
     )
 
 
@@ -238,11 +288,34 @@ class DeviceBudget:
     lifetime_micro: int
     #: The first UTC day it spent on (None: never).
     first_day: int | None
+    #: Its caps over any 30 and 365 consecutive UTC days (ROLLING), each (epsilon, source,
+    #: tag) as the day's; a horizon without a cap is left out.
+    rolling: dict[int, tuple[float, str, str | None]] = field(default_factory=dict)
 
 
-def device_budget(session: Session, name: str, default: float | None, day: int) -> DeviceBudget:
-    """Device `name`'s cap and its spend on UTC day `day` (StoreError if no stream knows
-    it and it has no cap of its own)."""
+def _cap_source(
+    row: Principal | None, tags: dict[str, tuple[float, str]], name: str, days: int, default: Any
+) -> tuple[float | None, str, str | None]:
+    """(cap, source, tag) of device `name` over `days` (the module docstring's order)."""
+    own = None if row is None else getattr(row, COLUMNS[days])
+    if own is not None:
+        return float(own), "device", None
+    if name in tags:
+        cap, tag = tags[name]
+        return cap, "tag", tag
+    return default, "default", None
+
+
+def device_budget(
+    session: Session,
+    name: str,
+    default: float | None,
+    day: int,
+    rolling: Mapping[int, float | None] | None = None,
+) -> DeviceBudget:
+    """Device `name`'s caps (`default` the day's and `rolling` the longer horizons' where
+    neither the device nor a tag has one) and its spend on UTC day `day` (StoreError if no
+    stream knows it and it has no cap of its own)."""
     streams = list(
         session.scalars(
             select(Stream.name)
@@ -255,11 +328,13 @@ def device_budget(session: Session, name: str, default: float | None, day: int) 
     if not rows and not streams:
         raise StoreError(f"no device {name!r} in any stream")
     row = rows.get("")
-    source, tag, cap = "default", None, default
-    if row is not None and row.max_epsilon_per_day is not None:
-        source, cap = "device", row.max_epsilon_per_day
-    elif (found := _tag_caps(session, [name]).get(name)) is not None:
-        source, (cap, tag) = "tag", found
+    cap, source, tag = _cap_source(row, _tag_caps(session, [name]), name, 1, default)
+    longer = {}
+    for horizon in ROLLING:
+        tags = _tag_caps(session, [name], horizon)
+        found = _cap_source(row, tags, name, horizon, (rolling or {}).get(horizon))
+        if found[0] is not None:
+            longer[horizon] = (float(found[0]), found[1], found[2])
     spent = spent_on(session, [p.id for p in rows.values()], day)
     others = {i: spent[p.id] for i, p in sorted(rows.items()) if i and p.id in spent}
     own = 0 if row is None else spent.get(row.id, 0)
@@ -289,4 +364,5 @@ def device_budget(session: Session, name: str, default: float | None, day: int) 
         horizons_micro=horizons,
         lifetime_micro=retired + sum(m for _, m in days),
         first_day=min(firsts) if firsts else None,
+        rolling=longer,
     )

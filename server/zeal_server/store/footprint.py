@@ -23,7 +23,14 @@ from zeal_server.store.models import Device, Reject, Segment, Stream
 __all__ = ["database_bytes", "segment_totals", "sequence_state_bytes", "stream_bytes"]
 
 #: Tables whose rows belong to devices (their bytes are shared by the devices' streams).
-_BY_DEVICE = ("devices", "device_tags", "device_periods", "principals", "principal_days")
+_BY_DEVICE = (
+    "devices",
+    "device_tags",
+    "device_periods",
+    "principals",
+    "principal_days",
+    "principal_hours",
+)
 #: SQLite's sizes come from scanning every page (dbstat): kept this many seconds, while the
 #: file keeps its number of pages.
 _SQLITE_SECONDS = 60.0

@@ -13,10 +13,14 @@ The multi-row statements lock every row the device needs before any one-by-one b
 collectors sharing the database lock ledger rows in one order: stream (ingest takes them in
 topic order), then period length (days, then hours), then (device, period).
 
-``charge_devices`` then books the batches the streams let in on their devices' cap across
-streams (``principal_days``, micro-epsilon per UTC day), after every stream's rows, with
-one conditional upsert per cap value for all their (principal, day) rows: the device cap's
-rows are locked after the streams' in every transaction. A device whose total does not fit
+``charge_devices`` then books the batches the streams let in on their devices' caps across
+streams, after every stream's rows: a device with a cap over 30 or 365 days has its
+principal row locked and its days read (``Rolling``: every window holding a day booked
+must stay within the cap); then its days (``principal_days``, micro-epsilon per UTC day,
+within the day cap) and its hours (``principal_hours``, within the device hour rule:
+zeal.policy.device_hour_cap), with one conditional upsert per bound for all their
+(principal, period) rows: every transaction locks principals, then days, then hours, after
+the streams' rows. A device whose total does not fit
 has its batches of the transaction booked again one by one in topic order, on its stream's
 ledger and then on its cap (every row they touch is locked already; a batch the cap
 refuses is taken back from its stream's ledger): exactly what storing the messages one at
@@ -35,12 +39,12 @@ import numpy.typing as npt
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from zeal.policy import DAY_MS, HOUR_MS, tally
+from zeal.policy import DAY_MS, HOUR_MS, DeviceCaps, device_hour_cap, tally
 from zeal.wirebatches import Batches
-from zeal_server.store.models import DevicePeriod, Principal, PrincipalDay
+from zeal_server.store.models import DevicePeriod, Principal, PrincipalDay, PrincipalHour
 from zeal_server.store.rawsql import Raw
 
-__all__ = ["DeviceCharge", "charge", "charge_days", "charge_devices", "prune"]
+__all__ = ["DeviceCharge", "Rolling", "charge", "charge_days", "charge_devices", "prune"]
 
 #: (kind, period length): the ledgers a reading is booked on, in their lock order.
 PERIODS = (("day", DAY_MS), ("hour", HOUR_MS))
@@ -154,10 +158,13 @@ class DeviceCharge:
         return self.batches.timestamps[self.batches.starts[i] : self.batches.starts[i + 1]]
 
 
-def _spend(charges: list[DeviceCharge]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """The (principal, day) keys of every new batch with a cap, and what the booked ones
-    spend on each (0 for the others: their rows are locked with the rest)."""
-    keys_, amounts_ = [], []
+def _spend(
+    charges: list[DeviceCharge], size: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The (principal, period) keys (periods of `size` ms) of every new batch with a cap,
+    what the booked ones spend on each (0 for the others: their rows are locked with the
+    rest), and the cheapest reading booked on each (its hour rule: device_hour_cap)."""
+    keys_, amounts_, costs_ = [], [], []
     for c in charges:
         mine = c.candidates & (c.principals >= 0)
         if not mine.any():
@@ -165,43 +172,174 @@ def _spend(charges: list[DeviceCharge]) -> tuple[npt.NDArray[np.int64], npt.NDAr
         counts = np.where(mine, c.batches.counts, 0)
         owners = np.repeat(c.principals, counts)
         stamps = c.batches.timestamps[np.repeat(mine, c.batches.counts)]
-        keys_.append(owners * _SPAN + stamps // DAY_MS)
+        keys_.append(owners * _SPAN + stamps // size)
         cost = np.where(c.booked[mine], c.cost, 0).astype(np.int64)
         amounts_.append(np.repeat(cost, c.batches.counts[mine]))
+        costs_.append(np.full(len(stamps), c.cost, dtype=np.int64))
     if not keys_:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
     found, inverse = np.unique(np.concatenate(keys_), return_inverse=True)
     sums = np.zeros(len(found), dtype=np.int64)
     np.add.at(sums, inverse, np.concatenate(amounts_))
-    return found, sums
+    cheapest = np.full(len(found), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(cheapest, inverse, np.concatenate(costs_))
+    return found, sums, cheapest
+
+
+#: The bound of a day row of a device capped over longer horizons only (no sum reaches it).
+_UNBOUNDED = 1 << 62
+
+
+class Rolling:
+    """The days of the devices with a cap over 30 or 365 UTC days (DeviceCaps.rolling) a
+    transaction books on, read once after locking their principals' rows (in id order,
+    after every stream's ledger rows and before the devices' day rows): what collectors
+    sharing the database book for one device over many days is decided one transaction at
+    a time. Kept up to date as the one-by-one path books."""
+
+    def __init__(self, session: Session, caps: dict[int, DeviceCaps], days: npt.NDArray[Any]):
+        self.caps = {pid: c.rolling for pid, c in caps.items() if c.rolling}
+        self.spent: dict[int, dict[int, int]] = {}
+        principals = days // _SPAN
+        wanted = sorted({p for p in principals.tolist() if p in self.caps})
+        if not wanted:
+            return
+        session.execute(
+            select(Principal.id).where(Principal.id.in_(wanted)).order_by(Principal.id)
+            .with_for_update()
+        )  # fmt: skip
+        span = max(d for pid in wanted for d, _ in self.caps[pid]) - 1
+        periods = days % _SPAN
+        rows = session.execute(
+            select(PrincipalDay.principal_id, PrincipalDay.period, PrincipalDay.micro).where(
+                PrincipalDay.principal_id.in_(wanted),
+                PrincipalDay.period >= int(periods.min()) - span,
+                PrincipalDay.period <= int(periods.max()) + span,
+            )
+        )
+        for pid, day, micro in rows:
+            self.spent.setdefault(int(pid), {})[int(day)] = int(micro)
+
+    def fits(self, pid: int, adds: dict[int, int]) -> bool:
+        """Whether adding `adds` (UTC day: micro-epsilon) to the device's days keeps every
+        window of each capped horizon that holds one of them within its cap."""
+        horizons = self.caps.get(pid)
+        if not horizons or not adds:
+            return True
+        mine = self.spent.get(pid, {})
+        for days, cap in horizons:
+            lo, hi = min(adds) - days + 1, max(adds) + days - 1
+            spent = np.zeros(hi - lo + 1, dtype=np.int64)
+            for source in (mine, adds):
+                for day, micro in source.items():
+                    if lo <= day <= hi:
+                        spent[day - lo] += micro
+            window = np.convolve(spent, np.ones(days, dtype=np.int64), mode="valid")
+            # window[s] sums days lo+s .. lo+s+days-1; those holding an added day matter
+            for day in adds:
+                first = max(0, day - lo - days + 1)
+                if window[first : day - lo + 1].max() > cap:
+                    return False
+        return True
+
+    def add(self, pid: int, adds: dict[int, int]) -> None:
+        if pid in self.caps:
+            mine = self.spent.setdefault(pid, {})
+            for day, micro in adds.items():
+                mine[day] = mine.get(day, 0) + micro
+
+
+def _adds(principals: npt.NDArray[Any], days: npt.NDArray[Any], sums: npt.NDArray[Any]) -> Any:
+    out: dict[int, dict[int, int]] = {}
+    for pid, day, n in zip(principals.tolist(), days.tolist(), sums.tolist(), strict=True):
+        if n:
+            out.setdefault(pid, {})[day] = n
+    return out
+
+
+def _book(
+    session: Session,
+    raw: Raw,
+    name: str,
+    *,
+    rows: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]],
+    limits: npt.NDArray[np.int64],
+    refused: set[int],
+    booked: list[tuple[str, int, int, int]],
+) -> None:
+    """Book device ledger rows (principal, period, micro-epsilon) with one conditional
+    upsert per bound in `limits` (in (principal, period) order within each): a principal
+    with a row over its bound, or refused already, has its rows locked with nothing added,
+    and joins `refused`; what was added is listed in `booked`."""
+    principals, periods, sums = rows
+    for cap in np.unique(limits).tolist():
+        here = limits == cap
+        over = (sums[here] > cap) | np.isin(principals[here], list(refused))
+        chosen = np.stack([principals[here], periods[here], np.where(over, 0, sums[here])], axis=1)
+        written = raw.many(session, name, ("did", "start", "n"), chosen, {"allowed": cap})
+        applied = {(int(p), int(d)) for p, d in written}
+        for (pid, period, n), too_much in zip(chosen.tolist(), over.tolist(), strict=True):
+            if too_much or (n and (pid, period) not in applied):
+                refused.add(pid)
+            elif n:
+                booked.append((name, pid, period, n))
 
 
 def charge_devices(
-    session: Session, raw: Raw, charges: list[DeviceCharge], caps: dict[int, int]
+    session: Session, raw: Raw, charges: list[DeviceCharge], caps: dict[int, DeviceCaps]
 ) -> None:
     """Book what the streams let in (``DeviceCharge.booked``) on the devices' caps
-    (`caps`: micro-epsilon per UTC day by principal), refusing at the cap what does not fit
-    (see the module docstring)."""
-    found, sums = _spend(charges)
-    principals = found // _SPAN
-    limits = np.array([caps[int(p)] for p in principals.tolist()], dtype=np.int64)
-    refused: set[int] = set()
-    booked: list[tuple[int, int, int]] = []
-    for cap in np.unique(limits).tolist():  # one statement per cap, in (principal, day) order
-        here = limits == cap
-        over = sums[here] > cap
-        rows = np.stack(
-            [principals[here], found[here] % _SPAN, np.where(over, 0, sums[here])], axis=1
+    (`caps` by principal): the rolling horizons checked first (``Rolling``), then the days,
+    then the hours (the hour rule), refusing at the cap what does not fit (see the module
+    docstring)."""
+    days, day_sums, _ = _spend(charges, DAY_MS)
+    hours, hour_sums, cheapest = _spend(charges, HOUR_MS)
+    rolling = Rolling(session, caps, days)
+    day_owners = days // _SPAN
+    refused = {
+        pid
+        for pid, adds in _adds(day_owners, days % _SPAN, day_sums).items()
+        if not rolling.fits(pid, adds)
+    }
+    booked: list[tuple[str, int, int, int]] = []
+    day_caps = [caps[p].day for p in day_owners.tolist()]
+    limits = np.array([_UNBOUNDED if c is None else c for c in day_caps], dtype=np.int64)
+    _book(
+        session,
+        raw,
+        "charge_device",
+        rows=(day_owners, days % _SPAN, day_sums),
+        limits=limits,
+        refused=refused,
+        booked=booked,
+    )
+    hour_owners = hours // _SPAN
+    ruled = np.array([caps[p].day is not None for p in hour_owners.tolist()], dtype=bool)
+    if ruled.any():
+        owners = hour_owners[ruled]
+        limits = np.array(
+            [
+                device_hour_cap(caps[p].day or 0, cost)
+                for p, cost in zip(owners.tolist(), cheapest[ruled].tolist(), strict=True)
+            ],
+            dtype=np.int64,
         )
-        written = raw.many(session, "charge_device", ("did", "start", "n"), rows, {"allowed": cap})
-        applied = {(int(p), int(d)) for p, d in written}
-        for (pid, day, n), too_much in zip(rows.tolist(), over.tolist(), strict=True):
-            if too_much or (n and (pid, day) not in applied):
-                refused.add(pid)
-            elif n:
-                booked.append((pid, day, n))
+        rows = (owners, hours[ruled] % _SPAN, hour_sums[ruled])
+        _book(
+            session,
+            raw,
+            "charge_device_hour",
+            rows=rows,
+            limits=limits,
+            refused=refused,
+            booked=booked,
+        )
     if refused:
-        _one_by_one(session, raw, charges=charges, caps=caps, refused=refused, booked=booked)
+        _one_by_one(
+            session, raw, charges=charges, caps=caps, rolling=rolling, refused=refused,
+            booked=booked,
+        )  # fmt: skip
 
 
 def _one_by_one(
@@ -209,9 +347,10 @@ def _one_by_one(
     raw: Raw,
     *,
     charges: list[DeviceCharge],
-    caps: dict[int, int],
+    caps: dict[int, DeviceCaps],
+    rolling: Rolling,
     refused: set[int],
-    booked: list[tuple[int, int, int]],
+    booked: list[tuple[str, int, int, int]],
 ) -> None:
     """The `refused` devices' batches booked again one by one in topic order: what was
     `booked` for them on their caps and their streams' ledgers taken back first."""
@@ -219,9 +358,9 @@ def _one_by_one(
     def run(name: str, row: dict[str, int]) -> Any:
         return raw.first(session, name, row)
 
-    for pid, day, n in booked:
+    for name, pid, period, n in booked:
         if pid in refused:
-            run("uncharge_device", {"did": pid, "start": day, "n": n})
+            run("un" + name, {"did": pid, "start": period, "n": n})
     queue: list[tuple[tuple[str, int], DeviceCharge, int]] = []
     for c in charges:
         for i in np.flatnonzero(c.candidates & np.isin(c.principals, list(refused))).tolist():
@@ -233,30 +372,41 @@ def _one_by_one(
         device, pid, stamps = int(c.device_ids[i]), int(c.principals[i]), c.stamps(i)
         if not charge_days(c.allowed, device, stamps, run):
             continue  # over its stream's policy
-        c.booked[i] = _charge_device(run, caps[pid], _device_days(pid, c.cost, stamps))
+        c.booked[i] = _charge_device(
+            run, pid, caps[pid], rolling=rolling, cost=c.cost, stamps=stamps
+        )
         if not c.booked[i]:  # within its stream's policy, over the device's cap
             _uncharge(run, device, stamps)
             c.capped[i] = True
 
 
-def _device_days(pid: int, cost: int, stamps: Any) -> list[tuple[int, int, int]]:
-    """(principal, UTC day, micro-epsilon) a batch books on its device's cap."""
-    return [(pid, day, count * cost) for day, count in tally(stamps, DAY_MS)]
-
-
 def _charge_device(
-    run: Callable[[str, dict[str, int]], Any], cap: int, days: list[tuple[int, int, int]]
+    run: Callable[[str, dict[str, int]], Any],
+    pid: int,
+    caps: DeviceCaps,
+    *,
+    rolling: Rolling,
+    cost: int,
+    stamps: Any,
 ) -> bool:
-    """Book one batch on its device's cap (`days`: _device_days), every day or none."""
-    if any(n > cap for _, _, n in days):
+    """Book one batch (readings costing `cost` each, stamped `stamps`) on its device's caps:
+    its rolling horizons, then every day and every hour of it, or nothing."""
+    adds = {day: count * cost for day, count in tally(stamps, DAY_MS)}
+    plan = [("charge_device", _UNBOUNDED if caps.day is None else caps.day, list(adds.items()))]
+    if caps.day is not None:
+        hourly = [(hour, count * cost) for hour, count in tally(stamps, HOUR_MS)]
+        plan.append(("charge_device_hour", device_hour_cap(caps.day, cost), hourly))
+    if any(n > cap for _, cap, rows in plan for _, n in rows) or not rolling.fits(pid, adds):
         return False
-    done: list[tuple[int, int, int]] = []
-    for pid, day, n in days:
-        if run("charge_device", {"did": pid, "start": day, "n": n, "allowed": cap}) is None:
-            for _, done_day, k in done:
-                run("uncharge_device", {"did": pid, "start": done_day, "n": k})
-            return False
-        done.append((pid, day, n))
+    done: list[tuple[str, int, int]] = []
+    for name, cap, rows in plan:
+        for period, n in rows:
+            if run(name, {"did": pid, "start": period, "n": n, "allowed": cap}) is None:
+                for done_name, done_period, k in done:
+                    run("un" + done_name, {"did": pid, "start": done_period, "n": k})
+                return False
+            done.append((name, period, n))
+    rolling.add(pid, adds)
     return True
 
 
@@ -275,6 +425,7 @@ def prune(session: Session, horizon_ms: int) -> None:
         for _, size in PERIODS
     ]
     session.execute(delete(DevicePeriod).where(or_(*behind)))
+    session.execute(delete(PrincipalHour).where(PrincipalHour.period < horizon_ms // HOUR_MS))
     cut = horizon_ms // DAY_MS - KEEP_DAYS
     days = PrincipalDay
     gone = (days.principal_id == Principal.id, days.period < cut)

@@ -174,6 +174,13 @@ class Principal(Base):
     identity: Mapped[str] = mapped_column(String(100), default="")
     #: The name's own daily cap in epsilon (on its "" row); None: its tags' or the default.
     max_epsilon_per_day: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    #: Its own caps over any 30 and any 365 consecutive UTC days (revision 0017), likewise.
+    max_epsilon_per_30_days: Mapped[float | None] = mapped_column(
+        Float, nullable=True, default=None
+    )
+    max_epsilon_per_365_days: Mapped[float | None] = mapped_column(
+        Float, nullable=True, default=None
+    )
     #: Micro-epsilon of its days no longer kept (folded in when their rows go: store.ledger
     #: keeps KEEP_DAYS behind the import window), and the first day it ever spent on once
     #: one was folded (None: its first is still among its rows).
@@ -193,6 +200,19 @@ class PrincipalDay(Base):
     micro: Mapped[int] = mapped_column(BigInteger)
 
 
+class PrincipalHour(Base):
+    """Micro-epsilon a device spent per UTC hour of its readings' timestamps over all its
+    streams with a policy: the ledger of the device hour rule (store.ledger; revision 0017),
+    kept as long as the import window accepts a reading stamped in the hour."""
+
+    __tablename__ = "principal_hours"
+
+    principal_id: Mapped[int] = mapped_column(ForeignKey("principals.id"), primary_key=True)
+    #: The UTC hour (hours since 1970).
+    period: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    micro: Mapped[int] = mapped_column(BigInteger)
+
+
 class CapsVersion(Base):
     """One row: a counter raised with every change a device's cap depends on
     (store.versions), so that collectors read caps again only when one changed."""
@@ -204,13 +224,16 @@ class CapsVersion(Base):
 
 
 class TagBudget(Base):
-    """A daily cap for the devices carrying a tag (key, value) in any stream."""
+    """Caps for the devices carrying a tag (key, value) in any stream: per UTC day, and
+    over any 30 and 365 consecutive UTC days (revision 0017; None: not capped there)."""
 
     __tablename__ = "tag_budgets"
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(String(200), primary_key=True)
-    max_epsilon_per_day: Mapped[float] = mapped_column(Float)
+    max_epsilon_per_day: Mapped[float | None] = mapped_column(Float, nullable=True)
+    max_epsilon_per_30_days: Mapped[float | None] = mapped_column(Float, nullable=True)
+    max_epsilon_per_365_days: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class DeviceTag(Base):

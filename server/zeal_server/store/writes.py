@@ -26,7 +26,14 @@ from sqlalchemy.orm import Session
 
 from zeal import Zeal
 from zeal.wirebatches import Batches
-from zeal_server.store.models import Device, DevicePeriod, PrincipalDay, Reject, Segment
+from zeal_server.store.models import (
+    Device,
+    DevicePeriod,
+    PrincipalDay,
+    PrincipalHour,
+    Reject,
+    Segment,
+)
 from zeal_server.store.segments import PART, Columns, encode_part, limb_sums
 from zeal_server.store.sequences import SequenceState
 from zeal_server.store.streams import insert_for
@@ -91,18 +98,27 @@ class Writes:
 
 #: The privacy ledger, keyed by (device, the period's length in hours, the period's number).
 _LEDGER = typing.cast(Table, DevicePeriod.__table__)
-#: The device cap's ledger, keyed by (principal, UTC day): micro-epsilon spent.
-_DEVICE_LEDGER = typing.cast(Table, PrincipalDay.__table__)
+#: The device cap's ledgers, keyed by (principal, UTC day or hour): micro-epsilon spent,
+#: by statement name (``charge_device`` books days, ``charge_device_hour`` hours).
+_DEVICE_LEDGERS = {
+    "device": typing.cast(Table, PrincipalDay.__table__),
+    "device_hour": typing.cast(Table, PrincipalHour.__table__),
+}
 
 
-def _charge_device(insert_: Any, values: Any) -> Any:
+def _device_ledger(name: str) -> Table:
+    """The device ledger a ``charge_device*``/``uncharge_device*`` statement books on."""
+    return _DEVICE_LEDGERS[name.removeprefix("un").removeprefix("charge_")]
+
+
+def _charge_device(insert_: Any, table: Table, values: Any) -> Any:
     """The conditional upsert that books micro-epsilon on device-cap rows `values`: a row
     grows only while it stays within the ``allowed`` parameter."""
-    base = insert_(_DEVICE_LEDGER).values(values)
+    base = insert_(table).values(values)
     return base.on_conflict_do_update(
         index_elements=["principal_id", "period"],
-        set_={"micro": _DEVICE_LEDGER.c.micro + base.excluded.micro},
-        where=_DEVICE_LEDGER.c.micro + base.excluded.micro <= bindparam("allowed"),
+        set_={"micro": table.c.micro + base.excluded.micro},
+        where=table.c.micro + base.excluded.micro <= bindparam("allowed"),
     )
 
 
@@ -151,21 +167,23 @@ def build_statement(session: Session, name: str) -> Any:
                 late=bindparam("late"),
             )
         )
-    elif name == "charge_device":
+    elif name in ("charge_device", "charge_device_hour"):
+        table = _device_ledger(name)
         row: dict[str, Any] = {
             "principal_id": bindparam("did"),
             "period": bindparam("start"),
             "micro": bindparam("n"),
         }
-        stmt = _charge_device(insert_, row).returning(_DEVICE_LEDGER.c.micro)
-    elif name == "uncharge_device":
+        stmt = _charge_device(insert_, table, row).returning(table.c.micro)
+    elif name in ("uncharge_device", "uncharge_device_hour"):
+        table = _device_ledger(name)
         stmt = (
-            update(_DEVICE_LEDGER)
+            update(table)
             .where(
-                _DEVICE_LEDGER.c.principal_id == bindparam("did"),
-                _DEVICE_LEDGER.c.period == bindparam("start"),
+                table.c.principal_id == bindparam("did"),
+                table.c.period == bindparam("start"),
             )
-            .values(micro=_DEVICE_LEDGER.c.micro - bindparam("n"))
+            .values(micro=table.c.micro - bindparam("n"))
         )
     elif name.startswith(("charge", "uncharge")):  # charge_day, uncharge_hour, ...
         if name.startswith("uncharge"):
@@ -215,7 +233,8 @@ def build_rows(session: Session, name: str, rows: int) -> Any:
             for r in range(rows)
         ]
         return _charge(insert_, values).returning(_LEDGER.c.device_id, _LEDGER.c.period)
-    if name == "charge_device":
+    if name in ("charge_device", "charge_device_hour"):
+        table = _device_ledger(name)
         rows_: list[dict[str, Any]] = [
             {
                 "principal_id": bindparam(f"r{r}_did"),
@@ -224,9 +243,7 @@ def build_rows(session: Session, name: str, rows: int) -> Any:
             }
             for r in range(rows)
         ]
-        return _charge_device(insert_, rows_).returning(
-            _DEVICE_LEDGER.c.principal_id, _DEVICE_LEDGER.c.period
-        )
+        return _charge_device(insert_, table, rows_).returning(table.c.principal_id, table.c.period)
     raise KeyError(name)
 
 
@@ -236,14 +253,15 @@ def unnest_rows(name: str, columns: tuple[str, ...]) -> str:
     text whatever the rows. psycopg caches the parsing of a statement and PostgreSQL
     prepares it only below 4,096 characters and 50 parameters; a VALUES list of 128 rows
     was parsed again on every call (bench/writer_cost.py, deploy/SCALING.md)."""
-    if name not in ("charge_day", "charge_hour", "charge_device") or columns != (
+    devices = ("charge_device", "charge_device_hour")
+    if name not in ("charge_day", "charge_hour", *devices) or columns != (
         "did",
         "start",
         "n",
     ):
         raise KeyError((name, columns))
-    if name == "charge_device":
-        table = _DEVICE_LEDGER.name
+    if name in devices:
+        table = _device_ledger(name).name
         return (
             f"INSERT INTO {table} (principal_id, period, micro) "
             "SELECT r.did, r.start, r.n FROM unnest(%(did)s::bigint[], %(start)s::bigint[], "

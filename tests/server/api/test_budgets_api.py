@@ -21,6 +21,9 @@ from zeal_server.ingest import Ingest
 from zeal_server.store.ledger import prune as prune_ledger
 from zeal_server.store.models import PrincipalDay
 
+#: A device's or tag's caps over 30 and 365 days, none set.
+NO_LONGER = {"max_epsilon_per_30_days": None, "max_epsilon_per_365_days": None}
+
 
 @pytest.fixture
 def client(database_url: str) -> Iterator[TestClient]:
@@ -44,6 +47,8 @@ def test_caps_for_devices_and_tags_are_set_shown_and_removed(client: TestClient)
     make_streams(client)
     assert client.get("/api/v1/budgets").json() == {
         "default_max_epsilon_per_day": 8.0,
+        "default_max_epsilon_per_30_days": None,
+        "default_max_epsilon_per_365_days": None,
         "devices": [],
         "tags": [],
     }
@@ -52,7 +57,7 @@ def test_caps_for_devices_and_tags_are_set_shown_and_removed(client: TestClient)
     assert client.put("/api/v1/streams/humidity/devices/flat-1/tags", json=tags).status_code == 200
     answer = client.put("/api/v1/budgets/tags/site:north", json={"max_epsilon_per_day": 3})
     assert answer.status_code == 200, answer.text
-    assert answer.json()["tags"] == [{"tag": "site:north", "max_epsilon_per_day": 3.0}]
+    assert answer.json()["tags"] == [{"tag": "site:north", "max_epsilon_per_day": 3.0, **NO_LONGER}]
     shown = client.get("/api/v1/budgets/devices/flat-1").json()
     assert shown == {
         "device": "flat-1",
@@ -68,11 +73,12 @@ def test_caps_for_devices_and_tags_are_set_shown_and_removed(client: TestClient)
         "spent_last_365_days": 0.0,
         "spent_since_first_seen": 0.0,
         "first_seen": None,
+        **NO_LONGER,
     }
     own = client.put("/api/v1/budgets/devices/flat-1", json={"max_epsilon_per_day": 2.5}).json()
     assert (own["max_epsilon_per_day"], own["source"]) == (2.5, "device")
     assert client.get("/api/v1/budgets").json()["devices"] == [
-        {"device": "flat-1", "max_epsilon_per_day": 2.5}
+        {"device": "flat-1", "max_epsilon_per_day": 2.5, **NO_LONGER}
     ]
     back = client.put("/api/v1/budgets/devices/flat-1", json={"max_epsilon_per_day": None})
     assert back.json()["source"] == "tag"
@@ -83,10 +89,11 @@ def test_caps_for_devices_and_tags_are_set_shown_and_removed(client: TestClient)
 def test_bad_caps_are_refused_and_change_nothing(client: TestClient) -> None:
     make_streams(client)
     client.put("/api/v1/budgets/devices/d1", json={"max_epsilon_per_day": 4})
-    for value in (0, -1, 1e9, "lots", True):
-        answer = client.put("/api/v1/budgets/devices/d1", json={"max_epsilon_per_day": value})
-        assert answer.status_code == 422, (value, answer.text)
-        assert answer.json()["detail"][0]["loc"][-1] == "max_epsilon_per_day"
+    for field in ("max_epsilon_per_day", "max_epsilon_per_30_days", "max_epsilon_per_365_days"):
+        for value in (0, -1, 1e9, "lots", True):
+            answer = client.put("/api/v1/budgets/devices/d1", json={field: value})
+            assert answer.status_code == 422, (value, answer.text)
+            assert answer.json()["detail"][0]["loc"][-1] == field
     for tag in ("no-colon", ":value"):
         answer = client.put(f"/api/v1/budgets/tags/{tag}", json={"max_epsilon_per_day": 1})
         assert answer.status_code == 422, answer.text
@@ -94,7 +101,7 @@ def test_bad_caps_are_refused_and_change_nothing(client: TestClient) -> None:
     answer = client.put("/api/v1/budgets/devices/bad name", json={"max_epsilon_per_day": 1})
     assert answer.status_code == 422
     assert client.get("/api/v1/budgets").json()["devices"] == [
-        {"device": "d1", "max_epsilon_per_day": 4.0}
+        {"device": "d1", "max_epsilon_per_day": 4.0, **NO_LONGER}
     ]
     assert client.get("/api/v1/budgets/devices/nobody").status_code == 404
     assert client.put("/api/v1/budgets/devices/d2", json={}).status_code == 422
@@ -103,21 +110,57 @@ def test_bad_caps_are_refused_and_change_nothing(client: TestClient) -> None:
     assert denied.status_code == 401
 
 
+def test_caps_over_30_and_365_days_are_set_one_by_one(client: TestClient) -> None:
+    """Each horizon is set on its own: a field left out stays as it is, null removes it; a
+    tag may cap a longer horizon only; a device's own cap wins over its tag's, horizon by
+    horizon."""
+    make_streams(client)
+    assert client.put("/api/v1/streams/humidity/devices/flat-1").status_code == 201
+    tags = {"tags": {"site": "north"}}
+    assert client.put("/api/v1/streams/humidity/devices/flat-1/tags", json=tags).status_code == 200
+    answer = client.put("/api/v1/budgets/tags/site:north", json={"max_epsilon_per_365_days": 400})
+    assert answer.json()["tags"] == [
+        {
+            "tag": "site:north",
+            "max_epsilon_per_day": None,
+            "max_epsilon_per_30_days": None,
+            "max_epsilon_per_365_days": 400.0,
+        }
+    ]
+    own = client.put(
+        "/api/v1/budgets/devices/flat-1",
+        json={"max_epsilon_per_30_days": 100, "max_epsilon_per_day": 4},
+    ).json()
+    assert (own["max_epsilon_per_day"], own["source"]) == (4.0, "device")
+    assert (own["max_epsilon_per_30_days"], own["max_epsilon_per_365_days"]) == (100.0, 400.0)
+    kept = client.put("/api/v1/budgets/devices/flat-1", json={"max_epsilon_per_day": None})
+    assert (kept.json()["max_epsilon_per_day"], kept.json()["max_epsilon_per_30_days"]) == (
+        8.0,
+        100.0,
+    )
+    client.put("/api/v1/budgets/devices/flat-1", json={"max_epsilon_per_30_days": None})
+    client.put("/api/v1/budgets/tags/site:north", json={"max_epsilon_per_365_days": None})
+    assert client.get("/api/v1/budgets").json()["tags"] == []
+    shown = client.get("/api/v1/budgets/devices/flat-1").json()
+    assert (shown["max_epsilon_per_30_days"], shown["max_epsilon_per_365_days"]) == (None, None)
+
+
 def test_spend_today_counts_every_stream(client: TestClient) -> None:
-    """Readings of today in two streams: the device's spend is their epsilon summed."""
+    """Readings of today in two streams, in hours of their own (the device hour rule): the
+    device's spend is their epsilon summed."""
     make_streams(client)
     now = store.now_ms()
     start = now - now % 86_400_000
     ingest = Ingest(device_max_epsilon_per_day=8.0)
     with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
-        for stream, epsilon in (("humidity", 1.0), ("temperature", 0.5)):
+        for i, (stream, epsilon) in enumerate((("humidity", 1.0), ("temperature", 0.5))):
             params = Zeal(lower=0, upper=100, epsilon=epsilon, max_epsilon_per_day=8.0)
             payload = encode_batch(
                 params,
                 stream=stream,
                 device="home",
                 sequence=0,
-                timestamps=[start + HOUR_MS * k for k in range(2)],
+                timestamps=[start + HOUR_MS * (k + 2 * i) for k in range(2)],
                 codes=params.perturb(np.array([20.0, 30.0])),
             )
             outcome = ingest.add(session, f"zeal/v1/{stream}/home/up", payload, now)
@@ -204,13 +247,13 @@ def test_a_devices_account_over_7_30_365_days_and_its_life(client: TestClient) -
             params = Zeal(lower=0, upper=100, epsilon=epsilon, max_epsilon_per_day=8.0)
             for sequence, back in enumerate(ago):
                 start = (today - back) * 86_400_000
-                count = 2 if stream == "humidity" else 1
+                count, first = (2, 0) if stream == "humidity" else (1, 2)  # an hour each
                 payload = encode_batch(
                     params,
                     stream=stream,
                     device="home",
                     sequence=sequence,
-                    timestamps=[start + HOUR_MS * k for k in range(count)],
+                    timestamps=[start + HOUR_MS * (first + k) for k in range(count)],
                     codes=params.perturb(np.full(count, 20.0)),
                 )
                 outcome = ingest.add(session, f"zeal/v1/{stream}/home/up", payload, now)

@@ -15,7 +15,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.server.helpers import create_stream, settings
+from tests.server.helpers import NO_DEVICE_CAP, create_stream, settings
 from tools.testbed.fakepaho import FakeClient
 from zeal.mqtt.brokerurl import parse_broker_url
 from zeal.mqtt.topics import CONFIG_FILTER, DATA_FILTER, FLUSH_FILTER
@@ -187,6 +187,7 @@ def test_the_collector_stores_a_batch_from_it_and_acknowledges_it_after_the_comm
             "ZEAL_DATABASE_URL": "sqlite://",
             "ZEAL_MQTT_URL": "mqtt://127.0.0.1:1",
             "ZEAL_COLLECTOR_ID": "zeal-fake",
+            **NO_DEVICE_CAP,  # three readings in one hour: past the device hour rule
         }
     )
     fake = FakeClient()

@@ -4,62 +4,27 @@ as device_cap, and nothing is booked for it on any ledger."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
-from tests.server.helpers import postgres_database
-from zeal import Zeal, encode_batch
+from tests.server.ingest.conftest import STREAMS, one_reading
 from zeal.policy import DAY_MS, HOUR_MS, day_of
 from zeal_server import store
 from zeal_server.ingest import Ingest
-from zeal_server.store.db import make_engine, migrate, session_factory
 from zeal_server.store.models import DevicePeriod, PrincipalDay, Reject, Stream
-
-STREAMS = ("humidity", "occupancy", "temperature")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'caps.sqlite'}"
-        database = None
-    else:
-        database = postgres_database()
-        url = next(database)
-    engine = make_engine(url)
-    migrate(engine)
-    maker = session_factory(engine)
-    with maker() as session, session.begin():
-        for name in STREAMS:  # each under the default stream policy (8 a day at epsilon 1)
-            store.create_stream(session, name=name, lower=0, upper=100, epsilon=1)
-        session.execute(Stream.__table__.update().values(created_ms=0))
-    yield maker
-    engine.dispose()
-    if database is not None:
-        next(database, None)
 
 
 def hourly(
     device: str, day: int, streams: tuple[str, ...] = STREAMS, policy: float | None = 8.0
 ) -> list[tuple[str, bytes]]:
     """One reading an hour of `day` into each stream, one batch each, in time order."""
-    params = Zeal(lower=0, upper=100, epsilon=1, max_epsilon_per_day=policy)
     out = []
     for hour in range(24):
         for k, stream in enumerate(streams):
             stamp = day * DAY_MS + hour * HOUR_MS + k
-            payload = encode_batch(
-                params,
-                stream=stream,
-                device=device,
-                sequence=hour,
-                timestamps=[stamp],
-                codes=params.perturb([21.0]),
-            )
+            payload = one_reading(stream, device, hour, stamp, policy)
             out.append((f"zeal/v1/{stream}/{device}/up", payload))
     return out
 
@@ -82,10 +47,11 @@ def ledgers(sessions: Any) -> tuple[int, int, dict[str, int]]:
 def test_three_streams_store_at_most_the_device_cap_in_a_day(sessions: Any, together: bool) -> None:
     """24 hours x 3 streams at epsilon 1 (72 readings, 8 a stream allowed by each policy):
     8 stored in all, whether the messages come one per transaction or all in one. One by
-    one, the first 8 in time order are stored and the other 64 refused as device_cap; in
-    one transaction, as one by one in topic order (ingest's rule): the first stream's 8,
-    its other 16 over its own policy (over_budget, which is said first), the other
-    streams' 48 at the device cap."""
+    one, the device hour rule (one reading an hour at the default cap of 8) stores the
+    first stream's reading of hours 0 to 7 and refuses the other streams' as device_cap;
+    from hour 8 the first stream is over its own policy (over_budget, which is said first)
+    and the others at the day cap. In one transaction, as one by one in topic order
+    (ingest's rule): the same 8, the same refusals."""
     now = store.now_ms()
     yesterday = day_of(now) - 1
     ingest = Ingest(max_age_ms=7 * DAY_MS, device_max_epsilon_per_day=8.0)
@@ -98,13 +64,8 @@ def test_three_streams_store_at_most_the_device_cap_in_a_day(sessions: Any, toge
     stored = [o for o in outcomes if o.status == "stored"]
     assert len(stored) == 8
     refused = [o.reason for o in outcomes if o.status != "stored"]
-    if together:
-        assert [(o.stream, o.sequence) for o in stored] == [(STREAMS[0], h) for h in range(8)]
-        expected = {"over_budget": 16, "device_cap": 48}
-    else:  # hours 0, 1 and the first two streams of hour 2
-        first = [(s, h) for h in range(3) for s in STREAMS][:8]
-        assert [(o.stream, o.sequence) for o in stored] == first
-        expected = {"device_cap": 64}
+    assert [(o.stream, o.sequence) for o in stored] == [(STREAMS[0], h) for h in range(8)]
+    expected = {"over_budget": 16, "device_cap": 48}
     assert {r: refused.count(r) for r in set(refused)} == expected
     readings, micro, rejects = ledgers(sessions)
     assert (readings, micro) == (8, 8_000_000)  # nothing refused is left on a ledger

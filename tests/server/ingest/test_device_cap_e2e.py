@@ -83,8 +83,10 @@ def test_a_device_ignoring_its_ledger_stores_at_most_its_cap_across_three_stream
     client: TestClient, broker: Mosquitto
 ) -> None:
     """One reading an hour of yesterday into each of three streams at epsilon 1 (72 in
-    all; each stream's policy allows 8): 8 stored, the other 64 refused as device_cap and
-    flagged on the device's rows; one all at once is covered by test_device_cap.py."""
+    all; each stream's policy allows 8): 8 stored (the device hour rule lets the first
+    stream's reading of each hour in, until the first stream's policy is spent), the other
+    streams' 48 refused as device_cap and flagged on the device's rows, the first stream's
+    last 16 as over_budget; one all at once is covered by test_device_cap.py."""
     params = Zeal(lower=0, upper=100, epsilon=1, max_epsilon_per_day=8.0)
     for hour, start in enumerate(yesterday_hours()):  # as such a device sends: hour by hour
         messages = []
@@ -107,8 +109,9 @@ def test_a_device_ignoring_its_ledger_stores_at_most_its_cap_across_three_stream
             what=f"hour {hour}'s batches settled",
         )
     stored, rejects = totals(client, "rogue")
-    assert (stored, rejects) == (8, {"device_cap": 64})
-    for stream in STREAMS:
+    assert (stored, rejects) == (8, {"device_cap": 48, "over_budget": 16})
+    assert flags(client, STREAMS[0], "rogue") == ["over_budget"]
+    for stream in STREAMS[1:]:
         assert "device_cap" in flags(client, stream, "rogue")
     budget = client.get("/api/v1/budgets/devices/rogue").json()
     assert (budget["max_epsilon_per_day"], budget["source"]) == (8.0, "default")
@@ -117,11 +120,13 @@ def test_a_device_ignoring_its_ledger_stores_at_most_its_cap_across_three_stream
 
 def run_agent(tmp_path: Path, broker: Mosquitto, device: str, *extra: str) -> dict[str, Any]:
     """The real agent, the three streams in one process, each reading its own file of one
-    reading an hour of yesterday (TIMESTAMP_MS,VALUE lines)."""
+    reading every third hour of yesterday, the streams' hours apart (TIMESTAMP_MS,VALUE
+    lines; 8 readings each): the device hour rule allows one reading an hour across them."""
     folder = tmp_path / device
     folder.mkdir()
-    for stream in STREAMS:
-        lines = "".join(f"{start},{40 + h}\n" for h, start in enumerate(yesterday_hours()))
+    for k, stream in enumerate(STREAMS):
+        hours = list(enumerate(yesterday_hours()))[k::3]
+        lines = "".join(f"{start},{40 + h}\n" for h, start in hours)
         (folder / f"{stream}.txt").write_text(lines)
     result = subprocess.run(
         [
@@ -162,7 +167,7 @@ def test_an_honest_agent_of_three_streams_sends_nothing_the_collector_refuses(
     shares 3,3,2 all 8. Either way every reading sent is stored."""
     status = run_agent(tmp_path, broker, "home", *shares)
     assert [status[s]["sent_readings"] for s in STREAMS] == expected
-    assert [status[s]["skipped_for_policy"] for s in STREAMS] == [24 - n for n in expected]
+    assert [status[s]["skipped_for_policy"] for s in STREAMS] == [8 - n for n in expected]
     wait_until(
         lambda: totals(client, "home")[0] == sum(expected), timeout=60, what="readings stored"
     )

@@ -3,7 +3,11 @@ and to device tags (operator token to change them), and one device's cap and its
 (today, the last 7, 30 and 365 days, since first seen).
 
 A device is its name in every stream it sends to. Its cap is its own, else the lowest cap
-of the tags its devices carry in any stream, else ZEAL_DEVICE_MAX_EPSILON_PER_DAY. Only the
+of the tags its devices carry in any stream, else ZEAL_DEVICE_MAX_EPSILON_PER_DAY; the same
+holds of its optional caps over any 30 and any 365 consecutive UTC days
+(ZEAL_DEVICE_MAX_EPSILON_PER_30_DAYS, _365_DAYS), each on its own. The daily cap also sets
+the device hour rule: no UTC hour holds more than the larger of a twelfth of it and one
+reading of the stream (zeal.policy.device_hour_cap). Only the
 device itself spends it: another broker login publishing under its name (where the broker
 says who published: ZEAL_MQTT_LOGIN_PROPERTY) or a LoRaWAN device of that name has a ledger
 of its own under the same cap (``others_spent_today``). The collectors apply a change
@@ -35,27 +39,57 @@ Tag = Annotated[str, Path(description="a device tag as KEY:VALUE")]
 
 
 class CapIn(Strict):
+    """The caps to set: a field left out is left as it is; null removes that cap."""
+
     max_epsilon_per_day: float | None = Field(
+        None,
         strict=True,
         description=f"the daily cap in epsilon, in (0, {MAX_EPSILON_PER_DAY:g}]; null removes "
-        "this cap (the device then takes its tags' cap or the default)",
+        "this cap (the device then takes its tags' cap or the default); it also sets the "
+        "device hour rule (the larger of a twelfth of it and one reading of the stream)",
     )
+    max_epsilon_per_30_days: float | None = Field(
+        None,
+        strict=True,
+        description="the cap over any 30 consecutive UTC days, as the daily cap",
+    )
+    max_epsilon_per_365_days: float | None = Field(
+        None,
+        strict=True,
+        description="the cap over any 365 consecutive UTC days, as the daily cap",
+    )
+
+    def caps(self) -> dict[int, float | None]:
+        """The caps given, by horizon in UTC days (store.budgets.store.CAP_COLUMNS)."""
+        return {
+            d: getattr(self, c) for d, c in store.CAP_COLUMNS.items() if c in self.model_fields_set
+        }
 
 
 class DeviceCapOut(BaseModel):
     device: str
-    max_epsilon_per_day: float
+    max_epsilon_per_day: float | None = Field(description="its own daily cap (null: none)")
+    max_epsilon_per_30_days: float | None = Field(description="over 30 days (null: none)")
+    max_epsilon_per_365_days: float | None = Field(description="over 365 days (null: none)")
 
 
 class TagCapOut(BaseModel):
     tag: str = Field(description="KEY:VALUE")
-    max_epsilon_per_day: float
+    max_epsilon_per_day: float | None = Field(description="its daily cap (null: none)")
+    max_epsilon_per_30_days: float | None = Field(description="over 30 days (null: none)")
+    max_epsilon_per_365_days: float | None = Field(description="over 365 days (null: none)")
 
 
 class BudgetsOut(BaseModel):
     default_max_epsilon_per_day: float | None = Field(
         description="ZEAL_DEVICE_MAX_EPSILON_PER_DAY: the cap of a device with no cap of its "
         "own or of its tags (null: none)"
+    )
+    default_max_epsilon_per_30_days: float | None = Field(
+        description="ZEAL_DEVICE_MAX_EPSILON_PER_30_DAYS: the same over any 30 UTC days"
+    )
+    default_max_epsilon_per_365_days: float | None = Field(
+        description="ZEAL_DEVICE_MAX_EPSILON_PER_365_DAYS: the same over any 365 UTC days"
     )
     devices: list[DeviceCapOut]
     tags: list[TagCapOut]
@@ -90,10 +124,22 @@ class DeviceBudgetOut(BaseModel):
     first_seen: str | None = Field(
         description="the first UTC day it spent on, YYYY-MM-DD (null: never)"
     )
+    max_epsilon_per_30_days: float | None = Field(
+        description="its cap over any 30 consecutive UTC days (its own, its tags' or the "
+        "default; null: none)"
+    )
+    max_epsilon_per_365_days: float | None = Field(
+        description="its cap over any 365 consecutive UTC days (null: none)"
+    )
 
 
 def _default(request: Request) -> float | None:
     value: float | None = request.app.state.settings.device_max_epsilon_per_day
+    return value
+
+
+def _rolling(request: Request) -> dict[int, float | None]:
+    value: dict[int, float | None] = request.app.state.settings.device_rolling_caps
     return value
 
 
@@ -105,17 +151,35 @@ def _changed(request: Request) -> None:
 @router.get("", dependencies=READ, response_model=BudgetsOut)
 def budgets(request: Request, db: Db) -> BudgetsOut:
     """The default device cap and the caps given to devices and to tags."""
-    found = store.overrides(db)
+    found = {days: store.overrides(db, days) for days in store.CAP_COLUMNS}
+    devices = sorted({d for f in found.values() for d in f.devices})
+    tags = sorted({t for f in found.values() for t in f.tags})
+    rolling = _rolling(request)
     return BudgetsOut(
         default_max_epsilon_per_day=_default(request),
-        devices=[DeviceCapOut(device=d, max_epsilon_per_day=c) for d, c in found.devices.items()],
-        tags=[TagCapOut(tag=f"{k}:{v}", max_epsilon_per_day=c) for (k, v), c in found.tags.items()],
+        default_max_epsilon_per_30_days=rolling.get(30),
+        default_max_epsilon_per_365_days=rolling.get(365),
+        devices=[
+            DeviceCapOut(
+                device=d, **{c: found[days].devices.get(d) for days, c in store.CAP_COLUMNS.items()}
+            )
+            for d in devices
+        ],
+        tags=[
+            TagCapOut(
+                tag=f"{k}:{v}",
+                **{c: found[days].tags.get((k, v)) for days, c in store.CAP_COLUMNS.items()},
+            )
+            for k, v in tags
+        ],
     )
 
 
 def _budget_out(db: Db, request: Request, device: str) -> DeviceBudgetOut:
     try:
-        found = store.device_budget(db, device, _default(request), day_of(store.now_ms()))
+        found = store.device_budget(
+            db, device, _default(request), day_of(store.now_ms()), _rolling(request)
+        )
     except StoreError as exc:
         raise HTTPException(404, str(exc)) from None
     cap = found.max_epsilon_per_day
@@ -136,6 +200,8 @@ def _budget_out(db: Db, request: Request, device: str) -> DeviceBudgetOut:
         first_seen=None
         if found.first_day is None
         else dt.datetime.fromtimestamp(found.first_day * 86_400, dt.UTC).date().isoformat(),
+        max_epsilon_per_30_days=found.rolling[30][0] if 30 in found.rolling else None,
+        max_epsilon_per_365_days=found.rolling[365][0] if 365 in found.rolling else None,
     )
 
 
@@ -146,17 +212,30 @@ def device_budget(device: Device, request: Request, db: Db) -> DeviceBudgetOut:
     return _budget_out(db, request, device)
 
 
+def _given(body: CapIn) -> dict[int, float | None]:
+    caps = body.caps()
+    if not caps:
+        raise invalid(
+            "body",
+            "max_epsilon_per_day",
+            "give at least one of " + ", ".join(store.CAP_COLUMNS.values()),
+        )
+    return caps
+
+
 @router.put("/devices/{device}", dependencies=WRITE, response_model=DeviceBudgetOut)
 def set_device_cap(device: Device, body: CapIn, request: Request, db: Db) -> DeviceBudgetOut:
-    """Give a device a cap of its own (operator token); null removes it."""
+    """Give a device caps of its own (operator token): per UTC day, over 30 and over 365
+    days, each field given set (null removes that cap), the others left as they are."""
     try:
         check_name("device", device)
     except ParameterError as exc:
         raise invalid("path", "device", str(exc)) from None
-    try:
-        store.set_device_cap(db, device, body.max_epsilon_per_day)
-    except StoreError as exc:
-        raise invalid("body", "max_epsilon_per_day", str(exc)) from None
+    for days, cap in _given(body).items():
+        try:
+            store.set_device_cap(db, device, cap, days=days)
+        except StoreError as exc:
+            raise invalid("body", store.CAP_COLUMNS[days], str(exc)) from None
     db.commit()
     _changed(request)
     return _budget_out(db, request, device)
@@ -169,13 +248,14 @@ def set_tag_cap(tag: Tag, body: CapIn, request: Request, db: Db) -> BudgetsOut:
     key, colon, value = tag.partition(":")
     if not colon:
         raise invalid("path", "tag", "a tag is KEY:VALUE")
-    try:
-        store.set_tag_cap(db, key, value, body.max_epsilon_per_day)
-    except StoreError as exc:
-        where, field = (
-            ("path", "tag") if "KEY:VALUE" in str(exc) else ("body", "max_epsilon_per_day")
-        )
-        raise invalid(where, field, str(exc)) from None
+    for days, cap in _given(body).items():
+        try:
+            store.set_tag_cap(db, key, value, cap, days=days)
+        except StoreError as exc:
+            where, field = (
+                ("path", "tag") if "KEY:VALUE" in str(exc) else ("body", store.CAP_COLUMNS[days])
+            )
+            raise invalid(where, field, str(exc)) from None
     db.commit()
     _changed(request)
     return budgets(request, db)
