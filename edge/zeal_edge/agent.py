@@ -43,6 +43,7 @@ from zeal_edge.budget import micro_epsilon
 from zeal_edge.configs import NO_KEY, ConfigDesk
 from zeal_edge.datadir import DataDirLock
 from zeal_edge.device import DeviceLedger
+from zeal_edge.devicecaps import CapsDesk, is_caps
 from zeal_edge.errors import AgentError, UnservedStreamError
 from zeal_edge.holding import Holding
 from zeal_edge.mqtt import BrokerSettings, Connection, Message
@@ -138,6 +139,7 @@ class Agent:
         self.notices = NoticeDesk(
             self.outbox, self.namespace, options, self._throttle, self.configs
         )
+        self.caps = CapsDesk(self.notices, ledger)
         self._failure: AgentError | None = None
         self._invalid_booked = 0
         self._clipped_told: set[str] = set()
@@ -257,6 +259,9 @@ class Agent:
                 self.claim.announce()
 
     def _on_notice(self, message: Message) -> None:
+        if is_caps(message):  # its device's caps (zeal_edge.devicecaps)
+            self.caps.handle(message, self.config, self.now_ms())
+            return
         halt = self.notices.handle(message, self.config, self.now_ms())
         if halt is not None:
             self._halt(*halt)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from zeal import ParameterError
+from zeal.mqtt.topics import CAPS_FIELDS
 from zeal.policy import MICRO, ROLLING, day_of
 from zeal_edge.budget import BudgetPolicy
 from zeal_edge.errors import AgentError
@@ -283,6 +284,17 @@ def _day(day: int) -> str:
     return datetime.fromtimestamp(day * 86_400, UTC).strftime("%Y-%m-%d")
 
 
+def _told(outbox: Outbox, device: str) -> dict[str, Any] | None:
+    """The device's caps as its server last told them and the agent adopted (its own
+    ceiling still bounds each: zeal_edge.devicecaps), or None."""
+    learned = outbox.learned_caps(device)
+    if learned is None:
+        return None
+    revision, issued_ms, caps = learned
+    fields = {CAPS_FIELDS[d]: v for d, v in sorted(caps.items()) if d in CAPS_FIELDS}
+    return {**fields, "revision": revision, "issued": _when(issued_ms)}
+
+
 def _status_record(outbox: Outbox, st: NamespaceStatus, now_ms: int) -> dict[str, Any]:
     record: dict[str, Any] = {
         "stream": st.stream,
@@ -303,6 +315,7 @@ def _status_record(outbox: Outbox, st: NamespaceStatus, now_ms: int) -> dict[str
         "server_key": st.server_key,
         "unverified_messages": st.unverified,
         "ignored_signed": st.ignored or {},
+        "device_caps_told": _told(outbox, st.device),
         "halted": None
         if st.halt is None
         else {"reason": st.halt.reason, "since": _when(st.halt.since_ms), "why": st.halt.message},
@@ -455,6 +468,12 @@ def _status(args: argparse.Namespace) -> int:
         if r["ignored_signed"]:
             counts = ", ".join(f"{k} {v}" for k, v in r["ignored_signed"].items())
             print(f"  ignored, signed   {counts} (docs/edge-agent.md: stale, not for it, not its)")
+        if r["device_caps_told"]:
+            told = r["device_caps_told"]
+            caps = ", ".join(
+                f"{k} {'none' if v is None else v}" for k, v in told.items() if k.startswith("max")
+            )
+            print(f"  device caps told  {caps} (revision {told['revision']}, {told['issued']})")
         _print_budgets(r)
     return 0
 

@@ -41,20 +41,49 @@ class DeviceLedger:
         rolling: Mapping[int, float | None] | None = None,
     ) -> None:
         self.outbox, self.device = outbox, device
-        self.cap_micro = None if cap is None else cap_micro(cap)
-        #: Its caps over ROLLING horizons (UTC days -> micro-epsilon).
-        self.rolling = {
-            days: cap_micro(c) for days in ROLLING if (c := (rolling or {}).get(days)) is not None
+        #: The caps it was given (micro-epsilon by horizon in UTC days: 1, and ROLLING's):
+        #: its ceiling, which caps its server tells it may lower and never raise.
+        self.ceiling = {
+            days: cap_micro(c)
+            for days, c in ((1, cap), *((d, (rolling or {}).get(d)) for d in ROLLING))
+            if c is not None
         }
-        parts = check_shares(list(shares), len(streams))
-        self.shares: dict[str, int | None] = (
-            dict.fromkeys(streams)
-            if self.cap_micro is None
-            else dict(zip(streams, split(self.cap_micro, parts), strict=True))
-        )
+        self.streams, self.parts = list(streams), check_shares(list(shares), len(streams))
         self._lock = threading.Lock()
+        self._apply(self.ceiling)
+        learned = outbox.learned_caps(device)
+        if learned is not None:  # what its server told it before: kept across restarts
+            self.learn(learned[2])
         self._spent: dict[int, int] = {}  # day: micro-epsilon, outbox and admitted
         self._hours: dict[int, int] = {}  # hour: the same (an entry an hour: 8,760 a year)
+
+    def _apply(self, caps: Mapping[int, int]) -> None:
+        """Take `caps` (micro-epsilon by horizon) as the caps in force."""
+        self.cap_micro = caps.get(1)
+        #: Its caps over ROLLING horizons (UTC days -> micro-epsilon).
+        self.rolling = {days: caps[days] for days in ROLLING if days in caps}
+        self.shares: dict[str, int | None] = (
+            dict.fromkeys(self.streams)
+            if self.cap_micro is None
+            else dict(zip(self.streams, split(self.cap_micro, self.parts), strict=True))
+        )
+
+    def learn(self, told: Mapping[int, float | None]) -> list[int]:
+        """Adopt the caps its server holds (`told`: epsilon by horizon in UTC days; None:
+        none there) within its ceiling: each horizon takes the lower of the two. Returns the
+        horizons whose told cap was above the ceiling (refused: the ceiling stays)."""
+        caps, above = dict(self.ceiling), []
+        for days, value in told.items():
+            if value is None or days not in (1, *ROLLING):
+                continue
+            micro = cap_micro(value)
+            if days in caps and micro > caps[days]:
+                above.append(days)
+            else:
+                caps[days] = micro
+        with self._lock:
+            self._apply(caps)
+        return above
 
     def share(self, stream: str) -> int | None:
         """The stream's share of the cap in micro-epsilon per UTC day (None: no cap)."""

@@ -16,6 +16,7 @@ spend budget on it again), readings skipped as not finite, and rejects the serve
 
 from __future__ import annotations
 
+import json
 import secrets
 import sqlite3
 import threading
@@ -453,6 +454,28 @@ class Outbox:
                 (device, period),
             ).fetchone()
         return int(row[0])
+
+    def learned_caps(self, device: str) -> tuple[int, int, dict[int, float | None]] | None:
+        """(revision, issued_ms, caps by horizon in UTC days) of the caps document its
+        server last told `device` and the agent adopted, or None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT revision, issued_ms, caps FROM device_caps WHERE device = ?", (device,)
+            ).fetchone()
+        if row is None:
+            return None
+        caps = {int(days): value for days, value in json.loads(row[2]).items()}
+        return int(row[0]), int(row[1]), caps
+
+    def set_learned_caps(
+        self, device: str, revision: int, issued_ms: int, caps: dict[int, float | None]
+    ) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO device_caps (device, revision, issued_ms, caps) "
+                "VALUES (?, ?, ?, ?)",
+                (device, revision, issued_ms, json.dumps({str(d): c for d, c in caps.items()})),
+            )
 
     def device_days(self, device: str, first: int, last: int) -> dict[int, int]:
         """Micro-epsilon booked per UTC day from `first` to `last` over every stream of

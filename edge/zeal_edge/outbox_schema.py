@@ -73,6 +73,14 @@ CREATE TABLE IF NOT EXISTS ignored (
     last_ms INTEGER NOT NULL,
     PRIMARY KEY (namespace, kind)
 );
+-- A device's caps across streams as its server last told them (zeal_edge.devicecaps): the
+-- revision and issue time of the document adopted, and its caps (JSON, epsilon by horizon).
+CREATE TABLE IF NOT EXISTS device_caps (
+    device TEXT PRIMARY KEY,
+    revision INTEGER NOT NULL,
+    issued_ms INTEGER NOT NULL,
+    caps TEXT NOT NULL
+);
 """
 
 

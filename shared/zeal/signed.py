@@ -10,11 +10,11 @@ it pinned (docs/edge-agent.md, "Which configuration an agent trusts").
 The signature is Ed25519 (RFC 8032) over ``PURPOSE "\\n" canonical-json``, where the JSON is
 the document without its ``signature`` field, keys sorted, no white space, ASCII only, no NaN.
 The purpose (``zeal-stream/1`` for configurations and tombstones, ``zeal-notice/2`` for
-notices, ``zeal-key/1`` for a key's endorsement of its successor) keeps a signature of one
-kind from passing for another (and a ``zeal-notice/1`` notice of an older server, bound to
-nothing, from passing for a notice now). The document carries
-the signer's public key (``key``, 32 bytes) and the signature (``signature``, 64 bytes),
-both in standard base64::
+notices, ``zeal-caps/1`` for a device's caps, ``zeal-key/1`` for a key's endorsement of
+its successor) keeps a signature of one kind from passing for another (and a
+``zeal-notice/1`` notice of an older server, bound to nothing, from passing for a notice
+now). The document carries the signer's public key (``key``, 32 bytes) and the signature
+(``signature``, 64 bytes), both in standard base64::
 
     {"format": "zeal-stream/1", "stream": "temps", ..., "key": "…44 characters…",
      "signature": "…88 characters…"}
@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 __all__ = [
+    "CAPS_PURPOSE",
     "CONFIG_PURPOSE",
     "ENDORSEMENTS",
     "KEY",
@@ -63,6 +64,7 @@ SIGNATURE_BYTES: Final = 64
 #: What each kind of document is signed for.
 CONFIG_PURPOSE: Final = "zeal-stream/1"
 NOTICE_PURPOSE: Final = "zeal-notice/2"
+CAPS_PURPOSE: Final = "zeal-caps/1"
 KEY_PURPOSE: Final = "zeal-key/1"
 #: The field of a configuration that carries a rotated key's chain of endorsements.
 ENDORSEMENTS: Final = "endorsements"

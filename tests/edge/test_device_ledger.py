@@ -94,3 +94,24 @@ def test_what_the_outbox_booked_counts_after_a_restart(tmp_path: Path) -> None:
     capped = DeviceLedger(outbox, "home", 8.0, ["a", "b"], rolling={30: 10.5})
     first = day + 1 - 29  # the first window holding day + 1 holds both booked days
     assert capped.take((day + 1) * DAY_MS, MICRO) == ("30 days", first, 10 * MICRO, 10_500_000)
+
+
+def test_caps_told_by_the_server_lower_the_ceiling_and_never_raise_it(tmp_path: Path) -> None:
+    """The agent's own caps are its ceiling: a cap its server tells it below them is
+    adopted (its streams' shares follow), one above is refused (the ceiling stays), a
+    horizon the agent has no cap of takes the server's; a new ledger on the same outbox
+    (a restart) starts from what was adopted."""
+    outbox = Outbox(tmp_path / "outbox.sqlite")
+    outbox.ensure("a", "home")
+    ledger = DeviceLedger(outbox, "home", 8.0, ["a", "b"])
+    assert ledger.learn({1: 4.0, 30: 20.0, 365: None}) == []
+    assert (ledger.cap_micro, ledger.rolling, ledger.share("a")) == (
+        4 * MICRO,
+        {30: 20 * MICRO},
+        2 * MICRO,
+    )
+    assert ledger.learn({1: 9.0}) == [1]  # above the ceiling of 8: refused
+    assert ledger.cap_micro == 8 * MICRO
+    outbox.set_learned_caps("home", 3, 0, {1: 2.0, 30: None, 365: None})
+    again = DeviceLedger(outbox, "home", 8.0, ["a"])
+    assert (again.cap_micro, again.rolling) == (2 * MICRO, {})

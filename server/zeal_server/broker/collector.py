@@ -37,6 +37,7 @@ from zeal_server.broker import door, identity
 from zeal_server.broker.chirpstack.source import ChirpStackSource
 from zeal_server.broker.chirpstack.uplinks import Translated, Uplinks
 from zeal_server.broker.configsync import ConfigSync
+from zeal_server.broker.devicecaps import CapsTeller
 from zeal_server.broker.inbox import CHIRPSTACK, DATA, Inbox, Received, Shed
 from zeal_server.broker.jetstream import JetStreamSource
 from zeal_server.broker.lags import CommitLags
@@ -58,6 +59,7 @@ MAX_EVENT = 64 * 1024
 #: What ``tally`` reads of each message and outcome (C-level getters).
 _RECEIVED_MS = attrgetter("received_ms")
 _STATUS, _READINGS, _RESET = attrgetter("status"), attrgetter("readings"), attrgetter("reset")
+_STREAM, _DEVICE = attrgetter("stream"), attrgetter("device")
 
 
 class Collector:
@@ -131,6 +133,9 @@ class Collector:
         )
         self.configs = ConfigSync(functools.partial(self.mqtt.publish, retain=True), sessions)
         self.notices = Notifier(self.mqtt.publish)
+        self.caps_teller = CapsTeller(
+            self.notices, settings.device_max_epsilon_per_day, settings.device_rolling_caps
+        )
         self.jetstream = self._jetstream_source()
         #: Where devices' batches come from (DATA), and ChirpStack's events (CHIRPSTACK).
         self.data: Source = self.jetstream or self.mqtt
@@ -391,9 +396,12 @@ class Collector:
             or self.configs.changed.is_set()
             or time.monotonic() - self._last_sync >= self.sync_every
         )
+        moved = False
         if time.monotonic() - self._caps_read >= self.sync_every:
             self._caps_read = time.monotonic()  # another process's cap applies within it
-            self._check_caps()
+            moved = self._check_caps()
+        if (moved or self.caps_teller.pending) and self.broker_connected:
+            self._tell_caps()
         if due and self.broker_connected:
             self._last_sync = time.monotonic()
             ids = self.configs.sync(force=connects > self._synced_connects)
@@ -408,18 +416,30 @@ class Collector:
         if self.chirpstack is not None and (stale or self._reload_bindings.is_set()):
             self._load_bindings()
 
-    def _check_caps(self) -> None:
+    def _check_caps(self) -> bool:
         """Drop the cached device caps when the counter of cap changes moved
         (store.versions), or when it cannot be read: one small query, where reading every
-        cached cap again cost the writer a tenth of its speed (bench/writer_cost.py)."""
+        cached cap again cost the writer a tenth of its speed (bench/writer_cost.py).
+        Whether it moved."""
         try:
             with self.sessions() as session:
                 version: int | None = store.caps_version(session)
         except SQLAlchemyError:
             version = None
-        if version is None or version != self._caps_version:
+        moved = version != self._caps_version
+        if version is None or moved:
             self.ingest.forget_caps()
         self._caps_version = version
+        return moved
+
+    def _tell_caps(self) -> None:
+        """Tell devices their caps (broker.devicecaps): those first seen, and those whose
+        caps changed. A failure to read them is tried again at the next sync."""
+        try:
+            with self.sessions() as session:
+                self.caps_teller.tell(session, self.configs.server_id, self._caps_version)
+        except SQLAlchemyError as exc:
+            log.warning("could not read the devices' caps to tell them: %s", exc)
 
     def _load_bindings(self) -> None:
         """Read the LoRaWAN bindings again (a change here, or every sync_every seconds; a
@@ -514,6 +534,7 @@ class Collector:
                 self.chirpstack.ack(events)
         self.acknowledged += len(pending)
         statuses, lags, unusual = tally(pending, outcomes)
+        self.caps_teller.seen(told(pending, outcomes, mqtt_only=self.chirpstack is not None))
         for message, outcome in unusual:
             # A LoRaWAN device is not reached over MQTT: no notice, no reject budget.
             mqtt_device = message.source != CHIRPSTACK
@@ -597,6 +618,19 @@ def transaction_max(settings: ServerSettings) -> int:
     if settings.database_url.startswith("sqlite") and not settings.nats_servers:
         return inflight
     return max(1, inflight // 2)
+
+
+def told(
+    messages: Sequence[Any], outcomes: list[Outcome], *, mqtt_only: bool
+) -> set[tuple[str, str]]:
+    """(stream, device) of the batches stored in a committed round: the devices the
+    collector tells their caps (broker.devicecaps; with `mqtt_only`, not LoRaWAN devices,
+    which MQTT does not reach). Sets built in C: no Python code runs per message."""
+    stored = list(map("stored".__eq__, map(_STATUS, outcomes)))
+    if mqtt_only:
+        stored = [s and m.source != CHIRPSTACK for s, m in zip(stored, messages, strict=True)]
+    kept = list(compress(outcomes, stored))
+    return set(zip(map(_STREAM, kept), map(_DEVICE, kept), strict=True))
 
 
 def tally(

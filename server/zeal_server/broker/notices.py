@@ -50,10 +50,11 @@ NOTICES = {
     "policy (its max_epsilon_per_day, counted per UTC day of the readings' timestamps): "
     "nothing of it was stored; the agent's ledger should have held it back (was its outbox "
     "reset, or does another agent use this device id?)",
-    "device_cap": "the batch would take device {device} past its daily privacy cap across "
-    "all its streams (counted per UTC day of the readings' timestamps): nothing of it was "
-    "stored; run the device's streams in one agent (zeal-edge run --stream a,b,...) so that "
-    "they share its cap, and give the agent the device's cap if the operator set one",
+    "device_cap": "the batch would take device {device} past its privacy caps across all "
+    "its streams (per UTC day and hour of the readings' timestamps, and over 30 and 365 "
+    "days where set): nothing of it was stored; run the device's streams in one agent "
+    "(zeal-edge run --stream a,b,...) so that they share its caps, which the agent learns "
+    "from this server",
     "transport_mismatch": "device {device} of stream {stream} is a LoRaWAN device on this "
     "server (ChirpStack delivers its frames): a batch under its name over MQTT is refused; "
     "give this device another name",
@@ -94,7 +95,7 @@ class Notifier:
         if now - self._sent.get(key, -1e18) < NOTICE_EVERY:
             return
         self._sent[key] = now
-        self._issued = max(int(time.time() * 1000), self._issued + 1)
+        issued = self.issue()
         last = outcome.last_sequence
         notice = Notice(
             server=server_id,
@@ -107,11 +108,20 @@ class Notifier:
                 sequence=outcome.sequence,
                 last="none" if last is None else last,
             ),
-            issued_ms=self._issued,
+            issued_ms=issued,
             digest=message_digest(payload),
             sequence=outcome.sequence,
             # never a sequence to continue from that a device cannot store
             last_sequence=last if last is not None and last < MAX_SEQUENCE else None,
         )
         signed = self.signer.sign(notice.to_document(), NOTICE_PURPOSE)
-        self._publish(notice_topic(outcome.stream, outcome.device), json.dumps(signed).encode())
+        self.publish(notice_topic(outcome.stream, outcome.device), json.dumps(signed).encode())
+
+    def issue(self) -> int:
+        """When a notice issued now is issued (ms): strictly later than the previous one."""
+        self._issued = max(int(time.time() * 1000), self._issued + 1)
+        return self._issued
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        """Publish a signed document to a device (QoS 1, not retained)."""
+        self._publish(topic, payload)

@@ -46,6 +46,10 @@ class Bounded(Generic[K, V]):
     def clear(self) -> None:
         self._items.clear()
 
+    def ordered_keys(self) -> list[K]:
+        """Every key, least recently used first (their order unchanged)."""
+        return list(self._items)
+
     def __contains__(self, key: object) -> bool:
         return key in self._items
 

@@ -53,6 +53,7 @@ __all__ = [
     "identity_of",
     "overrides",
     "principal_ids",
+    "resolve_caps",
     "set_device_cap",
     "set_tag_cap",
     "spent_on",
@@ -141,19 +142,16 @@ def _tag_caps(session: Session, names: list[str], days: int = 1) -> dict[str, tu
     return out
 
 
-def caps_of(
+def resolve_caps(
     session: Session,
-    accounts: list[Account],
+    names: list[str],
     default: float | None,
     rolling: Mapping[int, float | None] | None = None,
-) -> dict[Account, tuple[int, DeviceCaps | None]]:
-    """(principal id, caps in micro-epsilon or None for none) of each of `accounts`,
-    creating the principals not known yet: the caps of the account's device name, each
-    horizon its own (the name's, else its tags' lowest, else `default` for the day and
-    `rolling`'s for 30 and 365 days)."""
-    ids = principal_ids(session, accounts)
-    names = sorted({name for name, _ in ids})
-    found: dict[int, dict[str, float]] = {}
+) -> dict[str, dict[int, float]]:
+    """The caps in epsilon of device `names` by horizon (1, 30, 365 UTC days; a horizon
+    left out: no cap), each its own: the name's, else its tags' lowest, else `default` for
+    the day and `rolling`'s for 30 and 365 days. Reads only."""
+    found: dict[str, dict[int, float]] = {name: {} for name in names}
     for horizon in (1, *ROLLING):
         fallback = default if horizon == 1 else (rolling or {}).get(horizon)
         column = getattr(Principal, COLUMNS[horizon])
@@ -167,18 +165,27 @@ def caps_of(
         for name in names:
             cap = own.get(name, tags[name][0] if name in tags else fallback)
             if cap is not None:
-                found.setdefault(horizon, {})[name] = float(cap)
+                found[name][horizon] = float(cap)
+    return found
+
+
+def caps_of(
+    session: Session,
+    accounts: list[Account],
+    default: float | None,
+    rolling: Mapping[int, float | None] | None = None,
+) -> dict[Account, tuple[int, DeviceCaps | None]]:
+    """(principal id, caps in micro-epsilon or None for none) of each of `accounts`,
+    creating the principals not known yet: the caps of the account's device name
+    (``resolve_caps``)."""
+    ids = principal_ids(session, accounts)
+    found = resolve_caps(session, sorted({name for name, _ in ids}), default, rolling)
     out: dict[Account, tuple[int, DeviceCaps | None]] = {}
     for account, pid in ids.items():
-        name = account[0]
-        day = found.get(1, {}).get(name)
+        mine = found[account[0]]
         caps = DeviceCaps(
-            None if day is None else cap_micro(day),
-            tuple(
-                (days, cap_micro(found[days][name]))
-                for days in ROLLING
-                if name in found.get(days, {})
-            ),
+            None if 1 not in mine else cap_micro(mine[1]),
+            tuple((days, cap_micro(mine[days])) for days in ROLLING if days in mine),
         )
         out[account] = (pid, caps if caps.any else None)
     return out

@@ -25,6 +25,17 @@ own stream and device, about a message it sent, newer than the last it acted on
      "reason": "unknown_stream", "sequence": 12, "digest": "9f2c…", "last_sequence": null,
      "issued_ms": …, "message": "…"}
 
+A *caps* document tells one device its caps across streams as its server holds them (the
+day's, which also sets the device hour rule, and those over 30 and 365 days; null: none),
+on the device's notice topic of each stream it sends to. It is bound to the server and the
+device, and to the server's ``revision`` of its caps (the database's counter of cap
+changes) and ``issued_ms``: an agent adopts one only for its own device, from the server
+that configured its stream, newer than the last it adopted (zeal_edge.devicecaps)::
+
+    {"format": "zeal-caps/1", "server": "…", "device": "kitchen-1", "revision": 7,
+     "issued_ms": …, "max_epsilon_per_day": 4.0, "max_epsilon_per_30_days": null,
+     "max_epsilon_per_365_days": null}
+
 A *presence* document says which agent instance runs a device id; an agent that finds
 another instance online refuses to start::
 
@@ -35,12 +46,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Final
 
 from zeal.errors import TopicError
 
 __all__ = [
+    "CAPS_FIELDS",
+    "CAPS_FORMAT",
     "CONFIG_FILTER",
     "DATA_FILTER",
     "FLUSH_FILTER",
@@ -48,6 +62,7 @@ __all__ = [
     "NOTICE_FORMAT",
     "PREFIX",
     "PRESENCE_FORMAT",
+    "DeviceCapsNotice",
     "Notice",
     "Presence",
     "TopicError",
@@ -70,6 +85,13 @@ CONFIG_FILTER: Final = f"{PREFIX}/+/config"
 #: after it has read everything the client sent before (the collector's last PUBACKs).
 FLUSH_FILTER: Final = f"{PREFIX}/flush"
 NOTICE_FORMAT: Final = "zeal-notice/2"
+CAPS_FORMAT: Final = "zeal-caps/1"
+#: The caps a caps document carries, by horizon in UTC days (zeal.policy.ROLLING).
+CAPS_FIELDS: Final = {
+    1: "max_epsilon_per_day",
+    30: "max_epsilon_per_30_days",
+    365: "max_epsilon_per_365_days",
+}
 PRESENCE_FORMAT: Final = "zeal-presence/1"
 
 
@@ -216,6 +238,53 @@ class Notice:
             sequence=_int_or_none(data.get("sequence")),
             last_sequence=_int_or_none(data.get("last_sequence")),
         )
+
+
+@dataclass(frozen=True)
+class DeviceCapsNotice:
+    """A device's caps across streams, as its server tells it (the module docstring)."""
+
+    server: str
+    device: str
+    revision: int
+    issued_ms: int
+    #: Epsilon by horizon (CAPS_FIELDS; None: no such cap at the server).
+    caps: dict[int, float | None]
+
+    def to_document(self) -> dict[str, Any]:
+        """The document as sent (a server signs it for zeal.signed.CAPS_PURPOSE)."""
+        return {
+            "format": CAPS_FORMAT,
+            "server": self.server,
+            "device": self.device,
+            "revision": self.revision,
+            "issued_ms": self.issued_ms,
+            **{field: self.caps.get(days) for days, field in CAPS_FIELDS.items()},
+        }
+
+    @classmethod
+    def from_document(cls, data: dict[str, Any]) -> DeviceCapsNotice:
+        """The document from its parsed JSON object (TopicError when it is not one)."""
+        if data.get("format") != CAPS_FORMAT:
+            raise TopicError(f"not a {CAPS_FORMAT} document")
+        server, device = data.get("server"), data.get("device")
+        if not (isinstance(server, str) and isinstance(device, str)):
+            raise TopicError("a caps document's server and device are text")
+        revision, issued = _int_or_none(data.get("revision")), _int_or_none(data.get("issued_ms"))
+        if revision is None or issued is None or revision < 0:
+            raise TopicError("a caps document's revision and issued_ms are integers")
+        caps: dict[int, float | None] = {}
+        for days, field in CAPS_FIELDS.items():
+            value = data.get(field)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise TopicError(f"a caps document's {field} is a positive number or null")
+            caps[days] = None if value is None else float(value)
+        return cls(server, device, revision, issued, caps)
 
 
 @dataclass(frozen=True)

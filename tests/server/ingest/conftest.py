@@ -1,4 +1,5 @@
-"""What the device-cap tests share: a database of three streams under the default policy."""
+"""What the device-cap tests share: a database of three streams under the default policy,
+and the real server on a real broker."""
 
 from __future__ import annotations
 
@@ -7,30 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
-from tests.server.helpers import postgres_database
-from zeal import Zeal, encode_batch
+from tests.server.helpers import postgres_database, wait_until
+from tests.server.ingest.homes import STREAMS
+from tools.testbed.broker import Mosquitto
 from zeal_server import store
+from zeal_server.app import create_app
+from zeal_server.settings import ServerSettings
 from zeal_server.store.db import make_engine, migrate, session_factory
 from zeal_server.store.models import Stream
-
-#: The three streams of one home's sensor.
-STREAMS = ("humidity", "occupancy", "temperature")
-
-
-def one_reading(
-    stream: str, device: str, sequence: int, stamp: int, policy: float | None = 8.0
-) -> bytes:
-    """A batch of one reading stamped `stamp` at epsilon 1 under `policy` (epsilon a day)."""
-    params = Zeal(lower=0, upper=100, epsilon=1, max_epsilon_per_day=policy)
-    return encode_batch(
-        params,
-        stream=stream,
-        device=device,
-        sequence=sequence,
-        timestamps=[stamp],
-        codes=params.perturb([50.0]),
-    )
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -54,3 +41,25 @@ def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     engine.dispose()
     if database is not None:
         next(database, None)
+
+
+@pytest.fixture
+def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
+    """The real server with its default settings on the broker; readings of yesterday are
+    accepted (backfill 3 days), and the three streams under the default policy."""
+    settings = ServerSettings.from_env(
+        {
+            "ZEAL_DATABASE_URL": database_url,
+            "ZEAL_MQTT_URL": broker.url,
+            "ZEAL_BACKFILL_SECONDS": str(3 * 86_400),
+        }
+    )
+    assert settings.device_max_epsilon_per_day == 8.0
+    with TestClient(create_app(settings)) as c:
+        wait_until(lambda: c.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        for name in STREAMS:
+            body = {"name": name, "lower": 0, "upper": 100, "epsilon": 1}
+            created = c.post("/api/v1/streams", json=body)
+            assert created.status_code == 201, created.text
+            assert created.json()["max_epsilon_per_day"] == 8.0
+        yield c

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from tests.server.ingest.conftest import STREAMS, one_reading
+from tests.server.ingest.homes import STREAMS, one_reading
 from zeal.policy import DAY_MS, HOUR_MS, day_of
 from zeal_server import store
 from zeal_server.ingest import Ingest

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,60 +17,23 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.server.helpers import publish_all, wait_until
+from tests.server.ingest.homes import STREAMS, totals
 from tools.testbed.broker import Mosquitto, agent_status
 from zeal import Zeal, encode_batch
 from zeal.policy import DAY_MS, HOUR_MS, day_of
 from zeal_server import store
-from zeal_server.app import create_app
-from zeal_server.settings import ServerSettings
 from zeal_server.store.db import make_engine, session_factory
 
 pytestmark = pytest.mark.integration
 
-STREAMS = ("humidity", "occupancy", "temperature")
 #: The environment with the agent's default device cap (the suite lifts it, tests/conftest.py).
 DEFAULTS = {k: v for k, v in os.environ.items() if k != "ZEAL_DEVICE_MAX_EPSILON_PER_DAY"}
-
-
-@pytest.fixture
-def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
-    """The real server with its default settings on the broker; readings of yesterday are
-    accepted (backfill 3 days), and the three streams under the default policy."""
-    settings = ServerSettings.from_env(
-        {
-            "ZEAL_DATABASE_URL": database_url,
-            "ZEAL_MQTT_URL": broker.url,
-            "ZEAL_BACKFILL_SECONDS": str(3 * 86_400),
-        }
-    )
-    assert settings.device_max_epsilon_per_day == 8.0
-    with TestClient(create_app(settings)) as c:
-        wait_until(lambda: c.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
-        for name in STREAMS:
-            body = {"name": name, "lower": 0, "upper": 100, "epsilon": 1}
-            created = c.post("/api/v1/streams", json=body)
-            assert created.status_code == 201, created.text
-            assert created.json()["max_epsilon_per_day"] == 8.0
-        yield c
 
 
 def yesterday_hours() -> list[int]:
     """The start of every hour of yesterday (UTC, computed when the test runs)."""
     day = day_of(int(time.time() * 1000)) - 1
     return [day * DAY_MS + h * HOUR_MS for h in range(24)]
-
-
-def totals(client: TestClient, device: str) -> tuple[int, dict[str, int]]:
-    """Readings stored and rejects counted for `device` over the three streams."""
-    stored, rejects = 0, {}
-    for stream in STREAMS:
-        devices = client.get(f"/api/v1/streams/{stream}/devices").json()["devices"]
-        for d in devices:
-            if d["name"] == device:
-                stored += d["readings"]
-                for reason, count in (d.get("rejects") or {}).items():
-                    rejects[reason] = rejects.get(reason, 0) + count
-    return stored, rejects
 
 
 def flags(client: TestClient, stream: str, device: str) -> list[str]:

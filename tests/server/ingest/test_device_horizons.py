@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from tests.server.ingest.conftest import STREAMS, one_reading
+from tests.server.ingest.homes import STREAMS, one_reading
 from zeal.policy import DAY_MS, HOUR_MS, day_of
 from zeal_server import store
 from zeal_server.ingest import Ingest
@@ -113,8 +113,8 @@ def check_bounds(messages: list[tuple[str, int, bytes]], outcomes: list[str], ca
 def test_a_rogue_device_over_40_days_stays_within_the_hour_rule_the_day_and_30_days(
     sessions: Any,
 ) -> None:
-    """Acceptance (issue 64): a device ignoring its ledger, one reading every 10 minutes
-    into three streams for 40 days (17,280 messages, a day's a transaction), with a 30-day
+    """A device ignoring its ledger, one reading every 10 minutes into
+    three streams for 40 days (17,280 messages, a day's a transaction), with a 30-day
     cap of 100: every UTC hour holds at most one reading, every day at most 8, every 30
     days at most 100; the rest refused as device_cap (or over_budget where its stream's own
     policy said so first); exactly what the rules give one at a time, in topic order."""
