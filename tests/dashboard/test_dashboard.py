@@ -757,6 +757,14 @@ def test_stream_page_shows_the_privacy_policy_and_each_devices_spend_today(
     )
     assert row.locator("td.flags").inner_text() == (", ".join(device["flags"]) or "–")
     assert device["epsilon_spent"] == device["readings"] * stream["epsilon"]
+    # The spread of the devices' accounts over the stream's devices: /stats' figures.
+    spread = server.get("/api/v1/streams/temps/stats")["device_accounts"]
+    month = page.locator("#account-last_30_days td")
+    month.first.wait_for(timeout=15000)
+    assert month.all_inner_texts() == [
+        "the last 30 days",
+        *(f"{spread['last_30_days'][q]:.2f}" for q in ("median", "p90", "max")),
+    ]
 
 
 def test_resets_duplicates_raw_store_and_clipped_bands_read_right(

@@ -253,3 +253,19 @@ def test_the_device_figures_in_docs_privacy_are_the_planners() -> None:
     ):
         assert figure in text, figure
     assert [s.binds for s in plan.streams] == ["device cap", "device cap", "policy"]
+    yearly = plan_device(device_streams(), fleet, 8.0, None, 2190)
+    humidity, temperature, co2 = yearly.streams
+    for figure in (
+        f"each stream's share is {humidity.share_epsilon} epsilon a day",
+        f"humidity sends {humidity.readings_per_day} readings a day and temperature "
+        f"{temperature.readings_per_day} (the yearly cap binds",
+        f"CO₂ {co2.readings_per_day} (its own policy)",
+        f"at most {yearly.spent_per_day:g} a day, {yearly.spent_per_year:,g} a year",
+    ):
+        assert figure in text, figure
+    assert [s.binds for s in yearly.streams] == ["yearly cap", "yearly cap", "policy"]
+    starved = plan_device(device_streams(), fleet, 8.0, None, 730)  # 2 a day: CO2 buys none
+    assert (starved.streams[2].readings_per_day, starved.streams[2].plan.even_reading_every) == (
+        0,
+        None,
+    )

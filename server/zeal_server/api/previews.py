@@ -55,8 +55,9 @@ class WindowPlanOut(BaseModel):
     guaranteed_half_width: float | None = Field(
         description="guaranteed (Bernstein) half width of that window's interval"
     )
-    even_reading_every: float = Field(
-        description="seconds between readings that spread the day's allowance over 24 hours"
+    even_reading_every: float | None = Field(
+        description="seconds between readings that spread the day's allowance over 24 hours "
+        "(null: an allowance of no reading a day)"
     )
     risk: float = Field(
         description="mean squared error of a window's average over the day's windows, a "
@@ -80,7 +81,8 @@ class StreamPlanOut(BaseModel):
     readings_per_hour: int | None = Field(description="its policy's cap per UTC hour")
     binds: str = Field(
         description="which cap sets its readings per day: policy (its own), device cap (its "
-        "share), or none (a stream without a policy)"
+        "share), yearly cap (its share of a 365th of the yearly budget), or none (a stream "
+        "without a policy)"
     )
     windows: WindowPlanOut
 
@@ -95,6 +97,13 @@ class DevicePlanOut(BaseModel):
     )
     spent_per_day: float = Field(
         description="epsilon a device spends per UTC day over the streams with a policy, at most"
+    )
+    device_max_epsilon_per_365_days: float | None = Field(
+        description="the yearly budget planned (a cap over any 365 UTC days; null: none): a "
+        "device reporting every day may spend a 365th of it a day"
+    )
+    spent_per_year: float = Field(
+        description="epsilon a device spends over 365 UTC days at most (365 x spent_per_day)"
     )
     streams: list[StreamPlanOut]
 

@@ -86,7 +86,9 @@ class WindowPlan:
     std_error: float | None  # of a covered window's average, averaged over the covered windows
     worst_std_error: float | None  # of the covered window with the fewest readings
     guaranteed_half_width: float | None  # of that window, at the fleet's confidence
-    even_reading_every: float  # reading this seldom spreads the day's allowance over 24 hours
+    #: Reading this seldom spreads the day's allowance over 24 hours (None: an allowance
+    #: of no reading a day, a share of a device cap below one reading).
+    even_reading_every: float | None
     #: The mean squared error of a window's average over the day's windows: noise / n for a
     #: window with n readings, (upper - lower)**2 / 12 for one with none (a guess at the
     #: middle of the range, readings spread evenly over it).
@@ -206,7 +208,7 @@ def plan_windows(params: Zeal, fleet: Fleet, *, allowance: int | None = None) ->
         std_error=std_error,
         worst_std_error=worst,
         guaranteed_half_width=half,
-        even_reading_every=DAY_SECONDS / per_day,
+        even_reading_every=DAY_SECONDS / per_day if per_day else None,
         risk=float(risk.mean()),
     )
 
@@ -236,6 +238,10 @@ class DevicePlan:
     streams: tuple[StreamPlan, ...]
     #: Epsilon a device spends a day over its streams with a policy, at most.
     spent_per_day: float
+    #: The yearly budget planned (a cap over any 365 UTC days; None: none), and what a
+    #: device spends a year at most (365 days of spent_per_day).
+    device_max_epsilon_per_365_days: float | None = None
+    spent_per_year: float = 0.0
 
 
 def plan_device(
@@ -243,19 +249,24 @@ def plan_device(
     fleet: Fleet,
     device_max_epsilon_per_day: float | None,
     shares: list[float] | None = None,
+    device_max_epsilon_per_365_days: float | None = None,
 ) -> DevicePlan:
     """Each stream's windows when every device of `fleet` runs `streams` (name, parameters)
     together, its cap split by `shares` (none: evenly) as zeal_edge.device splits it: a
     stream with a policy may spend the lower of its policy and its share (rounded down to
-    whole micro-epsilon, then to whole readings); its hour's cap stays its policy's."""
+    whole micro-epsilon, then to whole readings); its hour's cap stays its policy's. With a
+    yearly budget (a cap over any 365 UTC days), a device that reports every day can spend
+    a 365th of it a day, every day: the daily cap split is the lower of the day's cap and
+    that (a stream it binds says "yearly cap")."""
     if not streams:
         raise ParameterError("a device plan needs at least one stream")
     parts = check_shares(list(shares or []), len(streams))
-    caps: list[int | None] = (
-        [None] * len(streams)
-        if device_max_epsilon_per_day is None
-        else list(split(cap_micro(device_max_epsilon_per_day), parts))
-    )
+    daily = None if device_max_epsilon_per_day is None else cap_micro(device_max_epsilon_per_day)
+    yearly = None
+    if device_max_epsilon_per_365_days is not None:
+        yearly = cap_micro(device_max_epsilon_per_365_days) // 365
+        daily = yearly if daily is None else min(daily, yearly)
+    caps: list[int | None] = [None] * len(streams) if daily is None else list(split(daily, parts))
     out: list[StreamPlan] = []
     spent = 0
     for (name, params), share in zip(streams, caps, strict=True):
@@ -266,6 +277,8 @@ def plan_device(
             continue
         allowance = policy if share is None else min(policy, share // cost)
         binds = "policy" if allowance == policy else "device cap"
+        if binds == "device cap" and yearly is not None and daily == yearly:
+            binds = "yearly cap"
         plan = plan_windows(params, fleet, allowance=allowance)
         spent += allowance * cost
         out.append(
@@ -276,6 +289,8 @@ def plan_device(
         tuple(float(p) for p in parts),
         tuple(out),
         spent / MICRO,
+        device_max_epsilon_per_365_days,
+        365 * spent / MICRO,
     )
 
 

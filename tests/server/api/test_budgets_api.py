@@ -188,6 +188,21 @@ def test_the_device_planner_answers_per_stream(client: TestClient) -> None:
     assert all(s["windows"]["std_error"] > 0 for s in out["streams"])
     loose = client.get("/api/v1/preview/device", params=query | {"device_max_epsilon_per_day": 100})
     assert [s["binds"] for s in loose.json()["streams"]] == ["policy", "policy"]
+    assert (out["device_max_epsilon_per_365_days"], out["spent_per_year"]) == (None, 8.0 * 365)
+    # A yearly budget of 1,095 is 3 a day: 1.5 a stream, 1 humidity reading and 3 of
+    # temperature a day; a device leaves more of its windows without a reading.
+    yearly = client.get(
+        "/api/v1/preview/device", params=query | {"device_max_epsilon_per_365_days": 1095}
+    ).json()
+    got = [
+        (s["stream"], s["share_epsilon"], s["readings_per_day"], s["binds"])
+        for s in yearly["streams"]
+    ]
+    assert got == [("humidity", 1.5, 1, "yearly cap"), ("temperature", 1.5, 3, "yearly cap")]
+    assert (yearly["spent_per_day"], yearly["spent_per_year"]) == (2.5, 912.5)
+    for before, after in zip(out["streams"], yearly["streams"], strict=True):
+        assert after["windows"]["sent_per_day"] == after["readings_per_day"]
+        assert after["windows"]["empty_share"] > before["windows"]["empty_share"]
     for bad, field in (
         ({"streams": "humidity,nowhere"}, "streams"),
         ({"shares": "1"}, "shares"),

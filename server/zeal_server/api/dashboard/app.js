@@ -413,6 +413,7 @@ function streamView(main, name, params) {
   const prev = el("button", { type: "button", id: "devices-prev", text: "Previous" });
   const next = el("button", { type: "button", id: "devices-next", text: "Next" });
   const rejectsBody = el("tbody", { id: "rejects-body" });
+  const accountsBody = el("tbody", { id: "accounts-body" });
   const paramsList = el("dl", { class: "params", id: "stream-params" });
   const mechanismList = el("dl", { class: "params", id: "mechanism-params" });
   const title = el("h1", { text: name });
@@ -492,7 +493,18 @@ function streamView(main, name, params) {
     el("section", { class: "card", "aria-labelledby": "devices-title" },
       el("h2", { id: "devices-title", text: "Devices" }),
       el("table", { id: "devices" }, el("thead", {}, devicesHead), devicesBody),
-      el("div", { class: "pager" }, prev, next, pagerText)),
+      el("div", { class: "pager" }, prev, next, pagerText),
+      el("h2", { id: "accounts-title", class: "spaced", text: "Privacy its devices spent, over all their streams" }),
+      el("table", { id: "accounts", "aria-labelledby": "accounts-title" },
+        el("thead", {}, el("tr", {},
+          el("th", { scope: "col", text: "Over" }),
+          el("th", { scope: "col", class: "num", text: "Median ε" }),
+          el("th", { scope: "col", class: "num", text: "90th percentile ε" }),
+          el("th", { scope: "col", class: "num", text: "Most ε" }))),
+        accountsBody),
+      el("p", { class: "muted", text: "Each device's epsilon booked over every stream it " +
+        "sends to (its account), spread over this stream's devices; a device with nothing " +
+        "booked counts 0." })),
   );
 
   windowSelect.value = state.window;
@@ -942,6 +954,14 @@ function streamView(main, name, params) {
         `TR = ${fmt(e.transmission_ratio_tr, 4)} (Eq. 27): the paper sends ${fmt(e.paper_wire_bits, 0)} ` +
         "bits per value before headers and timestamps.");
     }
+    const horizons = [["last_7_days", "the last 7 days"], ["last_30_days", "the last 30 days"],
+      ["last_365_days", "the last 365 days"], ["since_first_seen", "since first seen"]];
+    const accounts = stats.device_accounts || {};
+    accountsBody.replaceChildren(...(Object.keys(accounts).length
+      ? horizons.filter(([key]) => key in accounts).map(([key, label]) => el("tr", { id: `account-${key}` },
+        el("td", { text: label }),
+        ...["median", "p90", "max"].map((q) => el("td", { class: "num", text: fmt(accounts[key][q], 2) }))))
+      : [el("tr", {}, el("td", { colspan: 4, text: "No device yet." }))]));
     const reasons = Object.entries(stats.rejects).sort((x, y) => y[1] - x[1]);
     const row = (reason, count, note, id) => el("tr", { id },
       el("td", {}, reason, note ? el("span", { class: "muted", text: ` (${note})` }) : null),

@@ -276,6 +276,16 @@ def preview_device(
             description="the device cap planned (default: the server's)",
         ),
     ] = None,
+    device_max_epsilon_per_365_days: Annotated[
+        float | None,
+        Query(
+            gt=0,
+            le=MAX_EPSILON_PER_DAY,
+            description="a yearly budget: the device's cap over any 365 UTC days (default: "
+            "the server's ZEAL_DEVICE_MAX_EPSILON_PER_365_DAYS, none unless set); a device "
+            "reporting every day spends a 365th of it a day",
+        ),
+    ] = None,
     confidence: Confidence = 0.95,
 ) -> DevicePlanOut:
     """Each stream's windows when every device of a fleet runs these streams together under
@@ -285,7 +295,9 @@ def preview_device(
     error (noise at the middle of each stream's range)."""
     found = _existing(db, streams)
     fleet = Fleet(devices, reading_every, interval, confidence=confidence)
-    return _device_plan(request, found, fleet, shares, device_max_epsilon_per_day)
+    return _device_plan(
+        request, found, fleet, shares, device_max_epsilon_per_day, device_max_epsilon_per_365_days
+    )
 
 
 def _existing(db: Db, streams: str, *, taken: tuple[str, ...] = ()) -> list[tuple[str, Zeal]]:
@@ -308,8 +320,10 @@ def _device_plan(
     fleet: Fleet,
     shares: str | None,
     device_max_epsilon_per_day: float | None,
+    yearly: float | None = None,
 ) -> DevicePlanOut:
-    """The device plan of streams `found` (zeal.planning.windows.plan_device), answered."""
+    """The device plan of streams `found` (zeal.planning.windows.plan_device), answered
+    (`yearly`: the cap over 365 days planned; None: the server's)."""
     try:
         parts = None if shares is None else [float(x) for x in shares.split(",")]
     except ValueError:
@@ -317,14 +331,18 @@ def _device_plan(
     cap = device_max_epsilon_per_day
     if cap is None:
         cap = request.app.state.settings.device_max_epsilon_per_day
+    if yearly is None:
+        yearly = request.app.state.settings.device_rolling_caps.get(365)
     try:
-        plan = plan_device(found, fleet, cap, parts)
+        plan = plan_device(found, fleet, cap, parts, yearly)
     except ParameterError as exc:
         field = "shares" if "share" in str(exc) else None
         raise invalid("query", field, str(exc)) from exc
     return DevicePlanOut(
         device_max_epsilon_per_day=plan.device_max_epsilon_per_day,
         spent_per_day=plan.spent_per_day,
+        device_max_epsilon_per_365_days=plan.device_max_epsilon_per_365_days,
+        spent_per_year=plan.spent_per_year,
         streams=[
             StreamPlanOut(
                 stream=s.name,
