@@ -159,7 +159,7 @@ class DeviceCharge:
 
 
 def _spend(
-    charges: list[DeviceCharge], size: int
+    charges: list[DeviceCharge], size: int = HOUR_MS
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The (principal, period) keys (periods of `size` ms) of every new batch with a cap,
     what the booked ones spend on each (0 for the others: their rows are locked with the
@@ -185,6 +185,18 @@ def _spend(
     cheapest = np.full(len(found), np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(cheapest, inverse, np.concatenate(costs_))
     return found, sums, cheapest
+
+
+def _days_of(
+    hours: npt.NDArray[np.int64], sums: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The (principal, UTC day) keys of (principal, UTC hour) keys `hours` (a day is 24
+    hours), and what each spends: their hours' `sums` added."""
+    keys = hours // _SPAN * _SPAN + hours % _SPAN // 24
+    days, inverse = np.unique(keys, return_inverse=True)
+    out = np.zeros(len(days), dtype=np.int64)
+    np.add.at(out, inverse, sums)
+    return days, out
 
 
 #: The bound of a day row of a device capped over longer horizons only (no sum reaches it).
@@ -293,8 +305,8 @@ def charge_devices(
     (`caps` by principal): the rolling horizons checked first (``Rolling``), then the days,
     then the hours (the hour rule), refusing at the cap what does not fit (see the module
     docstring)."""
-    days, day_sums, _ = _spend(charges, DAY_MS)
-    hours, hour_sums, cheapest = _spend(charges, HOUR_MS)
+    hours, hour_sums, cheapest = _spend(charges)
+    days, day_sums = _days_of(hours, hour_sums)
     rolling = Rolling(session, caps, days)
     day_owners = days // _SPAN
     refused = {
