@@ -10,6 +10,7 @@ every 30 consecutive UTC days that hold the reading's day."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from typing import Any
 
@@ -20,7 +21,7 @@ from tests.server.ingest.homes import STREAMS, one_reading
 from zeal.policy import DAY_MS, HOUR_MS, day_of
 from zeal_server import store
 from zeal_server.ingest import Ingest
-from zeal_server.store.models import PrincipalDay, PrincipalHour, Reject
+from zeal_server.store.models import PrincipalDay, PrincipalHour, Reject, Stream
 
 #: Each stream's policy (one_reading): epsilon 1 a reading, 8 a UTC day (so 1 a UTC hour);
 #: the device's cap is 8 a day (so its hour rule allows one reading an hour across streams).
@@ -159,3 +160,67 @@ def test_a_transaction_stores_what_one_message_at_a_time_stores(
     assert outcomes == model_of(messages, per_transaction, 20)
     check_bounds(messages, outcomes, 20)
     assert outcomes.count("stored") == 20
+
+
+def test_two_collectors_booking_one_device_on_two_days_keep_its_30_day_cap(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two collectors sharing PostgreSQL store one device's readings of two different days
+    into two streams at once (its row in each stream and its principal made before, so
+    nothing else makes one wait for the other), each day's 8 within the day cap and a
+    30-day cap of 10 alone, 16 together.
+    Collector A books its day and holds its transaction open (up to 3 s) until B has read
+    the device's days; B locks the device's principal row first, so it waits for A's commit
+    and reads A's 8: B stores 2 and refuses 6 as device_cap. Without that lock B would read
+    before A commits (A then goes on at once) and store all 8: 16 in 30 days."""
+    from zeal_server.store import ledger
+    from zeal_server.store.db import make_engine, migrate, session_factory
+
+    engine = make_engine(postgres_url)
+    migrate(engine)
+    sessions = session_factory(engine)
+    with sessions() as session, session.begin():
+        for name in ("humidity", "occupancy"):
+            stream = store.create_stream(session, name=name, lower=0, upper=100, epsilon=1)
+            store.enroll(session, stream, "home")
+        session.execute(Stream.__table__.update().values(created_ms=0))
+        store.caps_of(session, [("home", "")], 8.0)  # its principal
+    today = day_of(store.now_ms())
+    read = threading.Event()
+
+    class Watched(ledger.Rolling):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            if threading.current_thread().name == "B":
+                read.set()
+
+    monkeypatch.setattr(ledger, "Rolling", Watched)
+    results: dict[str, list[str]] = {}
+
+    def collector(name: str, stream: str, day: int) -> None:
+        ingest = Ingest(
+            max_age_ms=7 * DAY_MS, device_max_epsilon_per_day=8.0, device_rolling_caps={30: 10.0}
+        )
+        messages = [
+            (f"zeal/v1/{stream}/home/up", one_reading(stream, "home", h,
+                                                      day * DAY_MS + h * HOUR_MS), store.now_ms())
+            for h in range(8)
+        ]  # fmt: skip
+        with sessions() as session, session.begin():
+            outcomes = ingest.add_many(session, messages)
+            if name == "A":
+                started.set()
+                read.wait(3)
+        results[name] = [o.status if o.status == "stored" else str(o.reason) for o in outcomes]
+
+    started = threading.Event()
+    a = threading.Thread(target=collector, args=("A", "humidity", today - 1), name="A")
+    b = threading.Thread(target=collector, args=("B", "occupancy", today - 2), name="B")
+    a.start()
+    assert started.wait(30)
+    b.start()
+    a.join(60)
+    b.join(60)
+    engine.dispose()
+    assert results["A"] == ["stored"] * 8
+    assert results["B"] == ["stored"] * 2 + ["device_cap"] * 6
