@@ -171,6 +171,22 @@ class Sequences:
         return lasts
 
 
+def _principals(
+    group: Group, found: dict[tuple[str, str], tuple[int, DeviceCaps | None]]
+) -> npt.NDArray[np.int64]:
+    """The principal of each of the group's batches (-1 where no cap applies): by device
+    id, once per device, when each device spends its own account."""
+    if group.accounts is not None:
+        return np.array(
+            [i if cap is not None else -1 for i, cap in map(found.__getitem__, group.accounts)],
+            dtype=np.int64,
+        )
+    _, first, inverse = np.unique(group.device_ids, return_index=True, return_inverse=True)
+    owners = [found[(group.names[k], "")] for k in first.tolist()]
+    ids = np.array([i if cap is not None else -1 for i, cap in owners], dtype=np.int64)
+    return ids[inverse]
+
+
 @dataclass
 class Round:
     """One round's context: the session, its raw statements, the transaction's sequences,
@@ -230,15 +246,11 @@ class Round:
             if not p or params.readings_per_hour is None or not chosen.any():
                 charges.append(None)
                 continue
-            if group.accounts is None:
-                mine = {n: found[(n, "")] for n in set(group.names)}
-                ids = [mine[n] for n in group.names]
-            else:
-                ids = [found[a] for a in group.accounts]
             charges.append(
                 ledger.DeviceCharge(
-                    [(group.stream + "/", p) for p in group.positions],
-                    np.array([i if cap is not None else -1 for i, cap in ids], dtype=np.int64),
+                    group.stream + "/",
+                    group.positions,
+                    _principals(group, found),
                     group.device_ids,
                     group.batches,
                     (params.readings_per_day, params.readings_per_hour),  # type: ignore[arg-type]

@@ -30,7 +30,7 @@ device cap; one within it that the cap refuses, ``device_cap``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,12 +136,14 @@ def _uncharge(run: Callable[[str, dict[str, int]], Any], device_id: int, stamps:
 class DeviceCharge:
     """One stream's new batches of a transaction, for the device cap: batch ``i`` from
     ``device_ids[i]`` (principal ``principals[i]``, -1 for none: no cap applies), stored
-    ``order[i]``-th when messages are stored one by one (its stream name then its
-    message's position: topic order, for one device); ``allowed`` the stream's readings per
-    day and hour; ``cost`` its micro-epsilon per reading. ``booked`` (in: what the stream's
-    ledger booked) and ``capped`` (out: refused at the device cap) are updated in place."""
+    ``order(i)``-th when messages are stored one by one (``topic``, its stream's name and
+    "/", then its message's ``positions[i]``: topic order, for one device); ``allowed``
+    the stream's readings per day and hour; ``cost`` its micro-epsilon per reading.
+    ``booked`` (in: what the stream's ledger booked) and ``capped`` (out: refused at the
+    device cap) are updated in place."""
 
-    order: list[tuple[str, int]]
+    topic: str
+    positions: Sequence[int]
     principals: npt.NDArray[np.int64]
     device_ids: npt.NDArray[np.int64]
     batches: Batches
@@ -153,6 +155,9 @@ class DeviceCharge:
 
     def __post_init__(self) -> None:
         self.capped = np.zeros(len(self.booked), dtype=bool)
+
+    def order(self, i: int) -> tuple[str, int]:
+        return self.topic, self.positions[i]
 
     def stamps(self, i: int) -> npt.NDArray[np.int64]:
         return self.batches.timestamps[self.batches.starts[i] : self.batches.starts[i + 1]]
@@ -379,7 +384,7 @@ def _one_by_one(
             if c.booked[i]:
                 _uncharge(run, int(c.device_ids[i]), c.stamps(i))
                 c.booked[i] = False
-            queue.append((c.order[i], c, i))
+            queue.append((c.order(i), c, i))
     for _, c, i in sorted(queue, key=lambda q: q[0]):
         device, pid, stamps = int(c.device_ids[i]), int(c.principals[i]), c.stamps(i)
         if not charge_days(c.allowed, device, stamps, run):
