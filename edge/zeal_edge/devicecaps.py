@@ -10,7 +10,9 @@ and counts it (``zeal-edge status``, by why):
 - it is about this agent's device (``caps_not_ours``) and from the server that configured
   the stream (``caps_foreign_server``);
 - its revision and issue time are newer than those of the last document adopted for the
-  device (``caps_stale``: a replay, or an older server's).
+  device (``caps_stale``: a replay, or an older server's); one of the same revision and
+  caps as those adopted changes nothing and is not counted (the server tells each of the
+  device's streams, and tells it again after a restart).
 
 Then each cap takes the lower of the server's and the agent's own (``--device-max-epsilon-
 per-day`` and the 30- and 365-day ones: its ceiling, 8 a day by default); a cap above the
@@ -62,6 +64,24 @@ class CapsDesk:
                 why,
             )
 
+    def _refused(
+        self, caps: DeviceCapsNotice, config: StreamConfig | None
+    ) -> tuple[str, str] | None:
+        """Why a verified document is not adopted (kind and reason; kind "" for one that
+        tells what the agent holds already), or None."""
+        device = self.options.device
+        if caps.device != device:
+            return "not_ours", f"it is about device {caps.device}, not {device}"
+        ours = config.server if config else None
+        if ours is not None and caps.server != ours:
+            return "foreign_server", f"server {caps.server} did not configure it"
+        last = self.outbox.learned_caps(device)
+        if last is not None and caps.revision == last[0] and caps.caps == last[2]:
+            return "", "told again on another stream, or after the server restarted"
+        if last is not None and (caps.revision, caps.issued_ms) <= last[:2]:
+            return "stale", "it is not newer than the caps adopted before"
+        return None
+
     def handle(self, message: Message, config: StreamConfig | None, now: int) -> bool:
         """Adopt the caps document `message` holds if it passes every check of the module
         docstring; whether it was adopted."""
@@ -74,16 +94,10 @@ class CapsDesk:
             log.warning("ignoring a caps document on %s: %s", message.topic, exc)
             return False
         device = self.options.device
-        if caps.device != device:
-            self._ignore("not_ours", f"it is about device {caps.device}, not {device}", now)
-            return False
-        ours = config.server if config else None
-        if ours is not None and caps.server != ours:
-            self._ignore("foreign_server", f"server {caps.server} did not configure it", now)
-            return False
-        last = self.outbox.learned_caps(device)
-        if last is not None and (caps.revision, caps.issued_ms) <= last[:2]:
-            self._ignore("stale", "it is not newer than the caps adopted before", now)
+        refused = self._refused(caps, config)
+        if refused is not None:
+            if refused[0]:  # else what it holds already: nothing to count
+                self._ignore(*refused, now)
             return False
         above = self.ledger.learn(caps.caps)
         self.outbox.set_learned_caps(device, caps.revision, caps.issued_ms, caps.caps)
