@@ -75,6 +75,9 @@ def test_show_average_series_devices_and_tail_ask_the_running_server(
         devices = zeal_server(server, elsewhere, "streams", "devices", "temps")
         assert devices.stdout.startswith("dev1 "), devices.stdout
         assert "1 of 1 devices" in devices.stdout
+        listed = server.http.get("/api/v1/streams/temps/devices").json()["devices"][0]
+        month = listed["account"]["last_30_days"]  # its account over all its streams
+        assert f"all streams 30 d {month:g}" in devices.stdout
         tail = zeal_server(server, elsewhere, "tail", "temps", "--count", "2", "--every", "0.1")
         assert tail.returncode == 0, tail.stderr
         assert [line.split()[2] for line in tail.stdout.splitlines()] == ["30", "30"]

@@ -175,9 +175,12 @@ def _devices(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     for d in out["devices"]:
         tags = ",".join(f"{k}:{v}" for k, v in sorted(d["tags"].items()))
         flags = f"  [{', '.join(d['flags'])}]" if d["flags"] else ""
+        account = d.get("account") or {}
+        month = account.get("last_30_days")
+        spent = "" if month is None else f"  all streams 30 d {month:g}"
         print(
             f"{d['name']:<24} {d['readings']:>10,} readings  epsilon today "
-            f"{d['epsilon_today']:g}  last seen {d['last_seen']}  {tags}{flags}"
+            f"{d['epsilon_today']:g}{spent}  last seen {d['last_seen']}  {tags}{flags}"
         )
     print(f"{len(out['devices'])} of {out['total']} devices")
 
