@@ -213,7 +213,10 @@ class Rolling:
     transaction books on, read once after locking their principals' rows (in id order,
     after every stream's ledger rows and before the devices' day rows): what collectors
     sharing the database book for one device over many days is decided one transaction at
-    a time. Kept up to date as the one-by-one path books."""
+    a time. Kept up to date as the one-by-one path books. A collector whose cached caps do
+    not show a device's new rolling cap yet (for up to its 2 s poll of the counter of cap
+    changes) neither locks nor checks it: the cap holds from then on, as the day cap's
+    changes do."""
 
     def __init__(self, session: Session, caps: dict[int, DeviceCaps], days: npt.NDArray[Any]):
         self.caps = {pid: c.rolling for pid, c in caps.items() if c.rolling}
