@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from tools.testbed.broker import Mosquitto, fleet_command
 from tools.testbed.wait import wait_until as wait_until  # the one wait (re-exported)
 from zeal import Zeal, encode_batch
+from zeal.mqtt.topics import NOTICE_FORMAT
 from zeal_server.app import create_app
 from zeal_server.ingest import Ingest
 from zeal_server.settings import ServerSettings
@@ -273,3 +275,16 @@ PG = os.environ.get("ZEAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/
 
 def _admin() -> psycopg.Connection:
     return psycopg.connect(PG, autocommit=True)
+
+
+def notices_into(got: list[dict[str, Any]]) -> Callable[..., None]:
+    """A paho on_message callback that keeps the notices (zeal-notice/2) heard on a device's
+    notice topic in `got`, parsed, and leaves out the caps documents the collector sends
+    there too (zeal-caps/1: zeal_server.broker.devicecaps)."""
+
+    def keep(client: Any, userdata: Any, message: Any) -> None:
+        document = json.loads(message.payload)
+        if document.get("format") == NOTICE_FORMAT:
+            got.append(document)
+
+    return keep

@@ -25,6 +25,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.helpers import signed
+from tests.server.helpers import notices_into
 from tools.testbed.broker import Mosquitto, StdinAgent
 from tools.testbed.server import (
     FLOOD,
@@ -522,7 +523,7 @@ def test_implausible_batches_and_replays_are_rejected_with_a_reason(
         create(server, "copy")
         notices: list[dict] = []
         listener = client(broker.port, None)
-        listener.on_message = lambda c, u, m: notices.append(json.loads(m.payload))
+        listener.on_message = notices_into(notices)
         subscribed = threading.Event()
         listener.on_subscribe = lambda *args: subscribed.set()
         listener.subscribe("zeal/v1/+/dev1/notice", qos=1)

@@ -7,7 +7,6 @@ cannot store (zeal_server.store.sequences)."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.server.helpers import NO_DEVICE_CAP, publish_all, wait_until
+from tests.server.helpers import NO_DEVICE_CAP, notices_into, publish_all, wait_until
 from tools.testbed.broker import Mosquitto
 from zeal import Zeal, encode_batch
 from zeal.protocol import MAX_SEQUENCE
@@ -66,7 +65,7 @@ class Notices:
         subscribed = threading.Event()
         self.mqtt = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{device}-ear",
                                 protocol=MQTTProtocolVersion.MQTTv5)  # fmt: skip
-        self.mqtt.on_message = lambda c, u, m: self.got.append(json.loads(m.payload))
+        self.mqtt.on_message = notices_into(self.got)
         self.mqtt.on_subscribe = lambda *_: subscribed.set()
         self.mqtt.connect("127.0.0.1", broker.port)
         self.mqtt.loop_start()
