@@ -25,6 +25,7 @@ __all__ = [
     "check_confidence",
     "check_integer",
     "check_real",
+    "cut",
     "difference_of",
 ]
 
@@ -35,8 +36,10 @@ class Estimate:
 
     ``ci`` is the normal-approximation interval from the sample variance; ``guaranteed`` is
     the two-sided Bernstein interval (Theorem 3), valid for any readings in range whatever n.
-    ``in_range`` says whether ``mean`` lies in ``[lower, upper]``: at small n the unbiased
-    estimate can fall outside and is deliberately not clamped.
+    Both are cut to ``[lower, upper]`` (``cut``): the average lies there, so cutting keeps
+    their coverage. ``in_range`` says whether ``mean`` lies in ``[lower, upper]``: at small n
+    the unbiased estimate can fall outside (even outside its cut intervals) and is
+    deliberately not clamped.
     """
 
     mean: float
@@ -46,6 +49,13 @@ class Estimate:
     guaranteed: tuple[float, float]
     in_range: bool
     confidence: float
+
+
+def cut(low: float, high: float, lower: float, upper: float) -> tuple[float, float]:
+    """The interval [low, high] cut to [lower, upper]: each end moved into the range, so an
+    interval wholly outside it becomes its nearest bound. For an estimand that lies in the
+    range, the cut interval holds it exactly when the interval does."""
+    return min(max(low, lower), upper), max(min(high, upper), lower)
 
 
 def check_real(name: str, value: object) -> float:

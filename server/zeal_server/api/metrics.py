@@ -240,8 +240,9 @@ class _DatabaseFigures(PrometheusCollector):
         )
         bands = GaugeMetricFamily(
             "zeal_stream_average_last_hour_bound",
-            f"Ends of that average's {CONFIDENCE:.0%} intervals: band normal (normal "
-            "approximation) or guaranteed (Bernstein, valid at any n) (from the database).",
+            f"Ends of that average's {CONFIDENCE:.0%} intervals, cut to the stream's range: "
+            "band normal (normal approximation) or guaranteed (Bernstein, valid at any n) "
+            "(from the database).",
             labels=["stream", "band", "side"],
         )
         missing = CounterMetricFamily(

@@ -189,11 +189,21 @@ class DeletedOut(BaseModel):
 
 
 class EstimateOut(BaseModel):
-    mean: float
+    mean: float = Field(
+        description="AVG*, unbiased and never clamped: at small n it can lie outside the "
+        "range, and outside its own intervals"
+    )
     std_error: float
-    ci: tuple[float, float]
-    guaranteed: tuple[float, float]
-    in_range: bool
+    ci: tuple[float, float] = Field(
+        description="normal-approximation interval at the confidence asked, cut to the "
+        "stream's range (each end moved into [lower, upper]: the average lies there, so "
+        "the coverage is unchanged)"
+    )
+    guaranteed: tuple[float, float] = Field(
+        description="guaranteed (Bernstein, Theorem 3) interval, valid at any n, cut to the "
+        "stream's range as ci is"
+    )
+    in_range: bool = Field(description="whether mean lies in [lower, upper]")
 
 
 class BayesOut(BaseModel):
@@ -340,7 +350,11 @@ class CompareOut(BaseModel):
         default=None,
         description="degrees of freedom of the t reference (none: normal, unit=reading)",
     )
-    ci: tuple[float, float] | None = None
+    ci: tuple[float, float] | None = Field(
+        default=None,
+        description="interval of the difference, cut to what a difference of two values "
+        "in the stream's range can be (plus or minus its width)",
+    )
     p_value: float | None = Field(default=None, description="two-sided test of equal means")
     confidence: float
     partitions: tuple[int, int] | None = Field(

@@ -31,6 +31,7 @@ from zeal.estimate import (
     bernstein_tail,
     check_confidence,
     check_real,
+    cut,
     normal_quantile,
 )
 from zeal.policy import check_policy, readings_per_day, readings_per_hour
@@ -403,7 +404,8 @@ class Zeal:
         return self._top - depth * Fraction(self.grid_step)
 
     def estimate_mean(self, codes: npt.ArrayLike, *, confidence: float = 0.95) -> Estimate:
-        """AVG* (Eq. (15)) of codes with its standard error and two intervals.
+        """AVG* (Eq. (15)) of codes with its standard error and two intervals (cut to the
+        range: zeal.estimate.cut).
 
         The sums are exact integers over codes; the mean is formed in rational arithmetic
         and rounded once. ``std_error`` uses the sample variance (for a single code, the
@@ -455,8 +457,8 @@ class Zeal:
             mean=mean,
             n=n,
             std_error=std_error,
-            ci=(mean - z * std_error, mean + z * std_error),
-            guaranteed=(mean - half, mean + half),
+            ci=cut(mean - z * std_error, mean + z * std_error, self.lower, self.upper),
+            guaranteed=cut(mean - half, mean + half, self.lower, self.upper),
             in_range=self.lower <= mean <= self.upper,
             confidence=level,
         )

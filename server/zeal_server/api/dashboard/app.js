@@ -70,8 +70,8 @@ function withUnit(text, unit) {
   return unit && text !== "–" && text !== "no readings" ? `${text} ${unit}` : text;
 }
 
-// An interval cut to the stream's range: the average of readings in [lower, upper] lies in
-// it, so the part outside says nothing (the API gives the uncut interval).
+// An interval as the API serves it, cut to the stream's range (zeal.estimate.cut: the
+// average of readings in [lower, upper] lies there); cut again here, which changes nothing.
 function within(interval, stream) {
   const lo = Math.max(interval[0], stream.lower), hi = Math.min(interval[1], stream.upper);
   return withUnit(`${fmt(lo)} – ${fmt(hi)}`, stream.unit);
@@ -361,7 +361,7 @@ function streamView(main, name, params) {
     figure("Readings", "window-n"),
     figure("Bayes estimate (few readings)", "window-bayes"),
     el("p", { class: "note", id: "range-note",
-      text: "Intervals are cut to the stream's range: the average cannot lie outside it." }));
+      text: "Intervals (here, on the chart and in the API) are cut to the stream's range: the average cannot lie outside it. The estimate itself is not cut, so that it stays unbiased: with few readings it can fall outside the range, and outside its intervals." }));
   const chartBox = el("div", { id: "chart-box" });
   const quantileSelect = el("select", { id: "quantile-line" },
     el("option", { value: "", text: "None" }),

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from zeal import ParameterError, Zeal
 from zeal import compare as methods
 from zeal.errors import FitError
-from zeal.estimate import difference_of
+from zeal.estimate import cut, difference_of
 from zeal.planning.comparison import plan_comparison, zero_inflated
 from zeal_server import store
 from zeal_server.api.deps import (
@@ -170,13 +170,22 @@ def compare(
         if est[0] and est[1]:
             found = difference_of(est[0], est[1], confidence)
             out.difference, out.std_error = found.difference, found.std_error
-            out.ci, out.p_value = found.ci, found.p_value
+            out.ci, out.p_value = _cut(found.ci, params), found.p_value
         return out
     rows = (
         (per_device[0].counts, per_device[0].sum_codes),
         (per_device[1].counts, per_device[1].sum_codes),
     )
     return _fill(out, method, rows, params, proportion=(proportion, proportion_upper))
+
+
+def _cut(ci: tuple[float, float] | None, params: Zeal) -> tuple[float, float] | None:
+    """A difference's interval cut to what a difference of two values of the stream can be
+    (its range's width either way, zeal.estimate.cut): every method's estimand lies there."""
+    if ci is None:
+        return None
+    width = params.upper - params.lower
+    return cut(ci[0], ci[1], -width, width)
 
 
 def _fill(
@@ -208,7 +217,7 @@ def _fill(
         return out
     out.method, out.estimand = found.method, found.estimand
     out.difference, out.std_error, out.df = found.difference, found.std_error, found.df
-    out.ci, out.p_value = found.ci, found.p_value
+    out.ci, out.p_value = _cut(found.ci, params), found.p_value
     out.partitions, out.smallest, out.median = found.partitions, found.smallest, found.median
     out.warnings.extend(found.warnings)
     return out
