@@ -12,7 +12,7 @@ DEPS   := constraints.txt requirements-dev.txt shared/pyproject.toml edge/pyproj
 $(STAMP): $(DEPS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt \
-		-e shared -e edge -e 'server[chirpstack]' -r requirements-dev.txt
+		-e shared -e edge -e 'server[chirpstack,parquet]' -r requirements-dev.txt
 	touch $(STAMP)
 
 install: $(STAMP)

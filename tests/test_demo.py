@@ -22,7 +22,7 @@ from tools.testbed.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = re.compile(r"dashboard: (http://\S+/)")
-SERVED = re.compile(r"served average +[0-9.]+ F .* true average +[0-9.]+ F")
+SERVED = re.compile(r"served average +[0-9.]+ degF .* true average +[0-9.]+ degF")
 # One worker runs both files: they share fresh_clone's environment (and port 8000).
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("fresh_clone")]
 

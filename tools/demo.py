@@ -179,6 +179,7 @@ def main() -> int:
                 "upper": 110,
                 "epsilon": 1,
                 "bucket_seconds": 60,
+                "unit": "degF",  # what the demo prints, and the dashboard shows
                 # The demo's devices read every second: the policy is raised knowingly
                 # (the default allows 8 readings a day at epsilon 1; docs/privacy.md).
                 "max_epsilon_per_day": 100_000,
@@ -243,8 +244,8 @@ def main() -> int:
             low, high = estimate["guaranteed"]
             print(
                 f"t={time.time() - began:4.0f}s  readings {average['n']:>8,}  "
-                f"served average {estimate['mean']:7.3f} F  (guaranteed [{low:.2f}, "
-                f"{high:.2f}])  true average {true_average(data, devices):7.3f} F",
+                f"served average {estimate['mean']:7.3f} degF  (guaranteed [{low:.2f}, "
+                f"{high:.2f}])  true average {true_average(data, devices):7.3f} degF",
                 flush=True,
             )
     except KeyboardInterrupt:

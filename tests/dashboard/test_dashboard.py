@@ -499,7 +499,9 @@ def test_the_operators_figures_come_first_and_the_mechanism_waits_behind_details
     assert wire.startswith(f"{e['wire_bits']:.1f} bits: {e['wire_vs_json']:.1f}× less than JSON")
     assert f"{e['wire_vs_float64']:.1f}× less than a float64 value alone" in wire
     disk = text(page, "#eff-lead-disk")
-    assert disk.startswith(f"{e['database_bits']:.1f} bits")
+    floor = "" if e["database_pages_grown"] else "at least "
+    assert disk.startswith(f"{floor}{e['database_bits']:.1f} bits")
+    assert e["database_bits"] >= e["store_bits"] > 0  # never less than its segments hold
     # The float64 row is with the wire figures, not beside the all-in store row.
     rows = page.eval_on_selector_all(
         "#efficiency-body tr", "rs => rs.map(r => r.id || r.textContent)"
@@ -602,10 +604,17 @@ def test_creating_a_stream_needs_the_operator_token(page: Any, server: Server) -
         assert line in shown, (line, shown)
     assert "Device cap across its streams" in shown, shown
 
+    # The page says what this server requires (GET /server: it has an operator token).
+    page.wait_for_function(
+        "() => document.getElementById('create-token-note').textContent.includes('Needs')",
+        timeout=10000,
+    )
+    assert server.get("/api/v1/server")["operator_token_required"] is True
     page.click("#create-button")
     message = page.locator("#create-message")
     wait_for_message(page, "Not created")
     assert "operator token required" in message.inner_text()
+    assert "ZEAL_OPERATOR_TOKEN" in message.inner_text()
 
     page.fill("#token", "not-the-token")
     page.click("#token-form button[type=submit]")
@@ -772,7 +781,8 @@ def test_resets_duplicates_raw_store_and_clipped_bands_read_right(
 ) -> None:
     """A stream with three readings: one batch of a device, another batch with the same
     sequence number and other content (a reset outbox), and a batch published twice (a
-    duplicate). The rejects table shows both with the API's counts; nothing is compacted
+    duplicate), and a garbage message from evil-1. The rejects table shows them with the
+    API's counts, and who sent the rejected one, though it never stored; nothing is compacted
     yet, so the store rows say so and claim no saving; and the bands of so few readings,
     far wider than the stream's range, are served cut to it: the axis covers the averages
     (not cut) and the bands."""
@@ -787,10 +797,14 @@ def test_resets_duplicates_raw_store_and_clipped_bands_read_right(
             ("meter-1", encode(params, "meter-1", 0, now + 1000, seed=2)),  # the reset
             ("dup-1", encode(params, "dup-1", 0, now, seed=3)),
             ("dup-1", encode(params, "dup-1", 0, now, seed=3)),  # the very same bytes again
+            ("evil-1", b"\x00garbage"),  # rejected: nothing stored, its name shown
         ],
     )
     wait_until(
         lambda: server.get("/api/v1/streams/few/stats")["duplicates"] == 1, 20, "the duplicate"
+    )
+    wait_until(
+        lambda: server.get("/api/v1/streams/few/rejects")["senders"], 20, "the rejected sender"
     )
     stats = server.get("/api/v1/streams/few/stats")
     assert (stats["readings"], stats["sequence_resets"], stats["duplicates"]) == (3, 1, 1)
@@ -801,6 +815,10 @@ def test_resets_duplicates_raw_store_and_clipped_bands_read_right(
         "() => document.getElementById('row-sequence-resets') !== null", timeout=15000
     )
     assert text(page, "#row-sequence-resets").split()[-1] == "1"
+    sender = server.get("/api/v1/streams/few/rejects")["senders"][0]
+    shown = text(page, "#senders-body")
+    assert shown.startswith("evil-1 (never stored a reading)"), shown
+    assert f"{next(iter(sender['reasons']))} 1" in shown, shown
     assert text(page, "#row-duplicates").split()[-1] == "1"
     assert "nothing lost" in text(page, "#row-sequence-resets")
     assert stats["efficiency"]["compacted"] == 0
@@ -871,7 +889,27 @@ def test_distribution_card_and_quantile_line_show_the_api_figures(
     assert float(page.get_attribute("#dist-above-out", "data-share")) == share["share"]
     assert f"{100 * share['share']:.1f} %" in text(page, "#dist-above-out")
     assert page.locator("#histogram line.threshold").count() == 1
+    note = text(page, "#dist-note")
+    assert ". Estimated: " in note, note  # two sentences, not run together
+    assert note.endswith(".")
 
+    # Close quantiles: their labels do not print over each other.
+    page.goto(server.origin + "/#/stream/temps?window=all&quantiles=0.5,0.9,0.95,0.99")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#histogram text.quantile-label').length === 4",
+        timeout=30000,
+    )
+    boxes = page.eval_on_selector_all(
+        "#histogram text.quantile-label",
+        "ts => ts.map(t => { const b = t.getBBox(); "
+        "return [b.x, b.y, b.x + b.width, b.y + b.height]; })",
+    )
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            apart = a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
+            assert apart, (a, b)
+
+    page.goto(server.origin + "/#/stream/temps?window=all&above=60&quantiles=0.25,0.5,0.9")
     page.select_option("#quantile-line", "0.9")
     page.wait_for_selector("#chart circle.quantile-point", timeout=30000)
     summary = wait_for_summary(page, group="")

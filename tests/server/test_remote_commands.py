@@ -39,10 +39,11 @@ def test_show_average_series_devices_and_tail_ask_the_running_server(
     reads the server's stream, and no database is made there. Before: `streams create`
     run elsewhere wrote a new zeal-data/zeal.sqlite the server never listed, and there was
     no show, average, series, devices or tail; distribution prints /distribution's
-    histogram and quantiles."""
+    histogram and quantiles, every value with the stream's unit; rejects names who sent a
+    rejected message."""
     server = Server(f"sqlite:///{tmp_path / 'zeal.sqlite'}", broker, tmp_path / "s.log").start()
     try:
-        params = create(server)
+        params = create(server, unit="degF")
         publish_all(
             broker.port, [("zeal/v1/temps/dev1/up", b) for b in batches(params, "temps", "dev1", 3)]
         )
@@ -55,7 +56,7 @@ def test_show_average_series_devices_and_tail_ask_the_running_server(
         average = zeal_server(server, elsewhere, "average", "temps")
         assert average.returncode == 0, average.stderr
         served = server.http.get("/api/v1/streams/temps/average").json()["estimate"]["mean"]
-        assert f"temps: {served:.4g} ± " in average.stdout
+        assert f"temps: {served:.4g} degF ± " in average.stdout
         assert "over 30 readings" in average.stdout
         series = zeal_server(server, elsewhere, "series", "temps", "--interval-seconds", "60")
         assert series.returncode == 0, series.stderr
@@ -67,20 +68,26 @@ def test_show_average_series_devices_and_tail_ask_the_running_server(
         asked = {"bins": 4, "above": 50}
         served_q = server.http.get("/api/v1/streams/temps/distribution", params=asked).json()
         lines = histogram.stdout.splitlines()
-        assert lines[0] == "temps: 30 readings from 1 devices"
+        assert lines[0] == "temps: 30 readings from 1 device, in degF"
         assert len([line for line in lines if line.startswith("  [")]) == 4
         median = served_q["quantiles"][0]["value"]
-        assert f"  q0.5 {median:.4g}" in lines  # one device: no interval, and it says why
+        assert f"  q0.5 {median:.4g} degF" in lines  # one device: no interval, and it says why
         assert any("no intervals" in line for line in lines)
         devices = zeal_server(server, elsewhere, "streams", "devices", "temps")
         assert devices.stdout.startswith("dev1 "), devices.stdout
-        assert "1 of 1 devices" in devices.stdout
+        assert "1 of 1 device\n" in devices.stdout
         listed = server.http.get("/api/v1/streams/temps/devices").json()["devices"][0]
         month = listed["account"]["last_30_days"]  # its account over all its streams
         assert f"all streams 30 d {month:g}" in devices.stdout
         tail = zeal_server(server, elsewhere, "tail", "temps", "--count", "2", "--every", "0.1")
         assert tail.returncode == 0, tail.stderr
         assert [line.split()[2] for line in tail.stdout.splitlines()] == ["30", "30"]
+        publish_all(broker.port, [("zeal/v1/temps/evil-1/up", b"\x00garbage")])
+        wait_until(lambda: sum(stats(server)["rejects"].values()) == 1, 60, "the reject")
+        senders = zeal_server(server, elsewhere, "rejects", "temps")
+        assert senders.returncode == 0, senders.stderr
+        assert senders.stdout.startswith("evil-1 "), senders.stdout
+        assert "(never stored a reading)" in senders.stdout
         missing = zeal_server(server, elsewhere, "average", "nope")
         assert missing.returncode == 2
         assert "answered 404: no stream named 'nope'" in missing.stderr
@@ -133,9 +140,16 @@ def test_enroll_and_policy_set_change_the_running_server(broker: Mosquitto, tmp_
         assert bad.returncode == 2
         assert "max_epsilon_per_day" in bad.stderr
         server.env.pop("ZEAL_OPERATOR_TOKEN")
+        server.env["ZEAL_READ_TOKEN"] = "a read token, not the operator's"
         refused = zeal_server(server, tmp_path, "policy", "set", "temps", "30")
         assert refused.returncode == 2
         assert "answered 401" in refused.stderr
+        assert "set ZEAL_OPERATOR_TOKEN" in refused.stderr  # what to do, not only what failed
+        assert "ZEAL_READ_TOKEN only opens reads" in refused.stderr
+        for action in (["policy", "set"], ["policy", "device"], ["enroll"], ["lorawan", "bind"]):
+            helped = zeal_server(server, tmp_path, *action, "--help")
+            assert "token ZEAL_OPERATOR_TOKEN" in helped.stdout, action
+            assert not helped.stdout.rstrip().endswith(":"), action  # no empty heading
     finally:
         server.stop()
 

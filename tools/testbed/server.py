@@ -338,8 +338,9 @@ def serve_collector(broker: DeployBroker, tmp_path: Path) -> Server:
     ).start()
 
 
-def create(server: Server, name: str = "temps") -> Zeal:
-    created = server.http.post("/api/v1/streams", json=stream_body(name, bucket_seconds=1))
+def create(server: Server, name: str = "temps", **extra: Any) -> Zeal:
+    body = stream_body(name, bucket_seconds=1, **extra)
+    created = server.http.post("/api/v1/streams", json=body)
     assert created.status_code == 201, created.text
     config = server.http.get(f"/api/v1/streams/{name}/config").json()
     return params_from_config(json.dumps(config), stream=name)

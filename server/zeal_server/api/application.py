@@ -20,6 +20,8 @@ from importlib import resources
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
     HTMLResponse,
     JSONResponse,
@@ -31,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from zeal_server.api.auth import refusal
 from zeal_server.api.costs import HeavyReads, ReadBudget
-from zeal_server.api.deps import MAX_EXPORTS, known_query
+from zeal_server.api.deps import MAX_EXPORTS, known_query, named
 from zeal_server.api.metrics import build_registry
 from zeal_server.api.routes import (
     averages,
@@ -246,6 +248,7 @@ def build_app(
     app.add_middleware(OldNames)  # outermost: the renamed query names, before anything reads them
 
     _database_errors(app)
+    _validation_errors(app)
     _dashboard(app)
 
     for module in (
@@ -262,6 +265,16 @@ def build_app(
     ):
         app.include_router(module.router, dependencies=[Depends(known_query)])
     return app
+
+
+def _validation_errors(app: FastAPI) -> None:
+    """A 422 of FastAPI's validation names its field in each message (deps.named), in
+    FastAPI's shape."""
+
+    @app.exception_handler(RequestValidationError)
+    async def validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [named(dict(e)) for e in exc.errors()]
+        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
 
 def _database_errors(app: FastAPI) -> None:

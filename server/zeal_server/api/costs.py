@@ -35,11 +35,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import TypeVar
 from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from zeal_server.api.auth import refusal
+from zeal_server.api.auth import read_refusal
 
 __all__ = [
     "EXPORT_BUSY",
@@ -113,7 +114,10 @@ def _window_kind(what: str, query: Mapping[str, str]) -> str:
     return what
 
 
-def paced(chunks: Iterator[str], busy: float = EXPORT_BUSY) -> Iterator[str]:
+T = TypeVar("T")
+
+
+def paced(chunks: Iterator[T], busy: float = EXPORT_BUSY) -> Iterator[T]:
     """`chunks`, each made at most `busy` of the time: after one that took t seconds to
     make, the next is not begun for t (1 - busy) / busy seconds (the thread that makes
     them sleeps, holding nothing but its slot)."""
@@ -196,7 +200,7 @@ class HeavyReads:
         budget: ReadBudget = state.reads
         headers = dict(scope["headers"])
         authorization = headers.get(b"authorization", b"").decode("latin-1")
-        denied = refusal(authorization, state.settings.read_token, "read")
+        denied = read_refusal(authorization, state.settings)
         if denied is not None:  # what the route would answer, without a slot
             status, detail, extra = denied
             fields = [(k.encode(), v.encode()) for k, v in extra.items()]

@@ -3,10 +3,11 @@ the conversions between the API's values and the store's."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Query, Request
 from fastapi.dependencies.models import Dependant
@@ -146,9 +147,42 @@ def confirmed(confirm: str | None, name: str) -> None:
 
 
 def invalid(where: str, field: str | None, message: str) -> HTTPException:
-    """A 422 in FastAPI's validation format, so every 422 has one documented shape."""
+    """A 422 in FastAPI's validation format, so every 422 has one documented shape; its
+    message names the field (``named``)."""
     loc = [where] if field is None else [where, field]
-    return HTTPException(422, [{"loc": loc, "msg": message, "type": "value_error"}])
+    return HTTPException(422, [named({"loc": loc, "msg": message, "type": "value_error"})])
+
+
+#: The alternatives of a union in a validation error's loc.
+_ALTERNATIVE = re.compile(r"[\[(]")
+_TYPES = {"int", "float", "str", "bool", "none", "datetime", "date", "list", "dict", "tuple"}
+#: Pydantic's wording, as a rule about the field named before it.
+_RULES = (("Input should be ", "must be "), ("Input should ", "must "))
+
+
+def named(error: dict[str, Any]) -> dict[str, Any]:
+    """A validation error (FastAPI's format: ``loc``, ``msg``, ``type``) whose message
+    starts with the field or parameter it is about and says the rule: "epsilon: must be
+    greater than 0", "bogus: not a field of this request"."""
+    loc = [str(part) for part in error.get("loc", ())]
+    msg = str(error.get("msg", ""))
+    kind = error.get("type")
+    if kind == "json_invalid":
+        reason = (error.get("ctx") or {}).get("error", "")
+        return error | {"msg": f"body: not valid JSON ({reason}, at character {loc[-1]})"}
+    # pydantic names the alternative of a union that refused too ("literal['a']", "int"):
+    # the field is what the client wrote
+    parts = [p for p in loc[1:] if not _ALTERNATIVE.search(p) and p not in _TYPES]
+    field = ".".join(parts) or (loc[0] if loc else "request")
+    if kind == "extra_forbidden" and "unknown" not in msg:
+        msg = "not a field of this request"
+    for old, new in _RULES:
+        if msg.startswith(old):
+            msg = new + msg.removeprefix(old)
+            break
+    if msg.startswith(f"{field}:") or msg.startswith(f"{field} "):
+        return error | {"msg": msg}
+    return error | {"msg": f"{field}: {msg}"}
 
 
 def echoed(asked: datetime | None, bound: datetime | None) -> datetime | None:

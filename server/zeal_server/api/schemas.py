@@ -27,6 +27,8 @@ __all__ = [
     "PointOut",
     "Problem",
     "QuantileOut",
+    "RejectsOut",
+    "SenderOut",
     "SeriesOut",
     "ServerOut",
     "ShareOut",
@@ -449,7 +451,14 @@ class EfficiencyOut(BaseModel):
     wire_vs_float64: float
     store_bits: float = Field(description="bits per reading of the compacted segments' data")
     store_code_bits: float = Field(description="bits per reading of the codes (sample's rows)")
-    database_bits: float = Field(description="the stream's database share, bits per reading")
+    database_bits: float = Field(
+        description="the stream's database share, bits per reading: at least its segments' "
+        "bytes (a small stream may still fit in the pages its tables keep empty)"
+    )
+    database_pages_grown: bool = Field(
+        description="whether the page count measured it (false: database_bits is the "
+        "segments' bytes, a lower bound)"
+    )
     paper_store_bits: float = Field(
         description="the paper's format: privatized float64 values, zstandard level 3"
     )
@@ -521,6 +530,28 @@ HEAVY: dict[int | str, dict[str, Any]] = {
 }
 
 
+class SenderOut(BaseModel):
+    device: str = Field(description="the name on the topic (as the client chose it)")
+    messages: int = Field(description="rejected messages published under it")
+    last: datetime = Field(description="when its latest rejected message arrived")
+    reasons: dict[str, int] = Field(description="rejected messages by reason")
+    known: bool = Field(
+        description="whether it is a device of the stream (one that stored readings); false: "
+        "it never stored anything (a misconfigured device, or an invented name)"
+    )
+
+
+class RejectsOut(BaseModel):
+    """Who sent the rejected messages of a stream: the names with the most, the rest
+    summed. The rejects table keeps a bounded number of names per stream whatever clients
+    invent; beyond it they count under the name "*"."""
+
+    stream: str
+    senders: list[SenderOut] = Field(description="most rejected messages first")
+    other_senders: int = Field(description="names beyond the limit")
+    other_messages: int = Field(description="what those names sent, summed")
+
+
 class ServerOut(BaseModel):
     """This server's identity as its agents know it."""
 
@@ -529,4 +560,11 @@ class ServerOut(BaseModel):
     endorsements: list[dict[str, Any]] = Field(
         description="the chain from its first key to this one, oldest first (empty: never "
         "rotated; docs/edge-agent.md)"
+    )
+    operator_token_required: bool = Field(
+        description="whether writes need the operator token (ZEAL_OPERATOR_TOKEN); false: "
+        "development mode, writes are open"
+    )
+    read_token_required: bool = Field(
+        description="whether reads need a token (ZEAL_READ_TOKEN, or the operator token)"
     )

@@ -86,7 +86,8 @@ def open_server(
             detail = exc.reason
         if isinstance(detail, list):
             detail = "; ".join(str(d.get("msg", d)) for d in detail)
-        raise RemoteError(f"{where} answered {exc.code}: {detail}") from None
+        hint = _token_hint(method, env) if exc.code in (401, 403) else ""
+        raise RemoteError(f"{where} answered {exc.code}: {detail}{hint}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, ssl.SSLCertVerificationError):
@@ -102,6 +103,25 @@ def open_server(
         ) from None
     with response:
         yield response
+
+
+def _token_hint(method: str, env: Mapping[str, str]) -> str:
+    """What to set after a 401 or 403: the variable of the token the command sends."""
+    if method != "GET":
+        if not env.get("ZEAL_OPERATOR_TOKEN"):
+            also = " (ZEAL_READ_TOKEN only opens reads)" if env.get("ZEAL_READ_TOKEN") else ""
+            return (
+                " -- this command writes: set ZEAL_OPERATOR_TOKEN to the server's operator "
+                f"token{also}"
+            )
+        return " -- ZEAL_OPERATOR_TOKEN is set, but not to the server's operator token"
+    for name in ("ZEAL_READ_TOKEN", "ZEAL_OPERATOR_TOKEN"):
+        if env.get(name):
+            return (
+                f" -- {name} is set, but not to a token of the server (its read token, or "
+                "its operator token)"
+            )
+    return " -- set ZEAL_READ_TOKEN (or ZEAL_OPERATOR_TOKEN) to the server's token"
 
 
 def stream_path(name: str) -> str:

@@ -141,7 +141,10 @@ def _request(path: str) -> bytes:
 def _carry_out(settings: ServerSettings, args: argparse.Namespace) -> None:
     admin = admin_for(settings)
     if args.action == "list":
-        for name in admin.provisioned():
+        names = list(admin.provisioned())
+        if not names:
+            print("no device has a broker login made here (zeal-server devices provision NAME)")
+        for name in names:
             print(name)
     elif args.action == "harden":
         changed = admin.harden()

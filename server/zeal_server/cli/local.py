@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 
 from sqlalchemy import Engine
@@ -21,7 +22,8 @@ from sqlalchemy.orm import Session
 from zeal.vocabulary import renamed
 from zeal_server import store
 from zeal_server.cli.common import (
-    ASKS,
+    ASKS_READ,
+    ASKS_WRITE,
     CREATE_FIELDS,
     Commands,
     add_local_argument,
@@ -32,9 +34,11 @@ from zeal_server.cli.common import (
     fail,
     stream_line,
     unconfirmed,
+    write_export,
 )
 from zeal_server.settings import ServerSettings, SettingsError
 from zeal_server.store.db import make_engine, migrate, session_factory
+from zeal_server.store.models import Stream
 
 __all__ = ["add_parsers", "nats_names", "run"]
 
@@ -60,7 +64,8 @@ def add_parsers(commands: Commands) -> Commands:
         sub,
         "create",
         "create a stream; its parameters never change afterwards, and the server retains its "
-        "configuration on the broker within seconds" + ASKS,
+        "configuration on the broker within seconds" + ASKS_WRITE,
+        asks="write",
     )
     create.add_argument("name", help="1-64 letters, digits, '_', '.' or '-'")
     create.add_argument("--lower", type=float, required=True, help="lower end of the range")
@@ -87,13 +92,14 @@ def add_parsers(commands: Commands) -> Commands:
     create.add_argument(
         "--max-epsilon-per-day", type=float, default=8.0, help="privacy policy per device [8]"
     )
-    listing = command(sub, "list", "list the streams" + ASKS)
+    listing = command(sub, "list", "list the streams" + ASKS_READ, asks="read")
     listing.add_argument("--json", action="store_true", help="names as a JSON array (for scripts)")
     delete = command(
         sub,
         "delete",
         "delete a stream and every reading stored for it; the server retains its signed "
-        "tombstone on the broker, and agents sending to it halt" + ASKS,
+        "tombstone on the broker, and agents sending to it halt" + ASKS_WRITE,
+        asks="write",
     )
     delete.add_argument("name", help="the stream to delete")
     delete.add_argument(
@@ -104,7 +110,8 @@ def add_parsers(commands: Commands) -> Commands:
         sub,
         "retention",
         "set how long a stream's data is kept: the collector deletes whole buckets older "
-        "than that within a minute, for good" + ASKS,
+        "than that within a minute, for good" + ASKS_WRITE,
+        asks="write",
     )
     keep.add_argument("name", help="the stream")
     keep.add_argument("days", type=days, help="1 to 36500 days, or none to keep everything")
@@ -112,7 +119,8 @@ def add_parsers(commands: Commands) -> Commands:
         sub,
         "delete-device",
         "delete everything stored of one device of a stream; the other devices' data is "
-        "untouched (revoke the device's broker login first)" + ASKS,
+        "untouched (revoke the device's broker login first)" + ASKS_WRITE,
+        asks="write",
     )
     forget.add_argument("name", help="the stream")
     forget.add_argument("device", help="the device")
@@ -126,12 +134,37 @@ def add_parsers(commands: Commands) -> Commands:
     ):
         p = command(commands, name, text)
         p.add_argument("stream", nargs="?", help="one stream [all]")
-    export = command(commands, "export", "decoded per-reading estimates as CSV on stdout" + ASKS)
+    export = command(
+        commands,
+        "export",
+        "every stored reading (time, device, code, its decoded estimate) as CSV or Parquet, "
+        "to stdout or --out" + ASKS_READ,
+        asks="read",
+    )
     export.add_argument("stream", help="the stream to export")
     export.add_argument(
         "--start", type=datetime.fromisoformat, help="ISO 8601 time; whole buckets from it"
     )
     export.add_argument("--end", type=datetime.fromisoformat, help="ISO 8601 time, exclusive")
+    export.add_argument(
+        "--format",
+        dest="kind",
+        choices=store.FORMATS,
+        default="csv",
+        help="csv, or parquet (pandas, DuckDB, Spark; the stream's configuration in the file; "
+        "needs pyarrow: pip install 'zeal-server[parquet]') [csv]",
+    )
+    export.add_argument(
+        "--times",
+        choices=store.TIMES,
+        default="iso",
+        help="CSV times: ISO 8601 in UTC (column time), or epoch milliseconds (timestamp_ms) [iso]",
+    )
+    export.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write to FILE instead of stdout (progress shown on a terminal)",
+    )
     for p in (create, listing, delete, keep, forget, export):
         add_server_argument(p)
         add_local_argument(p)
@@ -257,7 +290,9 @@ def _run(engine: Engine, args: argparse.Namespace) -> int:
                 return fail(f"no stream named {args.stream!r}")
         if args.command == "compact":
             for stream in streams:
-                print(f"{stream.name}: {store.compact(session, stream)} periods compacted")
+                print(f"{stream.name}: compacting ...", flush=True)
+                done = store.compact(session, stream)
+                print(f"{stream.name}: {done} {'period' if done == 1 else 'periods'} compacted")
             session.commit()
             return 0
         if args.command == "verify":
@@ -266,16 +301,27 @@ def _run(engine: Engine, args: argparse.Namespace) -> int:
                 print(p)
             print("verify: OK" if not problems else f"verify: {len(problems)} mismatches")
             return 0 if not problems else 1
-        stream = streams[0]
-        first, stop = store.bucket_bounds(
-            stream,
-            None if args.start is None else int(args.start.timestamp() * 1000),
-            None if args.end is None else int(args.end.timestamp() * 1000),
-        )
-        print(f"zeal-server: {store.estimates_note(stream)}", file=sys.stderr)
-        for line in store.export_lines(session, stream, first, stop):
-            print(line, end="")
-        return 0
+        return _export(session, streams[0], args)
+
+
+def _export(session: Session, stream: Stream, args: argparse.Namespace) -> int:
+    """``export --local``: the stream's readings as CSV or Parquet, to stdout or --out."""
+    first, stop = store.bucket_bounds(
+        stream,
+        None if args.start is None else int(args.start.timestamp() * 1000),
+        None if args.end is None else int(args.end.timestamp() * 1000),
+    )
+    note = store.estimates_note(stream)
+    print(f"zeal-server: {note}", file=sys.stderr)
+    rows = store.export_rows(session, stream, first, stop)
+    if args.kind == "parquet":
+        if problem := store.parquet_problem():
+            return fail(problem)
+        chunks: Iterator[bytes] = store.parquet_chunks(rows, store.config_of(session, stream), note)
+    else:
+        chunks = (c.encode() for c in store.csv_chunks(rows, args.times))
+    write_export(chunks, args.out)
+    return 0
 
 
 def _key(session: Session, args: argparse.Namespace) -> int:

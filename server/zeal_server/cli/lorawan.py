@@ -8,23 +8,31 @@ import urllib.parse
 from collections.abc import Mapping
 
 from zeal_server.cli.asking import Handler, ask, get, open_server
-from zeal_server.cli.common import OVER_HTTP, Commands, add_server_argument, command
+from zeal_server.cli.common import READS, WRITES, Commands, add_server_argument, command
 
 __all__ = ["HANDLERS", "add_parsers"]
 
 
 def add_parsers(commands: Commands) -> None:
     """``zeal-server lorawan bind|list|unbind``."""
-    over_http = OVER_HTTP
-    lorawan = command(commands, "lorawan", "LoRaWAN uplinks through ChirpStack" + over_http, ())
+    lorawan = command(
+        commands,
+        "lorawan",
+        "LoRaWAN uplinks through ChirpStack (asks the running server: bind and unbind write, "
+        "list reads)",
+        (),
+    )
     actions = lorawan.add_subparsers(dest="action", required=True, metavar="ACTION")
     bind = command(
         actions,
         "bind",
-        "send a ChirpStack application's uplinks on an FPort to a stream" + over_http,
+        "send a ChirpStack application's uplinks on an FPort to a stream" + WRITES,
         (),
+        "write",
     )
-    unbind = command(actions, "unbind", "remove a binding (what was stored stays)" + over_http, ())
+    unbind = command(
+        actions, "unbind", "remove a binding (what was stored stays)" + WRITES, (), "write"
+    )
     for p in (bind, unbind):
         p.add_argument("application", help="ChirpStack's application id (a UUID)")
         p.add_argument(
@@ -40,7 +48,7 @@ def add_parsers(commands: Commands) -> None:
         default="dev_eui",
         help="name devices by DevEUI or by ChirpStack device name [dev_eui]",
     )
-    listed = command(actions, "list", "every binding" + over_http, ())
+    listed = command(actions, "list", "every binding" + READS, (), "read")
     for p in (bind, unbind, listed):
         add_server_argument(p)
 

@@ -30,7 +30,8 @@ USAGE = """``zeal-server``: serve the API and collector, manage streams, check a
 zeal-server serve [--host H] [--port P]      API + collector (settings: ZEAL_* variables)
 
 Asking the running server over HTTP (--server URL or ZEAL_SERVER_URL, default
-http://127.0.0.1:8000; ZEAL_READ_TOKEN for reads, ZEAL_OPERATOR_TOKEN for changes):
+http://127.0.0.1:8000; ZEAL_READ_TOKEN (or ZEAL_OPERATOR_TOKEN) for reads,
+ZEAL_OPERATOR_TOKEN for changes):
 zeal-server streams create NAME --lower L --upper U --epsilon E [--unit degF] ...
 zeal-server streams list | streams show NAME | streams devices NAME
 zeal-server streams delete NAME --confirm NAME   the stream and all its data
@@ -44,6 +45,7 @@ zeal-server distribution STREAM [--bins B] [--quantiles 0.5,0.9] [--above X] ...
 zeal-server enroll STREAM DEVICE  |  zeal-server policy set STREAM EPSILON_PER_DAY
 zeal-server policy device DEVICE EPSILON|none [--days 30|365]  |  policy tag KEY:VALUE ...
 zeal-server policy show DEVICE               a device's cap across streams, its spend (1-365 days)
+zeal-server rejects STREAM [--limit N]       who sent its rejected messages, and why
 
 On the database itself (ZEAL_DATABASE_URL or ZEAL_DATA_DIR; the line on stderr names it):
 zeal-server verify [STREAM]                  every segment row's sums == its readings'

@@ -18,12 +18,14 @@ from zeal.vocabulary import renamed
 from zeal_server.cli.asking import Handler, ask, base, get, open_server, stream_path
 from zeal_server.cli.common import (
     CREATE_FIELDS,
-    OVER_HTTP,
+    READS,
+    WRITES,
     Commands,
     add_server_argument,
     command,
     stream_line,
     unconfirmed,
+    write_export,
 )
 from zeal_server.errors import RemoteError
 
@@ -33,20 +35,19 @@ __all__ = ["HANDLERS", "add_parsers"]
 def add_parsers(commands: Commands, streams: Commands) -> None:
     """The commands that only ask the running server; `streams`: the streams command's
     actions (zeal_server.cli.local makes the command)."""
-    over_http = OVER_HTTP
-    show = command(streams, "show", "a stream's parameters" + over_http, variables=())
+    show = command(streams, "show", "a stream's parameters" + READS, (), "read")
     show.add_argument("name", help="the stream")
     released = command(
         streams,
         "release",
         "release the agents halted on a stream (deleted or created anew under them, a policy "
         "above their ceiling) that wait for their server: its signed configuration says so, "
-        "and they adopt it (asks the running server: --server or ZEAL_SERVER_URL, the "
-        "operator token)",
-        variables=(),
+        "and they adopt it" + WRITES,
+        (),
+        "write",
     )
     released.add_argument("name", help="the stream")
-    listed = command(streams, "devices", "a stream's devices" + over_http, variables=())
+    listed = command(streams, "devices", "a stream's devices" + READS, (), "read")
     listed.add_argument("name", help="the stream")
     listed.add_argument("--limit", type=int, default=100, help="devices shown [100]")
     for name, text in (
@@ -55,7 +56,7 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
         ("distribution", "the readings' histogram and quantiles over a window, with intervals"),
         ("tail", "the readings stored and the average, again every few seconds (Ctrl-C ends)"),
     ):
-        p = command(commands, name, text + over_http, variables=())
+        p = command(commands, name, text + READS, (), "read")
         p.add_argument("stream", help="the stream")
         if name == "tail":
             p.add_argument("--every", type=float, default=5.0, help="seconds between lines [5]")
@@ -83,7 +84,7 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
             p.add_argument("--above", type=float, help="a threshold: the share above it")
         add_server_argument(p)
     enroll = command(
-        commands, "enroll", "let a device send to an enrolled-only stream" + over_http, ()
+        commands, "enroll", "let a device send to an enrolled-only stream" + WRITES, (), "write"
     )
     enroll.add_argument("stream", help="the stream")
     enroll.add_argument("device", help="the device")
@@ -95,8 +96,9 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
         actions,
         "set",
         "set the epsilon one device may spend per UTC day (a new fingerprint: agents take the "
-        "new configuration by themselves)" + over_http,
+        "new configuration by themselves)" + WRITES,
         (),
+        "write",
     )
     setting.add_argument("stream", help="the stream")
     setting.add_argument("epsilon", type=float, help="epsilon per device per UTC day")
@@ -104,8 +106,9 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
         actions,
         "device",
         "give a device its own daily cap across all its streams (none: back to its tags' "
-        "or the server's default)" + over_http,
+        "or the server's default)" + WRITES,
         (),
+        "write",
     )
     device_cap.add_argument("device", help="the device")
     device_cap.add_argument("epsilon", type=_cap, help="epsilon per UTC day, or none")
@@ -120,8 +123,9 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
     tag_cap = command(
         actions,
         "tag",
-        "cap every device carrying a tag, in any stream (none: remove the cap)" + over_http,
+        "cap every device carrying a tag, in any stream (none: remove the cap)" + WRITES,
         (),
+        "write",
     )
     tag_cap.add_argument("tag", help="KEY:VALUE")
     tag_cap.add_argument("epsilon", type=_cap, help="epsilon per UTC day, or none")
@@ -132,23 +136,40 @@ def add_parsers(commands: Commands, streams: Commands) -> None:
         actions,
         "show",
         "a device's cap across streams and its spend: today, the last 7, 30 and 365 days, "
-        "since first seen" + over_http,
+        "since first seen" + READS,
         (),
+        "read",
     )
     budget.add_argument("device", help="the device")
-    for p in (show, released, listed, enroll, setting, device_cap, tag_cap, budget):
+    rejects = command(
+        commands,
+        "rejects",
+        "who sent a stream's rejected messages (devices that never stored a reading too), "
+        "with the reasons" + READS,
+        (),
+        "read",
+    )
+    rejects.add_argument("stream", help="the stream (or the name a device wrongly used)")
+    rejects.add_argument("--limit", type=int, default=20, help="names shown [20]")
+    for p in (show, released, listed, enroll, setting, device_cap, tag_cap, budget, rejects):
         add_server_argument(p)
 
 
-def _estimate(out: Mapping[str, Any]) -> str:
+def _estimate(out: Mapping[str, Any], unit: str = "") -> str:
     estimate = out.get("estimate")
     if not estimate:
         return "no readings"
     low, high = estimate["ci"]
     return (
-        f"{estimate['mean']:.4g} ± {estimate['std_error']:.2g} "
-        f"({out['confidence']:.0%} CI [{low:.4g}, {high:.4g}])"
+        f"{estimate['mean']:.4g}{unit} ± {estimate['std_error']:.2g}{unit} "
+        f"({out['confidence']:.0%} CI [{low:.4g}, {high:.4g}]{unit})"
     )
+
+
+def _unit(args: argparse.Namespace, env: Mapping[str, str], name: str) -> str:
+    """The stream's unit as printed after a value (" degF"; "" for none)."""
+    unit = get(args, env, stream_path(name)).get("unit") or ""
+    return f" {unit}" if unit else ""
 
 
 def _show(args: argparse.Namespace, env: Mapping[str, str]) -> None:
@@ -182,7 +203,8 @@ def _devices(args: argparse.Namespace, env: Mapping[str, str]) -> None:
             f"{d['name']:<24} {d['readings']:>10,} readings  epsilon today "
             f"{d['epsilon_today']:g}{spent}  last seen {d['last_seen']}  {tags}{flags}"
         )
-    print(f"{len(out['devices'])} of {out['total']} devices")
+    total = out["total"]
+    print(f"{len(out['devices'])} of {total} {'device' if total == 1 else 'devices'}")
 
 
 def _window(args: argparse.Namespace) -> dict[str, Any]:
@@ -191,7 +213,8 @@ def _window(args: argparse.Namespace) -> dict[str, Any]:
 
 def _average(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     out = get(args, env, f"{stream_path(args.stream)}/average", **_window(args))
-    print(f"{args.stream}: {_estimate(out)} over {out['n']:,} readings")
+    unit = _unit(args, env, args.stream)
+    print(f"{args.stream}: {_estimate(out, unit)} over {out['n']:,} readings")
 
 
 def _series(args: argparse.Namespace, env: Mapping[str, str]) -> None:
@@ -203,14 +226,18 @@ def _series(args: argparse.Namespace, env: Mapping[str, str]) -> None:
         quantile=args.quantile,
         **_window(args),
     )
+    unit = _unit(args, env, args.stream)
     for point in out["points"]:
-        quantile = f"  {_quantile(point['quantile'])}" if point.get("quantile") else ""
-        print(f"{point['start']}  {point['n']:>8,}  {_estimate({**out, **point})}{quantile}")
+        quantile = f"  {_quantile(point['quantile'], unit)}" if point.get("quantile") else ""
+        line = _estimate({**out, **point}, unit)
+        print(f"{point['start']}  {point['n']:>8,}  {line}{quantile}")
+    if not out["points"]:
+        print(f"{args.stream}: no readings in that window")
 
 
-def _quantile(item: Mapping[str, Any]) -> str:
-    ends = "" if item["low"] is None else f" [{item['low']:.4g}, {item['high']:.4g}]"
-    return f"q{item['q']:g} {item['value']:.4g}{ends}"
+def _quantile(item: Mapping[str, Any], unit: str = "") -> str:
+    ends = "" if item["low"] is None else f" [{item['low']:.4g}, {item['high']:.4g}]{unit}"
+    return f"q{item['q']:g} {item['value']:.4g}{unit}{ends}"
 
 
 def _distribution(args: argparse.Namespace, env: Mapping[str, str]) -> None:
@@ -223,24 +250,28 @@ def _distribution(args: argparse.Namespace, env: Mapping[str, str]) -> None:
         above=args.above,
         **_window(args),
     )
-    print(f"{args.stream}: {out['n']:,} readings from {out['devices']:,} devices")
+    unit = _unit(args, env, args.stream)
+    measured = f", in{unit}" if unit else ""
+    devices = f"{out['devices']:,} {'device' if out['devices'] == 1 else 'devices'}"
+    print(f"{args.stream}: {out['n']:,} readings from {devices}{measured}")
     edges, shares = out["edges"], out["probabilities"]
     widest = max(shares) or 1.0
     for i, share in enumerate(shares):
         bar = "#" * round(40 * share / widest)
         print(f"  [{edges[i]:>9.4g}, {edges[i + 1]:>9.4g})  {share:6.1%}  {bar}")
     for item in out["quantiles"]:
-        print(f"  {_quantile(item)}")
+        print(f"  {_quantile(item, unit)}")
     if out["above"]:
         a = out["above"]
         ends = "" if a["low"] is None else f" [{a['low']:.1%}, {a['high']:.1%}]"
-        print(f"  above {a['threshold']:g}: {a['share']:.1%}{ends}")
+        print(f"  above {a['threshold']:g}{unit}: {a['share']:.1%}{ends}")
     if out["intervals"]:
         print(f"  {out['intervals']}")
 
 
 def _tail(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     shown = 0
+    unit = _unit(args, env, args.stream)
     while args.count is None or shown < args.count:
         if shown:
             time.sleep(args.every)
@@ -248,7 +279,7 @@ def _tail(args: argparse.Namespace, env: Mapping[str, str]) -> None:
         average = get(args, env, f"{stream_path(args.stream)}/average")
         print(
             f"{time.strftime('%H:%M:%S')}  readings {stats['readings']:,}  devices "
-            f"{stats['devices']}  average {_estimate(average)}",
+            f"{stats['devices']}  average {_estimate(average, unit)}",
             flush=True,
         )
         shown += 1
@@ -404,6 +435,8 @@ def _export(args: argparse.Namespace, env: Mapping[str, str]) -> None:
     window = {
         "start": None if args.start is None else args.start.isoformat(),
         "end": None if args.end is None else args.end.isoformat(),
+        "format": args.kind,
+        "times": args.times,
     }
     with open_server(
         args, env, "GET", f"{stream_path(args.stream)}/export", None, **window
@@ -411,9 +444,22 @@ def _export(args: argparse.Namespace, env: Mapping[str, str]) -> None:
         if note := response.headers.get("Zeal-Estimates"):
             print(f"zeal-server: {note}", file=sys.stderr)
         sys.stdout.flush()
-        while chunk := response.read(1 << 16):
-            sys.stdout.buffer.write(chunk)
-        sys.stdout.buffer.flush()
+        write_export(iter(lambda: response.read(1 << 16), b""), args.out)
+
+
+def _rejects(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    out = get(args, env, f"{stream_path(args.stream)}/rejects", limit=args.limit)
+    for s in out["senders"]:
+        reasons = ", ".join(f"{r} {n:,}" for r, n in s["reasons"].items())
+        stored = "" if s["known"] else "  (never stored a reading)"
+        print(f"{s['device']:<24} {s['messages']:>10,}  last {s['last']}  {reasons}{stored}")
+    if out["other_senders"]:
+        n = out["other_senders"]
+        print(
+            f"and {n:,} other {'name' if n == 1 else 'names'}: {out['other_messages']:,} messages"
+        )
+    if not out["senders"]:
+        print(f"{args.stream}: no message rejected")
 
 
 #: (command, action) -> its handler: every command of this family, listed once. Those of
@@ -437,4 +483,5 @@ HANDLERS: dict[tuple[str, str | None], Handler] = {
     ("policy", "tag"): _tag_cap,
     ("policy", "show"): _budget,
     ("export", None): _export,
+    ("rejects", None): _rejects,
 }

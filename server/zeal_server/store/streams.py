@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -308,6 +309,61 @@ def device_rejects(session: Session, stream: str, devices: list[str]) -> dict[st
     for device, reason, count in session.execute(query):
         found.setdefault(device, {})[reason] = int(count)
     return found
+
+
+@dataclass(frozen=True)
+class Sender:
+    """A name rejected messages were published under, on one stream: how many, when last,
+    by reason, and whether it is a device of the stream (one that stored readings)."""
+
+    device: str
+    messages: int
+    last_ms: int
+    reasons: dict[str, int]
+    known: bool
+
+
+def rejected_senders(session: Session, stream: str, limit: int) -> tuple[list[Sender], int, int]:
+    """The `limit` names with the most rejected messages on `stream` (the latest first among
+    equals), and how many other names there are and what they sent, summed. The rejects
+    table is bounded per stream whatever names clients invent (ingest.rejectkeys: beyond its
+    pool, names count under "*"), and so is this answer."""
+    totals = (
+        select(Reject.device, func.sum(Reject.count), func.max(Reject.last_ms))
+        .where(Reject.stream == stream)
+        .group_by(Reject.device)
+    )
+    top = session.execute(
+        totals.order_by(func.sum(Reject.count).desc(), func.max(Reject.last_ms).desc())
+        .order_by(Reject.device)
+        .limit(limit)
+    ).all()
+    names = [str(d) for d, _, _ in top]
+    reasons: dict[str, dict[str, int]] = {}
+    for device, reason, count in session.execute(
+        select(Reject.device, Reject.reason, Reject.count).where(
+            Reject.stream == stream, Reject.device.in_(names)
+        )
+    ):
+        reasons.setdefault(str(device), {})[str(reason)] = int(count)
+    known = set(
+        session.scalars(
+            select(Device.name)
+            .join(Stream, Stream.id == Device.stream_id)
+            .where(Stream.name == stream, Device.name.in_(names))
+        )
+    )
+    everyone = session.execute(
+        select(
+            func.count(func.distinct(Reject.device)), func.coalesce(func.sum(Reject.count), 0)
+        ).where(Reject.stream == stream)
+    ).one()
+    senders = [
+        Sender(str(d), int(n), int(last), dict(sorted(reasons.get(str(d), {}).items())), d in known)
+        for d, n, last in top
+    ]
+    others = int(everyone[0]) - len(senders)
+    return senders, others, int(everyone[1]) - sum(s.messages for s in senders)
 
 
 def name_problem(kind: str, name: str) -> str | None:

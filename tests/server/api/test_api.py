@@ -89,7 +89,9 @@ def test_bad_stream_definitions_are_422(
 
 
 def test_tokens_guard_writes_and_reads(database_url: str) -> None:
-    """No token: 401; wrong token: 403; the read token, when set, guards every read route."""
+    """No token: 401; wrong token: 403; the read token, when set, guards every read route,
+    and the operator token opens every read the read token opens (an operator holds one
+    token); each refusal names the variable of the token it wants."""
     app = create_app(settings(database_url, ZEAL_OPERATOR_TOKEN=OPERATOR, ZEAL_READ_TOKEN=READER))
     body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1}
     with TestClient(app) as c:
@@ -122,6 +124,18 @@ def test_tokens_guard_writes_and_reads(database_url: str) -> None:
             assert c.get(path).status_code == 401, path
             assert c.get(path, headers={"Authorization": "Bearer x"}).status_code == 403, path
             assert c.get(path, headers={"Authorization": f"Bearer {READER}"}).status_code == 200
+            assert c.get(path, headers={"Authorization": f"Bearer {OPERATOR}"}).status_code == 200
+        heavy = "/api/v1/streams/temps/series"  # the read budget's door asks the same
+        assert c.get(heavy, headers={"Authorization": f"Bearer {OPERATOR}"}).status_code == 200
+        assert "ZEAL_READ_TOKEN" in c.get(heavy).json()["detail"]
+        assert "ZEAL_OPERATOR_TOKEN" in c.post("/api/v1/streams", json=body).json()["detail"]
+        denied = c.get("/api/v1/streams", headers={"Authorization": "Bearer x"}).json()
+        assert "ZEAL_READ_TOKEN" in denied["detail"]
+        said = c.get("/api/v1/server", headers={"Authorization": f"Bearer {OPERATOR}"}).json()
+        assert (said["operator_token_required"], said["read_token_required"]) == (True, True)
+    with TestClient(create_app(settings(database_url))) as c:  # development: no token
+        said = c.get("/api/v1/server").json()
+        assert (said["operator_token_required"], said["read_token_required"]) == (False, False)
     with pytest.raises(SettingsError, match="production mode needs ZEAL_OPERATOR_TOKEN"):
         settings(database_url, ZEAL_MODE="production")
     for bad in ("zeal login", "x" * 65, "a/b"):  # a property name, or none

@@ -96,7 +96,7 @@ def test_series_points_carry_their_own_posteriors(client: TestClient) -> None:
         ({"prior": "beta:1,1"}, "model mean takes prior=uniform or normal"),
         ({"prior": "normal:50,0"}, "sd > 0"),
         ({"model": "binary", "prior": "beta:0,1"}, "a > 0 and b > 0"),
-        ({"model": "median"}, "Input should be"),
+        ({"model": "median"}, "model: must be"),
         ({"device": "nobody"}, "no device named 'nobody'"),
         ({"device": "door0", "group": "site:x"}, "a group or a device, not both"),
     ],

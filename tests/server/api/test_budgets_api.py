@@ -278,7 +278,8 @@ def test_a_devices_account_over_7_30_365_days_and_its_life(client: TestClient) -
         """The epsilon of the readings stored in the last `days` UTC days (None: all)."""
         total = 0.0
         for stream, epsilon in epsilons.items():
-            rows = client.get(f"/api/v1/streams/{stream}/export").text.splitlines()[1:]
+            url = f"/api/v1/streams/{stream}/export"
+            rows = client.get(url, params={"times": "epoch"}).text.splitlines()[1:]
             stamps = [int(r.split(",")[0]) for r in rows]
             total += epsilon * sum(
                 1 for t in stamps if days is None or t // 86_400_000 > today - days

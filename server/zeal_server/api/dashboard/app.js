@@ -77,6 +77,12 @@ function within(interval, stream) {
   return withUnit(`${fmt(lo)} – ${fmt(hi)}`, stream.unit);
 }
 
+// Text as a sentence: ends with a full stop (two joined never run together).
+function sentence(text) {
+  const t = String(text).trim();
+  return /[.!?]$/.test(t) ? t : `${t}.`;
+}
+
 function fmtQ(q) {
   return `${Number((q * 100).toPrecision(6))} %`;
 }
@@ -162,8 +168,10 @@ function problemText(status, body) {
   let text;
   if (Array.isArray(detail)) {
     text = detail.map((d) => {
+      // The server's messages start with their field ("epsilon: must be ..."); older ones
+      // did not, and get it from loc.
       const where = (d.loc || []).filter((p) => p !== "body" && p !== "query").join(".");
-      return where ? `${where}: ${d.msg}` : d.msg;
+      return where && !String(d.msg).startsWith(`${where}:`) ? `${where}: ${d.msg}` : d.msg;
     }).join("; ");
   } else {
     text = detail || `HTTP ${status}`;
@@ -413,6 +421,7 @@ function streamView(main, name, params) {
   const prev = el("button", { type: "button", id: "devices-prev", text: "Previous" });
   const next = el("button", { type: "button", id: "devices-next", text: "Next" });
   const rejectsBody = el("tbody", { id: "rejects-body" });
+  const sendersBody = el("tbody", { id: "senders-body" });
   const accountsBody = el("tbody", { id: "accounts-body" });
   const paramsList = el("dl", { class: "params", id: "stream-params" });
   const mechanismList = el("dl", { class: "params", id: "mechanism-params" });
@@ -489,7 +498,15 @@ function streamView(main, name, params) {
           el("thead", {}, el("tr", {},
             el("th", { scope: "col", text: "Reason" }),
             el("th", { scope: "col", class: "num", text: "Messages" }))),
-          rejectsBody))),
+          rejectsBody),
+        el("h3", { id: "senders-title", class: "spaced", text: "Who sent the rejected messages" }),
+        el("table", { id: "senders", "aria-labelledby": "senders-title" },
+          el("thead", {}, el("tr", {},
+            el("th", { scope: "col", text: "Name on the topic" }),
+            el("th", { scope: "col", class: "num", text: "Messages" }),
+            el("th", { scope: "col", text: "Reasons" }),
+            el("th", { scope: "col", text: "Latest" }))),
+          sendersBody))),
     el("section", { class: "card", "aria-labelledby": "devices-title" },
       el("h2", { id: "devices-title", text: "Devices" }),
       el("table", { id: "devices" }, el("thead", {}, devicesHead), devicesBody),
@@ -815,7 +832,7 @@ function streamView(main, name, params) {
         el("div", { class: "value", id: "dist-n", text: `${fmtInt(body.n)} (${fmtInt(body.devices)})` })));
     distBox.replaceChildren(drawHistogram(body, stream, name));
     const why = body.intervals || `Intervals: a bootstrap over the window's ${fmtInt(body.devices)} devices.`;
-    distNote.textContent = `${why} Estimated: ${body.estimand}.`;
+    distNote.textContent = `${sentence(why)} Estimated: ${sentence(body.estimand)}`;
     distBox.dataset.asked = JSON.stringify(asked);
   }
 
@@ -900,6 +917,23 @@ function streamView(main, name, params) {
     }
   }
 
+  // Who sent the rejected messages: the ten names with the most (GET .../rejects).
+  async function loadSenders() {
+    const out = await api(`${streamPath(name)}/rejects${query({ limit: 10 })}`);
+    const rows = out.senders.map((x) => el("tr", {},
+      el("td", {}, x.device, x.known ? null : el("span", { class: "muted", text: " (never stored a reading)" })),
+      el("td", { class: "num", text: fmtInt(x.messages) }),
+      el("td", { text: Object.entries(x.reasons).map(([r, n]) => `${r} ${fmtInt(n)}`).join(", ") }),
+      el("td", { text: new Date(x.last).toISOString().replace(".000Z", "Z") })));
+    if (out.other_senders) {
+      rows.push(el("tr", { id: "senders-others" },
+        el("td", { class: "muted", text: `${fmtInt(out.other_senders)} other ${out.other_senders === 1 ? "name" : "names"}` }),
+        el("td", { class: "num", text: fmtInt(out.other_messages) }), el("td"), el("td")));
+    }
+    sendersBody.replaceChildren(...(rows.length
+      ? rows : [el("tr", {}, el("td", { colspan: 4, text: "No message rejected." }))]));
+  }
+
   async function loadStats() {
     const stats = await api(`${streamPath(name)}/stats`);
     const e = stats.efficiency;
@@ -933,7 +967,7 @@ function streamView(main, name, params) {
       const times = (ratio) => ratio >= 1 ? `${fmt(ratio, 1)}× less` : `${fmt(1 / ratio, 1)}× more`;
       set("eff-lead-wire", `${fmt(e.wire_bits, 1)} bits: ${times(e.wire_vs_json)} than JSON, ` +
         `${times(e.wire_vs_float64)} than a float64 value alone`);
-      set("eff-lead-disk", `${fmt(e.database_bits, 1)} bits` + (raw ? " (raw, not yet compacted)"
+      set("eff-lead-disk", `${e.database_pages_grown ? "" : "at least "}${fmt(e.database_bits, 1)} bits` + (raw ? " (raw, not yet compacted)"
         : `; the codes alone ${fmt(e.store_code_bits, 2)}, ${times(e.store_vs_paper)} than the paper's float64 store`));
       const compaction = raw
         ? "No bucket is compacted yet: readings are stored raw until their bucket closes, " +
@@ -1032,7 +1066,7 @@ function streamView(main, name, params) {
       fillGroups();
       quantileSelect.value = state.quantile;
       await Promise.all([loadWindow(), loadDistribution(), loadCompare(), loadStats(),
-        state.editing ? null : loadDevices()]);
+        loadSenders(), state.editing ? null : loadDevices()]);
       main.dataset.ready = String(Date.now());
     },
   };
@@ -1206,7 +1240,17 @@ function drawHistogram(body, stream, name) {
     root.append(svgEl("line", { class: "quantile-mark", x1: px(q.value), x2: px(q.value), y1: m.t, y2: H - m.b,
       "data-q": String(q.q), "data-value": String(q.value) },
     svgEl("title", {}, `${fmtQ(q.q)} quantile ${fmt(q.value)}`)));
-    root.append(svgEl("text", { class: "quantile-label", x: px(q.value) + 3, y: m.t + 10 }, fmtQ(q.q)));
+  }
+  // Their labels, left to right, each on the first line where it does not touch the one
+  // before it (close quantiles, "90 %" and "95 %", would otherwise print over each other).
+  const ends = [];
+  for (const q of [...body.quantiles].sort((x, y) => x.value - y.value)) {
+    const x = px(q.value) + 3;
+    const width = 7 * fmtQ(q.q).length;
+    let line = ends.findIndex((end) => end + 4 <= x);
+    if (line === -1) line = ends.push(-Infinity) - 1;
+    ends[line] = x + width;
+    root.append(svgEl("text", { class: "quantile-label", x, y: m.t + 10 + 13 * line, "data-q": String(q.q) }, fmtQ(q.q)));
   }
   if (body.above) {
     root.append(svgEl("line", { class: "threshold", x1: px(body.above.threshold), x2: px(body.above.threshold),
@@ -1238,7 +1282,7 @@ function createView(main) {
       el("input", { id: "description", name: "description", maxlength: "500" })),
     el("div", { class: "wide" },
       el("button", { type: "submit", class: "primary", id: "create-button", text: "Create stream" }),
-      el("span", { class: "muted", text: " Needs the operator token (enter it at the top). Parameters never change once created." })));
+      el("span", { class: "muted", id: "create-token-note", text: " Parameters never change once created." })));
   const preview = el("dl", { class: "params", id: "preview" });
   const previewDetails = el("dl", { class: "params", id: "preview-details" });
   const previewNote = el("p", { class: "muted", id: "preview-note", "aria-live": "polite" });
@@ -1256,6 +1300,13 @@ function createView(main) {
   const value = (id) => document.getElementById(id).value.trim();
   let timer = null;
   let asked = 0;
+  // What this server requires to create a stream, as it says (GET /server).
+  api(`${API}/server`).then((s) => {
+    const needs = s.operator_token_required
+      ? " Needs the operator token (enter it at the top)."
+      : " This server takes writes without a token (development mode).";
+    document.getElementById("create-token-note").textContent = `${needs} Parameters never change once created.`;
+  }).catch(() => {});
 
   async function updatePreview() {
     const mine = ++asked;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -22,14 +22,45 @@ from zeal_server.api.deps import (
     End,
     Start,
     as_datetime,
+    invalid,
     stream_or_404,
     window,
 )
-from zeal_server.api.schemas import EfficiencyOut, Problem, StatsOut
+from zeal_server.api.schemas import EfficiencyOut, Problem, RejectsOut, SenderOut, StatsOut
 
 __all__ = ["router"]
 
 router = APIRouter()
+
+
+@router.get(f"{API}/streams/{{name}}/rejects", dependencies=READ, response_model=RejectsOut)
+def rejected(
+    name: str,
+    db: Db,
+    limit: Annotated[int, Query(ge=1, le=1000, description="names shown [20]")] = 20,
+) -> RejectsOut:
+    """Who sent the stream's rejected messages: the `limit` names with the most (devices
+    that never stored a reading too), each with its reasons and the time of its latest,
+    and the others summed. A name that is not a stream yet (a device configured with a
+    wrong stream) is asked under that name; a name no message ever used is a 404."""
+    senders, others, messages = store.rejected_senders(db, name, limit)
+    if not senders and store.stream_by_name(db, name) is None:
+        stream_or_404(db, name)
+    return RejectsOut(
+        stream=name,
+        senders=[
+            SenderOut(
+                device=s.device,
+                messages=s.messages,
+                last=as_datetime(s.last_ms),
+                reasons=s.reasons,
+                known=s.known,
+            )
+            for s in senders
+        ],
+        other_senders=others,
+        other_messages=messages,
+    )
 
 
 @router.get(f"{API}/streams/{{name}}/stats", dependencies=READ, response_model=StatsOut)
@@ -104,14 +135,19 @@ def _spread(accounts: list[tuple[int, ...]]) -> dict[str, dict[str, float]]:
     }
 
 
+#: The media type of a Parquet export (IANA, 2024).
+PARQUET = "application/vnd.apache.parquet"
+
+
 @router.get(
     f"{API}/streams/{{name}}/export",
     dependencies=READ,
     response_class=StreamingResponse,
     responses={
         200: {
-            "content": {"text/csv": {}},
-            "description": "CSV rows",
+            "content": {"text/csv": {}, PARQUET: {}},
+            "description": "CSV rows (time or timestamp_ms, device, code, estimate), or a "
+            "Parquet file with the same columns and the stream's configuration",
             "headers": {
                 "Zeal-Estimates": {
                     "description": "why values outside the stream's range are expected",
@@ -122,15 +158,39 @@ def _spread(accounts: list[tuple[int, ...]]) -> dict[str, dict[str, float]]:
         429: {"model": Problem, "description": f"{MAX_EXPORTS} exports already running"},
     },
 )
-def export(name: str, request: Request, start: Start = None, end: End = None) -> StreamingResponse:
-    """Decoded per-reading estimates (timestamp, device, estimate) read from the segments.
-    Each is one privatized reading: unbiased but noisy, so values outside the stream's
-    range are expected (the Zeal-Estimates header says so too). Streamed in chunks, each
-    read in a short database session of its own, and made at most half the time (the rest
-    is left to ingestion and other reads); at most MAX_EXPORTS run at once."""
+def export(
+    name: str,
+    request: Request,
+    start: Start = None,
+    end: End = None,
+    times: Annotated[
+        Literal["iso", "epoch"],
+        Query(description="CSV times: ISO 8601 in UTC (time) or epoch ms (timestamp_ms)"),
+    ] = "iso",
+    kind: Annotated[
+        Literal["csv", "parquet"],
+        Query(
+            alias="format",
+            description="csv, or parquet (columns time, device, code, estimate; the stream's "
+            "signed configuration in the file's metadata, zeal.config; needs pyarrow on the "
+            "server)",
+        ),
+    ] = "csv",
+) -> StreamingResponse:
+    """Every stored reading: its time, device, code (the privatized value it sent) and the
+    estimate its code decodes to with the stream's parameters (GET .../config:
+    ``params_from_config(config).decode(code)`` gives the estimate exactly, so anyone can
+    check the server's averages). Each estimate is one privatized reading: unbiased but
+    noisy, so values outside the stream's range are expected (the Zeal-Estimates header
+    says so too). Streamed in chunks, each read in a short database session of its own, and
+    made at most half the time (the rest is left to ingestion and other reads); at most
+    MAX_EXPORTS run at once."""
     with request.app.state.sessions() as db:
         stream = stream_or_404(db, name)
         first, stop = window(stream, start, end)
+        config = store.config_of(db, stream) if kind == "parquet" else None
+    if kind == "parquet" and (problem := store.parquet_problem()):
+        raise invalid("query", "format", problem)
     slots: threading.BoundedSemaphore = request.app.state.exports
     if not slots.acquire(blocking=False):
         raise HTTPException(
@@ -145,14 +205,22 @@ def export(name: str, request: Request, start: Start = None, end: End = None) ->
             released.set()
             slots.release()
 
-    def rows() -> Iterator[str]:
+    note = store.estimates_note(stream)
+
+    def rows() -> Iterator[str | bytes]:
         try:
             chunks = store.export_chunks(request.app.state.sessions, stream, first, stop)
-            yield from paced(chunks)
+            if config is not None:
+                yield from paced(store.parquet_chunks(chunks, config, note))
+            else:
+                yield from paced(store.csv_chunks(chunks, times))
         finally:
             release()
 
     body = rows()
     weakref.finalize(body, release)  # also when the client left before the first chunk
-    note = {"Zeal-Estimates": store.estimates_note(stream)}
-    return StreamingResponse(body, media_type="text/csv", headers=note)
+    headers = {"Zeal-Estimates": note}
+    if config is not None:
+        headers["Content-Disposition"] = f'attachment; filename="{stream.name}.parquet"'
+        return StreamingResponse(body, media_type=PARQUET, headers=headers)
+    return StreamingResponse(body, media_type="text/csv", headers=headers)

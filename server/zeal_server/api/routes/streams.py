@@ -157,12 +157,16 @@ def get_config(name: str, db: Db) -> dict[str, Any]:
 
 
 @router.get(f"{API}/server", dependencies=READ, response_model=ServerOut)
-def server(db: Db) -> ServerOut:
+def server(db: Db, request: Request) -> ServerOut:
     """This server: its installation id and the public key agents check what it signs with
     (configurations, tombstones, notices), as they are given it (zeal-edge --server-key),
-    with the chain of endorsements from its first key when it was rotated."""
+    with the chain of endorsements from its first key when it was rotated; and which tokens
+    it requires (the dashboard says so)."""
+    settings = request.app.state.settings
     return ServerOut(
         server=store.installation_id(db),
         key=store.signer(db).public,
         endorsements=store.endorsements(db),
+        operator_token_required=settings.operator_token is not None,
+        read_token_required=settings.read_token is not None,
     )
