@@ -173,6 +173,12 @@ def test_stream_management_and_export_ask_the_running_server(
         )  # fmt: skip
         assert made.returncode == 0, made.stderr
         assert f"created stream temps on http://127.0.0.1:{server.port}: " in made.stdout
+        zero = zeal_server(
+            server, elsewhere, "streams", "create", "t2", "--lower", "0", "--upper", "1",
+            "--epsilon", "0",
+        )  # fmt: skip
+        assert zero.returncode == 2
+        assert "answered 422: epsilon: must be greater than 0" in zero.stderr
         listed = zeal_server(server, elsewhere, "streams", "list", "--json")
         assert (listed.returncode, listed.stdout.strip()) == (0, '["temps"]'), listed.stderr
         params = params_from_config(server.http.get("/api/v1/streams/temps/config").json())
@@ -191,6 +197,13 @@ def test_stream_management_and_export_ask_the_running_server(
         assert exported.stdout == served.text
         assert len(exported.stdout.splitlines()) == 31  # a header and 30 readings
         assert served.headers["Zeal-Estimates"] in exported.stderr
+        parquet = elsewhere / "temps.parquet"
+        wrote = zeal_server(
+            server, elsewhere, "export", "temps", "--format", "parquet", "--out", str(parquet)
+        )
+        assert wrote.returncode == 0, wrote.stderr
+        assert parquet.read_bytes()[:4] == b"PAR1"
+        parquet.unlink()  # the directory is checked for what the commands left
 
         unconfirmed = zeal_server(server, elsewhere, "streams", "delete-device", "temps", "dev1")
         assert unconfirmed.returncode == 2
