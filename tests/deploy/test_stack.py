@@ -839,10 +839,19 @@ def served(stack: Stack) -> dict[str, Any]:
     """The figures an upgrade must keep. The export's rows as a sorted list: rows of one
     device with one timestamp have no order of their own (a raw part keeps their arrival
     order, a compacted chunk another: store.export), and whether the old server compacted
-    the stream's buckets before the upgrade or the new one after is a matter of timing."""
+    the stream's buckets before the upgrade or the new one after is a matter of timing.
+    The export as the release before the code column wrote it: epoch times (asked where
+    the server knows times=; a release before answers 422 to it), the code left out."""
     with stack.http() as http:
         stats = http.get("/api/v1/streams/upgrade/stats", params={"efficiency": "false"}).json()
-        header, *rows = http.get("/api/v1/streams/upgrade/export").text.splitlines()
+        url = "/api/v1/streams/upgrade/export"
+        exported = http.get(url, params={"times": "epoch"})
+        if exported.status_code == 422:  # a release from before times=
+            exported = http.get(url)
+        header, *rows = exported.text.splitlines()
+        if header == "timestamp_ms,device,code,estimate":
+            fields = [line.split(",") for line in [header, *rows]]
+            header, *rows = [",".join(f[:2] + f[3:]) for f in fields]
         return {
             "average": http.get("/api/v1/streams/upgrade/average").json(),
             "readings": stats["readings"],
