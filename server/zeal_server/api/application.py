@@ -159,15 +159,7 @@ async def _read_away(headers: dict[bytes, bytes], receive: Receive) -> bool:
         return True
     if length is None and b"transfer-encoding" not in headers:
         return True  # no body
-    received = 0
-    while received <= MAX_BODY_BYTES:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return False
-        received += len(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    return True
+    return await _drain(receive, MAX_BODY_BYTES)
 
 
 class RedactQuery(logging.Filter):
