@@ -13,6 +13,9 @@ $(STAMP): $(DEPS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt \
 		-e shared -e edge -e 'server[chirpstack,parquet]' -r requirements-dev.txt
+	# The checkout's root on the venv's path: bench/ and tools/ import tools.testbed
+	# without editing sys.path.
+	$(BIN)/python -c 'import site, sys; open(site.getsitepackages()[0] + "/zeal-checkout.pth", "w").write(sys.argv[1] + "\n")' "$(CURDIR)"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -36,16 +36,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from tools.testbed.server import DeployBroker
+from tools.testbed.verdict import finish
+from zeal.mqtt.brokerurl import parse_broker_url
+from zeal_server.broker.provisioning import BrokerAdmin
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import paho.mqtt.client as mqtt  # noqa: E402
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion  # noqa: E402
-
-from tools.testbed.server import DeployBroker  # noqa: E402
-from tools.testbed.verdict import finish  # noqa: E402
-from zeal.mqtt.brokerurl import parse_broker_url  # noqa: E402
-from zeal_server.broker.provisioning import BrokerAdmin  # noqa: E402
 
 BIG = b"x" * 100_000
 

@@ -34,7 +34,6 @@ from typing import Any
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tools.testbed.broker import fleet_command
 from tools.testbed.nats import NatsCluster, nats_server
 from tools.testbed.server import Server, stream_body

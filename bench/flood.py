@@ -21,11 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tools.testbed.broker import Mosquitto
+from tools.testbed.flood import flood_trial, limit_packet_size
+from tools.testbed.server import Server
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from tools.testbed.broker import Mosquitto  # noqa: E402
-from tools.testbed.flood import flood_trial, limit_packet_size  # noqa: E402
-from tools.testbed.server import Server  # noqa: E402
 
 LIMIT = 0.20
 

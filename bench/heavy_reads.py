@@ -36,19 +36,19 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
+import numpy as np
+import psycopg
+
+from tools.testbed.server import DeployBroker, batches, client, serve
+from tools.testbed.verdict import finish
+from zeal import Zeal, encode_batch
+from zeal_server import store
+from zeal_server.ingest import Ingest
+from zeal_server.store.db import make_engine, migrate, session_factory
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
-import numpy as np  # noqa: E402
-import psycopg  # noqa: E402
-
-from tools.testbed.server import DeployBroker, batches, client, serve  # noqa: E402
-from tools.testbed.verdict import finish  # noqa: E402
-from zeal import Zeal, encode_batch  # noqa: E402
-from zeal_server import store  # noqa: E402
-from zeal_server.ingest import Ingest  # noqa: E402
-from zeal_server.store.db import make_engine, migrate, session_factory  # noqa: E402
 
 DAY, HOUR = 86_400_000, 3_600_000
 DEVICES, DAYS = 50, 6

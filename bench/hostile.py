@@ -25,22 +25,22 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
+import psycopg
+from fastapi.testclient import TestClient
+from sqlalchemy import insert
+
+from tools.testbed.server import FLOOD, DeployBroker, batches, client, create, serve, stats
+from zeal_server import store
+from zeal_server.app import create_app
+from zeal_server.settings import ServerSettings
+from zeal_server.store.compaction import chunk_rows
+from zeal_server.store.db import make_engine, migrate, session_factory
+from zeal_server.store.models import Device, DeviceTag, Segment
+from zeal_server.store.segments import Columns
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-import psycopg  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
-from sqlalchemy import insert  # noqa: E402
-
-from tools.testbed.server import FLOOD, DeployBroker, batches, client, create, serve, stats  # noqa: E402
-from zeal_server import store  # noqa: E402
-from zeal_server.app import create_app  # noqa: E402
-from zeal_server.settings import ServerSettings  # noqa: E402
-from zeal_server.store.compaction import chunk_rows  # noqa: E402
-from zeal_server.store.db import make_engine, migrate, session_factory  # noqa: E402
-from zeal_server.store.models import Device, DeviceTag, Segment  # noqa: E402
-from zeal_server.store.segments import Columns  # noqa: E402
 
 DEVICES = 100_000
 PG = os.environ.get("ZEAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -34,19 +34,19 @@ from typing import Any
 
 import numpy as np
 import paho.mqtt.client as mqtt
+from fastapi.testclient import TestClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-warnings.filterwarnings("ignore")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fastapi.testclient import TestClient  # noqa: E402
+from bench.server_bench import RAISED_DEVICE_CAP, private_broker, stream_body
+from zeal import Zeal, encode_batch
+from zeal.mqtt.streamconfig import read_config
+from zeal_server.app import create_app
+from zeal_server.settings import ServerSettings
 
-from bench.server_bench import RAISED_DEVICE_CAP, private_broker, stream_body  # noqa: E402
-from zeal import Zeal, encode_batch  # noqa: E402
-from zeal.mqtt.streamconfig import read_config  # noqa: E402
-from zeal_server.app import create_app  # noqa: E402
-from zeal_server.settings import ServerSettings  # noqa: E402
+warnings.filterwarnings("ignore")
+
 
 DEVICES = 100
 SIZES = (1, 10, 60)

@@ -19,17 +19,17 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from tools.testbed.broker import BrokerTLS
+from tools.testbed.server import DeployBroker
+from tools.testbed.verdict import finish
+from zeal.mqtt.brokerurl import parse_broker_url
+from zeal_server.broker.provisioning import BrokerAdmin
+from zeal_server.logins import Wanted
+from zeal_server.settings import DeviceCASettings
+from zeal_server.store.db import make_engine, migrate, session_factory
 
-from tools.testbed.broker import BrokerTLS  # noqa: E402
-from tools.testbed.server import DeployBroker  # noqa: E402
-from tools.testbed.verdict import finish  # noqa: E402
-from zeal.mqtt.brokerurl import parse_broker_url  # noqa: E402
-from zeal_server.broker.provisioning import BrokerAdmin  # noqa: E402
-from zeal_server.logins import Wanted  # noqa: E402
-from zeal_server.settings import DeviceCASettings  # noqa: E402
-from zeal_server.store.db import make_engine, migrate, session_factory  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 TARGET = 5.0
 

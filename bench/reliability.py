@@ -27,8 +27,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_bench import RAISED_DEVICE_CAP, private_broker, stream_body
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -42,10 +42,8 @@ from typing import Any
 import numpy as np
 import zstandard
 
-warnings.filterwarnings("ignore")
-
-from zeal import Zeal, audit, encode_batch  # noqa: E402
-from zeal.baselines import (  # noqa: E402
+from zeal import Zeal, audit, encode_batch
+from zeal.baselines import (
     BITLaplace,
     DuchiOneBit,
     LaplaceMechanism,
@@ -55,9 +53,12 @@ from zeal.baselines import (  # noqa: E402
     ZealMechanism,
     predicted_rmse,
 )
-from zeal.errors import ParameterError  # noqa: E402
-from zeal.wire import CodecParams  # noqa: E402
-from zeal_edge.bench import publish_packet_size  # noqa: E402
+from zeal.errors import ParameterError
+from zeal.wire import CodecParams
+from zeal_edge.bench import publish_packet_size
+
+warnings.filterwarnings("ignore")
+
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

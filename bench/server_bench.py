@@ -28,14 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from fastapi.testclient import TestClient
+
+from zeal import Zeal, encode_batch
+from zeal_server.app import create_app
+from zeal_server.ingest import Ingest
+from zeal_server.settings import ServerSettings
 
 warnings.filterwarnings("ignore")
-from fastapi.testclient import TestClient  # noqa: E402
 
-from zeal import Zeal, encode_batch  # noqa: E402
-from zeal_server.app import create_app  # noqa: E402
-from zeal_server.ingest import Ingest  # noqa: E402
-from zeal_server.settings import ServerSettings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BROKER = os.environ.get("ZEAL_MQTT_URL", "")

@@ -26,13 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from tools.testbed.server import DeployBroker, batches, client, create, serve, stats
+from tools.testbed.verdict import finish
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import httpx  # noqa: E402
-
-from tools.testbed.server import DeployBroker, batches, client, create, serve, stats  # noqa: E402
-from tools.testbed.verdict import finish  # noqa: E402
 
 
 class Holder:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -42,18 +41,18 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy import Engine, text
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from tools.testbed.databases import postgres_database, table_bytes, vacuum
+from zeal import Zeal, encode_batch
+from zeal.mqtt.topics import data_topic
+from zeal_server import store
+from zeal_server.ingest import Ingest
+from zeal_server.settings import ServerSettings
+from zeal_server.store import retention
+from zeal_server.store.db import make_engine, migrate, session_factory
+from zeal_server.store.footprint import sequence_state_bytes, stream_bytes
 
-from tools.testbed.databases import postgres_database, table_bytes, vacuum  # noqa: E402
-from zeal import Zeal, encode_batch  # noqa: E402
-from zeal.mqtt.topics import data_topic  # noqa: E402
-from zeal_server import store  # noqa: E402
-from zeal_server.ingest import Ingest  # noqa: E402
-from zeal_server.settings import ServerSettings  # noqa: E402
-from zeal_server.store import retention  # noqa: E402
-from zeal_server.store.db import make_engine, migrate, session_factory  # noqa: E402
-from zeal_server.store.footprint import sequence_state_bytes, stream_bytes  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 DATA = ROOT / "data" / "seattle-temps.csv"
 MAX_AGE_MS = ServerSettings.max_age_seconds * 1000  # the default import window (7 days)

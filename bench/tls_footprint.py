@@ -29,12 +29,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from tools.testbed.broker import BrokerTLS, Mosquitto, free_port
+from tools.testbed.server import DeployBroker
+from tools.testbed.verdict import finish
 
-from tools.testbed.broker import BrokerTLS, Mosquitto, free_port  # noqa: E402
-from tools.testbed.server import DeployBroker  # noqa: E402
-from tools.testbed.verdict import finish  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 EXAMPLE = ROOT / "edge" / "firmware" / "examples" / "tls-footprint"
 M0 = ROOT / "edge" / "firmware" / "examples" / "cortex-m0"

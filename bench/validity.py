@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from tools.validity import METHODS, Fleet, Tally, fleets, run
 
-from tools.validity import METHODS, Fleet, Tally, fleets, run  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
 
 LEVEL_BOUNDS = (0.025, 0.085)
 LEAST_COVERAGE = 0.93

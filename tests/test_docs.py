@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 from pathlib import Path
@@ -41,3 +42,40 @@ def test_nothing_points_outside_the_repository() -> None:
         if OUTSIDE.search(line)
     ]
     assert found == []
+
+
+#: A path of the repository in backquotes: a top-level folder, then more (no glob, no
+#: placeholder, no command line).
+REPO_PATH = re.compile(r"`((?:edge|server|shared|deploy|tests|bench|tools|docs|data)/[\w./-]*)`")
+#: A module or a name in one of the three packages, in backquotes.
+DOTTED = re.compile(r"`((?:zeal|zeal_edge|zeal_server)(?:\.[A-Za-z_]\w*)+)`")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether `dotted` is a module of the packages, or a name defined in one."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(found, name):
+                return False
+            found = getattr(found, name)
+        return True
+    return False
+
+
+def test_the_readme_names_files_and_modules_that_exist() -> None:
+    """Every repository path and every module or name of the three packages the README
+    gives in backquotes exists (a moved module otherwise leaves the README pointing at
+    nothing)."""
+    text = (ROOT / "README.md").read_text()
+    paths = set(REPO_PATH.findall(text))
+    missing = sorted(p for p in paths if not (ROOT / p.rstrip("/")).exists())
+    names = set(DOTTED.findall(text))
+    unknown = sorted(n for n in names if not _resolves(n))
+    assert len(paths) > 10  # the patterns see the README's references
+    assert len(names) > 5
+    assert (missing, unknown) == ([], [])

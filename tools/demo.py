@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from tools.testbed.wait import wait_until
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "seattle-temps.csv"
 STATE = ROOT / "demo-data"
@@ -49,11 +51,10 @@ def answers(host: str, port: int) -> bool:
 
 
 def wait_port(port: int, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while not answers("127.0.0.1", port):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"nothing answers on port {port}")
-        time.sleep(0.1)
+    try:
+        wait_until(lambda: answers("127.0.0.1", port), seconds, f"port {port}")
+    except AssertionError:
+        raise SystemExit(f"nothing answers on port {port}") from None
 
 
 def get(url: str) -> Any:
@@ -164,13 +165,14 @@ def main() -> int:
             "server.log",
         )
         wait_port(http_port)
-        for _ in range(100):
+
+        def subscribed() -> bool:
             try:
-                if get(f"{api}/healthz").get("broker") == "ok":
-                    break
+                return bool(get(f"{api}/healthz").get("broker") == "ok")
             except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
+                return False
+
+        wait_until(subscribed, 30, "the collector subscribed on the broker")
         stream = post(
             f"{api}/api/v1/streams",
             {
@@ -230,7 +232,7 @@ def main() -> int:
             data = np.array([float(row["temp"]) for row in csv.DictReader(handle)])
         began = time.time()
         while True:
-            time.sleep(5)
+            time.sleep(5)  # why it sleeps: the demo prints the average every 5 seconds
             if any(child.poll() is not None for child in children):
                 print("a demo process ended unexpectedly; see demo-data/*.log", file=sys.stderr)
                 return 1

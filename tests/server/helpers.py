@@ -21,6 +21,7 @@ import psycopg
 from fastapi.testclient import TestClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto, fleet_command
 from tools.testbed.wait import wait_until as wait_until  # the one wait (re-exported)
 from zeal import Zeal, encode_batch
@@ -106,7 +107,7 @@ def feed(
         timestamps=start_ms + 1000 * np.arange(readings.size),
     )
     ingest = Ingest()
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         outcome = ingest.add(session, f"zeal/v1/{stream}/{device}/up", payload, start_ms)
     assert outcome.status == "stored", outcome
     return codes

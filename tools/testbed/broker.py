@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -11,7 +12,7 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,14 +43,17 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {LISTEN_PORTS}")
 
 
+def listening(port: int) -> bool:
+    """Whether something accepts connections on the local `port`."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def wait_for_port(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on port {port}")
+    try:
+        wait_until(lambda: listening(port), timeout, f"port {port}", every=0.05)
+    except AssertionError:
+        raise TimeoutError(f"nothing listens on port {port}") from None
 
 
 class Mosquitto:
@@ -167,13 +171,12 @@ class Subscriber:
         with self._lock:
             return list(self.messages)
 
-    def wait_for(self, predicate: object, timeout: float = 30.0) -> list[tuple[str, bytes]]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = self.snapshot()
-            if predicate(got):  # type: ignore[operator]
-                return got
-            time.sleep(0.05)
+    def wait_for(
+        self, predicate: Callable[[list[tuple[str, bytes]]], object], timeout: float = 30.0
+    ) -> list[tuple[str, bytes]]:
+        """The messages so far once `predicate` holds of them, or after `timeout` seconds."""
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: predicate(self.snapshot()), timeout, "the messages", every=0.05)
         return self.snapshot()
 
     def close(self) -> None:

@@ -124,20 +124,28 @@ class FakeClient:
 
     # -- what the test does as the broker ---------------------------------------------------
 
-    def connected(self, reason: str = "Success") -> None:
-        """The broker answers the connection (CONNACK with `reason`)."""
+    def connected(self, reason: str = "Success", *, refuse: int | None = None) -> None:
+        """The broker answers the connection (CONNACK with `reason`), then the
+        subscriptions made on it (``grant``, refusing the one at index `refuse`)."""
         code = ReasonCode(PacketTypes.CONNACK, reason)
         self.is_connected_now = not code.is_failure
         self.on_connect(self, None, mqtt.ConnectFlags(session_present=False), code, None)
-        self.grant()
+        self.grant(refuse=refuse)
 
-    def grant(self) -> None:
-        """The broker grants the subscriptions asked for so far (SUBACK)."""
+    def grant(self, *, refuse: int | None = None) -> None:
+        """The broker answers the subscriptions asked for so far (SUBACK): each granted,
+        but the one at index `refuse` of each request ("Not authorized", as a broker whose
+        ACL does not let the client read it answers under MQTT v5)."""
         subacks, self._subacks = self._subacks, []
         for mid, count in subacks:
             if self.on_subscribe is not None:
-                granted = [ReasonCode(PacketTypes.SUBACK, "Granted QoS 1") for _ in range(count)]
-                self.on_subscribe(self, None, mid, granted, None)
+                codes = [
+                    ReasonCode(
+                        PacketTypes.SUBACK, "Not authorized" if k == refuse else "Granted QoS 1"
+                    )
+                    for k in range(count)
+                ]
+                self.on_subscribe(self, None, mid, codes, None)
 
     def deliver(
         self,

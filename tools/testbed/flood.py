@@ -43,7 +43,7 @@ while not (stop and sent >= least):
     if c.publish("{FLOOD_TOPIC}", payload, qos=0).rc == 0:
         sent += 1
     else:
-        time.sleep(0.01)
+        time.sleep(0.01)  # why it sleeps: not connected (the broker dropped it); paho reconnects
 print(sent, flush=True)
 """
 

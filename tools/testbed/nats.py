@@ -5,6 +5,7 @@ ports, JetStream on each (its own store), an MQTT listener on each."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 import nats
 
 from tools.testbed.broker import free_port, make_certs, wait_for_port
+from tools.testbed.wait import wait_until
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 
@@ -123,14 +125,17 @@ class NatsCluster:
             env={**os.environ, "NATS_NAME": f"nats{node + 1}"},
         )
         log.close()
-        deadline = time.monotonic() + 60
-        while not self._listening(node):
+
+        def up() -> bool:
             process = self.processes[node]
             if process is not None and process.poll() is not None:
                 raise RuntimeError(f"NATS node n{node} exited:\n{self.log(node)}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"NATS node n{node} does not listen:\n{self.log(node)}")
-            time.sleep(0.05)
+            return self._listening(node)
+
+        try:
+            wait_until(up, 60, f"NATS node n{node}", every=0.05)
+        except AssertionError:
+            raise TimeoutError(f"NATS node n{node} does not listen:\n{self.log(node)}") from None
 
     def _listening(self, node: int) -> bool:
         with socket.socket() as s:
@@ -150,20 +155,29 @@ class NatsCluster:
         for i, process in enumerate(self.processes):
             if process is None:
                 continue
-            while True:
-                try:
-                    with urllib.request.urlopen(
-                        f"http://127.0.0.1:{self.http_ports[i]}/jsz", timeout=2
-                    ) as answer:
-                        meta = json.load(answer).get("meta_cluster", {})
-                    if meta.get("leader"):
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"NATS node n{i} has no JetStream leader:\n{self.log(i)}")
-                time.sleep(0.2)
+            try:
+                wait_until(
+                    functools.partial(self._has_leader, i),
+                    max(0.0, deadline - time.monotonic()),
+                    f"node n{i}'s JetStream leader",
+                    every=0.2,
+                )
+            except AssertionError:
+                raise TimeoutError(
+                    f"NATS node n{i} has no JetStream leader:\n{self.log(i)}"
+                ) from None
             wait_for_port(self.mqtt_ports[i], timeout=max(1.0, deadline - time.monotonic()))
+
+    def _has_leader(self, node: int) -> bool:
+        """Whether `node` knows the JetStream meta leader."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.http_ports[node]}/jsz", timeout=2
+            ) as answer:
+                meta = json.load(answer).get("meta_cluster", {})
+        except OSError:
+            return False
+        return bool(meta.get("leader"))
 
     def log(self, node: int, lines: int = 30) -> str:
         path = self.directory / f"n{node}.log"

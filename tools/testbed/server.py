@@ -5,6 +5,7 @@ tests/ and bench/ both import this (benchmarks never import the test suite)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -93,7 +94,9 @@ class Server:
             )
         return httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
 
-    def start(self) -> Server:
+    def start(self, *, ready: bool = True) -> Server:
+        """Start the server and wait until /healthz answers 200 (with `ready` false, until
+        it answers at all: a server whose collector cannot do its work answers 503)."""
         self._release()
         self._output = self.log.open("ab")
         self.process = subprocess.Popen(
@@ -103,15 +106,21 @@ class Server:
             stdout=self._output,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def up() -> bool:
             try:
-                if self.http.get("/healthz").status_code == 200:
-                    return self
+                status = self.http.get("/healthz").status_code
             except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"server did not come up:\n{self.log.read_text()[-3000:]}")
+                return False
+            return status == 200 or not ready
+
+        try:
+            wait_until(up, 30, "the server's /healthz")
+        except AssertionError:
+            raise AssertionError(
+                f"server did not come up:\n{self.log.read_text()[-3000:]}"
+            ) from None
+        return self
 
     def _release(self) -> None:
         """Close the log handle and the HTTP connections of the last run (a new client is
@@ -158,16 +167,19 @@ def start_fleet(
 
 
 def wait_for(server: Server, expected: dict[str, int], timeout: float = 90) -> dict[str, int]:
-    deadline = time.monotonic() + timeout
+    """The server's counts once they are `expected`, or the last seen after `timeout` s."""
     seen: dict[str, int] = {}
-    while time.monotonic() < deadline:
+
+    def arrived() -> bool:
+        nonlocal seen
         try:
             seen = server.stats()
         except httpx.TransportError:
             seen = {}
-        if seen == expected:
-            return seen
-        time.sleep(0.25)
+        return seen == expected
+
+    with contextlib.suppress(AssertionError):
+        wait_until(arrived, timeout, "the expected counts", every=0.25)
     return seen
 
 

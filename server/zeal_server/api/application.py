@@ -45,6 +45,7 @@ from zeal_server.api.routes import (
     health,
     logins,
     lorawan,
+    preview,
     streams,
 )
 from zeal_server.api.running import Logins, LoginsFor, StartCollector
@@ -270,6 +271,7 @@ def build_app(
 
     for module in (
         streams,
+        preview,
         averages,
         distribution,
         compare,

@@ -6,11 +6,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from zeal.mqtt.topics import parse_data_topic
 
-__all__ = ["BUSY_RATE", "CHIRPSTACK", "DATA", "STRETCH", "Inbox", "Received", "Shed"]
+if TYPE_CHECKING:
+    from zeal_server.broker.sources import Source
+
+__all__ = ["BUSY_RATE", "STRETCH", "Inbox", "Received", "Shed"]
 
 
 class Received(NamedTuple):
@@ -22,17 +25,12 @@ class Received(NamedTuple):
     mid: int
     qos: int
     received_ms: int
-    #: What it is: a device's batch (DATA, from Zeal's broker or JetStream), or an uplink
-    #: event (CHIRPSTACK): which source acknowledges it, and how the writer reads it.
-    source: int = 0
+    #: Where it came from: what acknowledges it, whether its sender is a device on Zeal's
+    #: broker, and what translates it into a batch when it is not one yet
+    #: (``sources.Source``).
+    source: Source
     #: The broker login that published it, where the broker says (ZEAL_MQTT_LOGIN_PROPERTY).
     login: str | None = None
-
-
-#: ``Received.source`` of a device's batch, from the collector's data source.
-DATA = 0
-#: ``Received.source`` of a ChirpStack uplink event (zeal_server.broker.chirpstack.source).
-CHIRPSTACK = 1
 
 
 class Shed:

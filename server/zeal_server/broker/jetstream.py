@@ -50,7 +50,9 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, Header
 from nats.js.errors import NotFoundError
 
 from zeal.mqtt.topics import parse_data_topic
-from zeal_server.broker.sources import Offer
+from zeal_server.broker import door
+from zeal_server.broker.door import RejectBudget
+from zeal_server.broker.sources import Offer, Translator
 
 __all__ = ["MQTT_STREAM", "JetStreamSource", "Pulls", "topic_of"]
 
@@ -130,6 +132,11 @@ class JetStreamSource:
     """Pulls data messages for the collector and acknowledges them after its commits (a
     ``sources.Source``). ``room()`` says how many more the collector can hold."""
 
+    #: Its senders are devices on Zeal's broker; its messages are their batches as sent.
+    reaches_devices = True
+    stamps_logins = False
+    translator: Translator | None = None
+
     def __init__(
         self,
         servers: list[str],
@@ -146,7 +153,7 @@ class JetStreamSource:
         self.ack_wait, self.login = ack_wait, login
         self.connected = False
         self.last_error: str | None = None
-        self.skipped = 0  # messages of $MQTT_msgs on other topics than the data topics
+        self.other_topics = 0  # messages of $MQTT_msgs on other topics than the data topics
         self._held: dict[int, tuple[Any, float]] = {}  # token -> (nats Msg, when fetched)
         self._refused: list[Any] = []  # shed at the door: acknowledged after the fetch
         self._logged = -1e18  # connection errors are logged once a minute
@@ -174,6 +181,13 @@ class JetStreamSource:
     @property
     def ready(self) -> bool:
         return self.connected
+
+    def skipped(self) -> dict[str, int]:
+        return {"other_topic": self.other_topics}
+
+    def refusal(self, topic: str, *, retained: bool, size: int, budget: RejectBudget) -> str | None:
+        """A device's batch: the door's checks (``door.refusal``)."""
+        return door.refusal(topic, retained=retained, size=size, budget=budget)
 
     def ack(self, messages: list[tuple[int, int]]) -> None:
         """Acknowledge these (token, qos) pairs (writer thread, after the commit)."""
@@ -314,7 +328,7 @@ class JetStreamSource:
     def _take(self, message: Any) -> None:
         topic = topic_of(message.subject)
         if parse_data_topic(topic) is None:  # a notice, a presence: not the collector's
-            self.skipped += 1
+            self.other_topics += 1
             self._refused.append(message)
             return
         token = self._next_token = self._next_token + 1

@@ -3,10 +3,9 @@
 One connection carries what the collector exchanges with Zeal's broker: the devices' data
 (unless JetStream carries them, ``ZEAL_NATS_URL``), the retained stream configurations it
 reads back (``configsync``) and publishes, and the notices it sends devices. A persistent
-session (expiry 7 days), MQTT v5 Receive Maximum ``ZEAL_COLLECTOR_INFLIGHT`` (docs/server.md
-says what happens when a broker sends more), and manual acknowledgement: a data message is
-acknowledged only after the transaction that stored (or refused) it committed; a
-configuration message at once.
+subscription (``mqttsession``: session expiry, Receive Maximum ``ZEAL_COLLECTOR_INFLIGHT``,
+docs/server.md says what happens when a broker sends more, acknowledgement after the
+commit); a configuration message is acknowledged at once.
 
 The client id is ``LOGIN:ID`` (``identity``); another connection taking the session over is
 logged and counted, and the session taken back after ``identity.TAKEOVER_RETRY`` seconds.
@@ -15,8 +14,6 @@ logged and counted, and the session taken back after ``identity.TAKEOVER_RETRY``
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,27 +21,17 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from zeal.mqtt.brokerurl import BrokerSettings, Flapping, why_unreachable
-from zeal.mqtt.client import acknowledge, connect_persistent, flush, make_client
-from zeal.mqtt.topics import (
-    CONFIG_FILTER,
-    DATA_FILTER,
-    FLUSH_FILTER,
-    MAX_TOPIC_LENGTH,
-    parse_config_topic,
-)
+from zeal.mqtt.brokerurl import BrokerSettings
+from zeal.mqtt.topics import CONFIG_FILTER, DATA_FILTER, MAX_TOPIC_LENGTH, parse_config_topic
 from zeal_server.broker import identity
-from zeal_server.broker.sources import Offer
+from zeal_server.broker.mqttsession import SESSION_EXPIRY, PersistentSubscription
 
-__all__ = ["MqttSource", "data_subscription", "subscriptions"]
+__all__ = ["SESSION_EXPIRY", "MqttSource", "data_subscription", "subscriptions"]
 
 log = logging.getLogger(__name__)
 
-#: The session's expiry: what devices send while the collector is away waits this long.
-SESSION_EXPIRY = 7 * 24 * 3600
 
-
-class MqttSource:
+class MqttSource(PersistentSubscription):
     """The collector's session on Zeal's broker (a ``sources.Source``).
 
     ``on_config(stream, payload)`` receives each stream configuration message (network
@@ -66,116 +53,47 @@ class MqttSource:
     ) -> None:
         """`login_property`: the MQTT v5 user property in which the broker names who
         published a data message (ZEAL_MQTT_LOGIN_PROPERTY; None: it does not)."""
-        self.name = "mqtt"
-        self.broker, self.client_id, self.inflight = broker, client_id, inflight
+        super().__init__(
+            "mqtt", broker, what="broker", client_id=client_id, inflight=inflight, client=client
+        )
         #: Whether the data topics are subscribed here (not when JetStream carries them).
         self.data = data
         self.topic = data_subscription(share_group)
-        self.connected = False
-        #: Set by the SUBACK after each connection, cleared on disconnect.
-        self.subscribed = threading.Event()
-        self.last_error: str | None = None
-        #: Connections made, and sessions another client took over (since start).
-        self.connects = self.takeovers = 0
-        self.offer: Offer = lambda *_, **__: False
+        #: Sessions another client took over (since start).
+        self.takeovers = 0
         self._on_config, self._on_connect_hook = on_config, on_connect
         self._login_property = login_property
         #: Whether the data messages say who published them (``Received.login``).
         self.stamps_logins = bool(login_property) and data
-        self._stopping = False
-        self._connect_logged = -1e18  # connection errors are logged once a minute
-        self._flapping = Flapping()
-        if client is None:  # tests hand in a fake one
-            client = make_client(broker, client_id, manual_ack=True, persistent=True)
-        client.on_connect = self._on_connect
-        client.on_connect_fail = self._on_connect_fail
-        client.on_disconnect = self._on_disconnect
-        client.on_message = self._on_message
-        client.on_subscribe = lambda _c, _u, _mid, _codes, _p: self.subscribed.set()
-        self.client = client
-
-    @property
-    def ready(self) -> bool:
-        return self.subscribed.is_set()
-
-    def start(self) -> None:
-        connect_persistent(
-            self.client, self.broker, session_expiry=SESSION_EXPIRY, receive_maximum=self.inflight
-        )
-        self.client.loop_start()
-
-    def stop(self) -> None:
-        self._stopping = True
-        if self.connected:  # the last acknowledgements first, or they come back
-            flush(self.client, FLUSH_FILTER)
-        self.client.disconnect()
-        self.client.loop_stop()
-
-    def ack(self, messages: list[tuple[int, int]]) -> None:
-        """Acknowledge these (mid, qos) pairs (writer thread, after the commit)."""
-        acknowledge(self.client, messages)
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> Any:
         """Publish at QoS 1 (a configuration retained, a notice not)."""
         return self.client.publish(topic, payload, qos=1, retain=retain)
 
-    # -- paho callbacks (network thread) --------------------------------------------------
+    def subscriptions(self, *, v311: bool) -> list[tuple[str, Any]]:
+        return subscriptions(self.topic, v311=v311, data=self.data)
 
-    def _on_connect(
-        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _props: Any
-    ) -> None:
-        if reason.is_failure:
-            self.last_error = f"broker {self.broker.url} refused the collector: {reason}"
-            log.error("%s", self.last_error)
-            return
-        self.connected = True
-        self.connects += 1
-        self._flapping.connected(time.monotonic())
-        client.reconnect_delay_set(min_delay=1, max_delay=30)
+    def connected_hook(self, client: mqtt.Client) -> None:
+        del client
         self._on_connect_hook()
-        log.info(
-            "collector %s connected to %s; subscribing to %s",
-            self.client_id,
-            self.broker.url,
-            self.topic if self.data else CONFIG_FILTER,
+
+    def disconnected_hook(self, client: mqtt.Client, reason: ReasonCode, flapping: bool) -> bool:
+        if getattr(reason, "value", None) != identity.SESSION_TAKEN_OVER and not flapping:
+            return False
+        self.takeovers += 1
+        self.last_error = identity.takeover_text(self.client_id, flapping=flapping)
+        log.error(
+            "%s. Two collectors must never share ZEAL_COLLECTOR_ID (unset it and each "
+            "server claims its own); another connection under this collector's login "
+            "and id may hold its password. Taking the session back in %d s.",
+            self.last_error,
+            identity.TAKEOVER_RETRY,
         )
-        client.subscribe(
-            subscriptions(self.topic, v311=client.protocol == mqtt.MQTTv311, data=self.data)
-        )
+        retry = identity.TAKEOVER_RETRY
+        client.reconnect_delay_set(min_delay=retry, max_delay=retry)
+        return True
 
-    def _on_connect_fail(self, _client: mqtt.Client, _userdata: Any) -> None:
-        self.last_error = f"broker {self.broker.url}: {why_unreachable(self.broker)}"
-        now = time.monotonic()
-        if now - self._connect_logged >= 60:
-            self._connect_logged = now
-            log.error("cannot connect to the %s; retrying (logged once a minute)", self.last_error)
-
-    def _on_disconnect(
-        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _props: Any
-    ) -> None:
-        flapping = self._flapping.lost(time.monotonic())
-        if getattr(reason, "value", None) == identity.SESSION_TAKEN_OVER or flapping:
-            self.takeovers += 1
-            self.last_error = identity.takeover_text(self.client_id, flapping=flapping)
-            log.error(
-                "%s. Two collectors must never share ZEAL_COLLECTOR_ID (unset it and each "
-                "server claims its own); another connection under this collector's login "
-                "and id may hold its password. Taking the session back in %d s.",
-                self.last_error,
-                identity.TAKEOVER_RETRY,
-            )
-            retry = identity.TAKEOVER_RETRY
-            client.reconnect_delay_set(min_delay=retry, max_delay=retry)
-        elif self.connected and not self._stopping:
-            log.warning("collector disconnected (%s); reconnecting", reason)
-        self.connected = False
-        self.subscribed.clear()  # set again by the SUBACK after the next connection
-
-    def _on_message(self, client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
-        try:
-            topic = message.topic
-        except UnicodeDecodeError:  # brokers check UTF-8; never trust that
-            topic = ""
+    def received(self, client: mqtt.Client, message: mqtt.MQTTMessage, topic: str) -> None:
         data = topic.endswith("/up") or len(topic) > MAX_TOPIC_LENGTH  # configs end in /config
         stream = None if data else parse_config_topic(topic)
         if stream is not None:

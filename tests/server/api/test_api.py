@@ -26,6 +26,7 @@ from tests.server.helpers import (
     feed,
     settings,
 )
+from tools.testbed.appstate import state
 from zeal import Zeal, encode_batch
 from zeal.mqtt.streamconfig import config_document
 from zeal_server import store
@@ -45,7 +46,7 @@ def test_stream_lifecycle(client: TestClient) -> None:
     assert out["fingerprint"] == PARAMS.fingerprint.hex()
     assert client.get("/api/v1/streams/temps").json() == out
     assert [s["name"] for s in client.get("/api/v1/streams").json()] == ["temps"]
-    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+    with state(client).sessions() as session:
         server = store.installation_id(session)
     created = int(datetime.fromisoformat(out["created"]).timestamp() * 1000)
     served = client.get("/api/v1/streams/temps/config").json()
@@ -219,7 +220,7 @@ def test_devices_stats_export_verify(client: TestClient) -> None:
     assert any(not 0 <= float(r["estimate"]) <= 110 for r in rows)
     note = exported.headers["zeal-estimates"]
     assert "unbiased but noisy, so values outside the stream's range [0.0, 110.0] are" in note
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         stream = store.stream_by_name(session, "temps")
         assert stream is not None
         assert store.verify(session, stream) == []
@@ -311,7 +312,7 @@ def test_rejects_are_counted_and_store_nothing(client: TestClient) -> None:
         "zeal/v1/temps/up": [good],
     }
     ingest = Ingest()
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         for topic, payloads in bad.items():
             for payload in payloads:
                 assert ingest.add(session, topic, payload, T0).status == "rejected"
@@ -335,11 +336,11 @@ def test_redelivered_batches_change_nothing(client: TestClient) -> None:
         timestamps=T0 + 1000 * np.arange(60),
     )
     ingest = Ingest()
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         outcomes = [
             ingest.add(session, "zeal/v1/temps/dev0/up", payload, T0).status for _ in range(3)
         ]
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         outcomes.append(ingest.add(session, "zeal/v1/temps/dev0/up", payload, T0).status)
     assert outcomes == ["stored", "duplicate", "duplicate", "duplicate"]
     s = client.get("/api/v1/streams/temps/stats").json()
@@ -370,7 +371,7 @@ def test_a_reused_sequence_with_other_content_is_stored_as_a_reset(client: TestC
     again = [payload(s, T0 + 600_000 + 60_000 * s, 10 + s) for s in range(2)]
     third = payload(0, T0 + 1_200_000, 99)
     got = []
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         for p in [*first, *again, *again, third]:
             got.append(ingest.add(session, "zeal/v1/temps/dev0/up", p, T0))
     assert [o.status for o in got] == ["stored"] * 5 + ["duplicate"] * 2 + ["stored"]
@@ -380,7 +381,7 @@ def test_a_reused_sequence_with_other_content_is_stored_as_a_reset(client: TestC
     assert (s["messages"], s["readings"], s["sequence_resets"], s["duplicates"]) == (6, 60, 3, 2)
     device = client.get("/api/v1/streams/temps/devices").json()["devices"][0]
     assert (device["readings"], device["sequence_resets"], device["duplicates"]) == (60, 3, 2)
-    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+    with state(client).sessions() as session:
         stream = store.stream_by_name(session, "temps")
         assert stream is not None
         assert store.verify(session, stream) == []
@@ -398,17 +399,17 @@ def test_redeliveries_deeper_than_the_recent_digests_are_told_by_the_store(
 
     sent = [payload(s, T0 + 60_000 * s, s) for s in range(3 * sequences.RECENT)]
     topic = "zeal/v1/temps/dev0/up"
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         assert {o.status for o in ingest.add_many(session, [(topic, p, T0) for p in sent])} == {
             "stored"
         }
     before = client.get("/api/v1/streams/temps/average").json()
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         again = ingest.add_many(session, [(topic, p, T0) for p in [*sent, *sent]])
     assert {o.status for o in again} == {"duplicate"}
     assert client.get("/api/v1/streams/temps/average").json() == before
     reset = payload(1, T0 + 3_600_000, 99)
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         outcome = ingest.add(session, topic, reset, T0)
     assert (outcome.status, outcome.reset, outcome.last_sequence) == (
         "stored",
@@ -430,7 +431,7 @@ def test_deleting_a_stream_removes_it_and_its_data_only(client: TestClient) -> N
     create(client, name="other")
     feed(client, "dev0", 0, np.full(60, 50.0), T0)
     feed(client, "dev0", 0, np.full(60, 40.0), T0, stream="other")
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         Ingest().add(session, "zeal/v1/temps/dev0/up", b"garbage", T0)
     before = client.get("/api/v1/streams/other/average").json()
     anonymous = client.delete(
@@ -446,7 +447,7 @@ def test_deleting_a_stream_removes_it_and_its_data_only(client: TestClient) -> N
     assert client.delete("/api/v1/streams/temps?confirm=temps").status_code == 404
     assert [s["name"] for s in client.get("/api/v1/streams").json()] == ["other"]
     assert client.get("/api/v1/streams/other/average").json() == before
-    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+    with state(client).sessions() as session:
         assert store.rejects(session, "temps") == {}
         other = store.stream_by_name(session, "other")
         assert other is not None
@@ -540,7 +541,7 @@ def test_the_privacy_ledger_keeps_the_days_a_batch_can_still_be_charged_to(
         count = select(func.count()).where(DevicePeriod.hours == hours)
         return int(session.scalar(count) or 0)
 
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         streams = store.list_streams(session)
         retention.housekeep(session, streams, T0 + 10**12, max_age_ms=None)
         assert (rows(24), rows(1)) == (1, 1)
@@ -595,7 +596,7 @@ def test_efficiency_is_measured_on_the_stored_data(client: TestClient) -> None:
         for d in range(4)
         for s in range(5)
     ]
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         stream = store.stream_by_name(session, "temps")
         assert stream is not None
         store.compact(session, stream)
@@ -634,7 +635,7 @@ def test_store_figures_are_those_of_compacted_segments_while_others_wait(
     stats = client.get("/api/v1/streams/temps/stats").json()
     assert stats["efficiency"]["compacted"] == 0
     assert stats["efficiency"]["store_code_bits"] == 8  # a byte a code, raw
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         stream = store.stream_by_name(session, "temps")
         assert stream is not None
         store.compact(session, stream, before_bucket=T0 // 60_000 + 2)
@@ -646,7 +647,7 @@ def test_store_figures_are_those_of_compacted_segments_while_others_wait(
 
 def code_bytes(client: TestClient) -> int:
     """The stored bytes of the codes sections of the compacted segment rows."""
-    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+    with state(client).sessions() as session:
         rows = session.scalars(select(Segment).where(Segment.encoding == CHUNK))
         return sum(section_sizes(r.data)[-1] for r in rows)
 
@@ -674,7 +675,7 @@ def test_the_efficiency_sample_is_the_most_recent_readings(client: TestClient) -
     create(client)
     for s in range(6):  # one-minute batches (one bucket each), half an hour apart
         feed(client, "dev0", s, np.full(60, 40.0), T0 + 1_800_000 * s, rng=s)
-    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+    with state(client).sessions() as session:
         stream = store.stream_by_name(session, "temps")
         assert stream is not None
         sample = efficiency.recent_columns(session, stream, limit=90)
@@ -883,7 +884,7 @@ def test_a_stream_for_enrolled_devices_only_refuses_the_others(client: TestClien
             codes=np.full(5, 40),
             timestamps=T0 + 1000 * np.arange(5),
         )
-        with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        with state(client).sessions() as session, session.begin():
             outcomes.append(ingest.add(session, f"zeal/v1/temps/{device}/up", payload, T0))
     assert [(o.status, o.reason) for o in outcomes] == [
         ("stored", None),

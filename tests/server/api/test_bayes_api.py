@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event
 
 from tests.server.helpers import PARAMS, T0, answered, create, feed, operator_client
+from tools.testbed.appstate import state
 from zeal.bayes import NormalPrior, binary_posterior, constant_posterior, mean_posterior
 
 URL = "/api/v1/streams/temps/average"
@@ -116,7 +117,7 @@ def test_a_bayes_query_reads_what_avg_reads_or_the_codes_and_writes_nothing(
     """The window-mean model issues exactly the statements of the AVG* query; the code
     models add reads of the segments; no model writes."""
     doors(client)
-    engine = client.app.state.engine  # type: ignore[attr-defined]
+    engine = state(client).engine
     seen: list[str] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:

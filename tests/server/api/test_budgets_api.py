@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from tests.server.helpers import OPERATOR, settings
+from tools.testbed.appstate import state
 from zeal import Zeal, encode_batch
 from zeal.policy import HOUR_MS
 from zeal_server import store
@@ -152,7 +153,7 @@ def test_spend_today_counts_every_stream(client: TestClient) -> None:
     now = store.now_ms()
     start = now - now % 86_400_000
     ingest = Ingest(device_max_epsilon_per_day=8.0)
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         for i, (stream, epsilon) in enumerate((("humidity", 1.0), ("temperature", 0.5))):
             params = Zeal(lower=0, upper=100, epsilon=epsilon, max_epsilon_per_day=8.0)
             payload = encode_batch(
@@ -257,7 +258,7 @@ def test_a_devices_account_over_7_30_365_days_and_its_life(client: TestClient) -
     ago = (0, 3, 10, 40, 200, 380)
     ingest = Ingest(device_max_epsilon_per_day=8.0, max_age_ms=400 * 86_400_000)
     epsilons = {"humidity": 1.0, "temperature": 0.5}
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         for stream, epsilon in epsilons.items():
             params = Zeal(lower=0, upper=100, epsilon=epsilon, max_epsilon_per_day=8.0)
             for sequence, back in enumerate(ago):
@@ -304,7 +305,7 @@ def test_a_devices_account_over_7_30_365_days_and_its_life(client: TestClient) -
     assert account() == expected
     # The devices list shows the same account and sorts by it; /stats spreads it over the
     # stream's devices (a second device, two humidity readings of 40 days back).
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         params = Zeal(lower=0, upper=100, epsilon=1.0, max_epsilon_per_day=8.0)
         stamps = [(today - 40) * 86_400_000 + HOUR_MS * k for k in range(2)]
         codes = params.perturb(np.full(2, 20.0))
@@ -330,7 +331,7 @@ def test_a_devices_account_over_7_30_365_days_and_its_life(client: TestClient) -
         "max": 12.5,
     }
     assert spread["last_7_days"]["max"] == expected["spent_last_7_days"]
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         prune_ledger(session, now + 30 * 86_400_000)  # keeps 400 days behind it: 370 back
         kept = session.scalars(select(PrincipalDay.period)).all()
     assert today - 380 not in kept

@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.server.helpers import PARAMS, T0, create, feed, operator_client
+from tools.testbed.appstate import state
 from zeal import Zeal, compare, encode_batch
 from zeal.estimate import difference_of
 from zeal.planning.comparison import plan_comparison, zero_inflated
@@ -161,7 +162,7 @@ def test_partition_statistics_equal_a_recomputation_from_export(client: TestClie
     batch in a compacted minute, both give the same partitions: no reading lost or counted
     twice between them."""
     codes = fleet(client)
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         stream = store.stream_by_name(session, "temps")
         assert stream is not None
         assert store.compact(session, stream, before_bucket=T0 // 60_000 + 2) > 0
@@ -290,7 +291,7 @@ def test_every_method_answers_on_ranges_of_any_scale_and_never_fails(
     ends: every method answers 200 with a finite, positive standard error (the censored
     fit as well: its standard error no longer depends on the scale), never 500."""
     create(client, name="wide", upper=upper, payload_bits=None)
-    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+    with state(client).sessions() as session:
         stream = store.stream_by_name(session, "wide")
         assert stream is not None
         params = store.params_of(stream)
@@ -309,7 +310,7 @@ def test_every_method_answers_on_ranges_of_any_scale_and_never_fails(
                 codes=params.perturb(readings, rng=rng),
                 timestamps=T0 + 1000 * np.arange(30),
             )
-            with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+            with state(client).sessions() as session, session.begin():
                 found = ingest.add(session, f"zeal/v1/wide/{device}/up", payload, T0)
             assert found.status == "stored", found
             tags = {"tags": {"site": site}}

@@ -12,6 +12,7 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from tests.server.helpers import PARAMS, T0, create, feed
+from tools.testbed.appstate import state
 from zeal import Zeal, encode_batch
 from zeal_server.ingest import Ingest
 
@@ -27,7 +28,7 @@ def rogue(client: TestClient, name: str, code: int, count: int) -> None:
         codes=np.full(count, code, dtype=np.uint64),
         timestamps=T0 + 1000 * np.arange(count),
     )
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         outcome = Ingest().add(session, f"zeal/v1/temps/{name}/up", payload, T0)
     assert outcome.status == "stored", outcome
 
@@ -114,7 +115,7 @@ def test_a_device_sending_as_fast_as_it_can_weighs_at_most_its_hourly_cap(
             params, stream="temps", device=name, sequence=sequence, codes=codes,
             timestamps=timestamps,
         )  # fmt: skip
-        with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        with state(client).sessions() as session, session.begin():
             return ingest.add(session, f"zeal/v1/temps/{name}/up", payload, T0).status
 
     for d in range(HONEST):

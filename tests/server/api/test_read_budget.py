@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from tools.testbed.appstate import state
 from zeal_server.api import deps
 from zeal_server.api.costs import REFUSED, client_of, heavy_kind
 from zeal_server.app import create_app
@@ -92,7 +93,7 @@ def test_past_the_slots_a_heavy_read_gets_429_and_a_light_one_is_served(
         "/api/v1/preview?lower=0&upper=50&epsilon=1&devices=500&interval=3600&reading_every=60"
     )
     before = REFUSED["planner"]
-    reads = client.app.state.reads  # type: ignore[attr-defined]
+    reads = state(client).reads
     reads.take("address:testclient", "planner")
     mine = client.get(planner)
     assert (mine.status_code, mine.headers["Retry-After"]) == (429, "2")
@@ -117,7 +118,7 @@ def test_a_heavy_read_waits_for_a_slot_that_frees_meanwhile(client: TestClient) 
         "/api/v1/preview?lower=0&upper=50&epsilon=1&devices=500&interval=3600&reading_every=60"
     )
     before = REFUSED["planner"]
-    reads = client.app.state.reads  # type: ignore[attr-defined]
+    reads = state(client).reads
     reads.take("address:testclient", "planner")
     freed = threading.Timer(0.3, reads.give_back, args=("address:testclient",))
     freed.start()
@@ -137,7 +138,7 @@ def test_one_token_spelt_with_other_white_space_is_one_client(guarded: TestClien
     another case of the scheme, is the same client (429 "of this client"); a token that is
     not the server's is refused before any slot is taken (403), and one missing is 401.
     Before: the slot was keyed on the raw header, so one token posed as 8 clients."""
-    reads = guarded.app.state.reads  # type: ignore[attr-defined]
+    reads = state(guarded).reads
     plain = client_of(f"Bearer {READ}", "testclient", [READ])
     reads.take(plain, "average")
     try:

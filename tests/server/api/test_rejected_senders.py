@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.server.helpers import T0, answered, create, feed, operator_client
+from tools.testbed.appstate import state
 from zeal_server.ingest import Ingest
 from zeal_server.ingest.rejectkeys import MAX_REJECT_ROWS
 
@@ -25,7 +26,7 @@ def client(database_url: str) -> Iterator[TestClient]:
 def garbage(client: TestClient, names: list[str], at: int) -> None:
     """One undecodable message under each name, in transactions of 10,000."""
     ingest = Ingest()
-    sessions = client.app.state.sessions  # type: ignore[attr-defined]
+    sessions = state(client).sessions
     for first in range(0, len(names), 10_000):
         chunk = [
             (f"zeal/v1/temps/{n}/up", b"\x00garbage", at) for n in names[first : first + 10_000]

@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.server.helpers import PARAMS, T0, create
+from tools.testbed.appstate import state
 from zeal import encode_batch
 from zeal_edge.sources import Reading, WindowMeans
 from zeal_server.ingest import Ingest
@@ -68,7 +69,7 @@ def test_hourly_window_means_cost_one_sixtieth_and_stay_unbiased(
             timestamps=[r.timestamp_ms for r in means],
         )
         topic = f"zeal/v1/temps/dev{d:03d}/up"
-        with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+        with state(client).sessions() as session, session.begin():
             assert Ingest().add(session, topic, payload, T0).status == "stored"
     stats = client.get("/api/v1/streams/temps/stats").json()
     assert stats["readings"] * 60 == readings == DEVICES * HOURS * 60  # 1/60 of the values

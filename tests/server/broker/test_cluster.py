@@ -29,6 +29,7 @@ from paho.mqtt.enums import MQTTProtocolVersion
 
 from tests.server.helpers import publish_all, settings, stalled, zeal_server
 from tests.server.metrics_check import metric_samples
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto, fleet_command, free_port
 from tools.testbed.nats import NatsCluster, move_leaders
 from tools.testbed.server import (
@@ -309,14 +310,14 @@ def test_without_its_jetstream_the_collector_is_not_ready_and_says_why(
         }
     )
     with TestClient(create_app(config)) as client:
-        collector: Any = client.app.state.collector  # type: ignore[attr-defined]
-        wait_until(lambda: collector.jetstream.last_error is not None, 20, "a NATS error")
+        collector: Any = state(client).collector
+        wait_until(lambda: collector.source("jetstream").last_error is not None, 20, "a NATS error")
         wait_until(lambda: collector.broker_connected, 10, "the MQTT connection")
         ready = client.get("/readyz")
         samples = metric_samples(client.get("/metrics").text)
     assert ready.status_code == 503
     assert samples[("zeal_collector_jetstream_connected", ())] == 0
-    assert "NATS nats://127.0.0.1:" in collector.jetstream.last_error
+    assert "NATS nats://127.0.0.1:" in collector.source("jetstream").last_error
 
 
 def test_a_database_stall_longer_than_the_ack_wait_costs_no_redelivery(tmp_path: Path) -> None:

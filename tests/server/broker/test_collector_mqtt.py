@@ -18,6 +18,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tests.server.helpers import create_stream, publish_all, server_app, simulate, stats, wait_until
 from tests.server.metrics_check import assert_metrics_are_prometheus, metric_samples
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto
 from zeal import Zeal, encode_batch
 from zeal_server import store
@@ -100,7 +101,7 @@ def test_batches_published_three_times_out_of_order_are_stored_once(
     """Each batch sent 3 times, shuffled: stored once; /stats and /average agree."""
     with TestClient(server_app(database_url, broker)) as client:
         params = create_stream(client, bucket_seconds=60)
-        wait_until(lambda: client.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        wait_until(lambda: state(client).collector.broker_connected, what="collector")
         rng, t0 = np.random.default_rng(3), next_minute()
         batches = [
             encode_batch(
@@ -116,9 +117,7 @@ def test_batches_published_three_times_out_of_order_are_stored_once(
         messages = [("zeal/v1/temps/dev1/up", b) for b in batches] * 3
         random.Random(7).shuffle(messages)
         publish_all(broker.port, messages)
-        wait_until(
-            lambda: client.app.state.collector.counts["duplicate"] == 16, what="16 duplicates"
-        )  # type: ignore[attr-defined]
+        wait_until(lambda: state(client).collector.counts["duplicate"] == 16, what="16 duplicates")  # type: ignore[attr-defined]
         s = stats(client)
         assert (s["messages"], s["readings"]) == (8, 480)
         assert client.get("/api/v1/streams/temps/average").json()["n"] == 480
@@ -130,7 +129,7 @@ def test_rejects_are_counted_and_good_data_is_intact(database_url: str, broker: 
     with TestClient(server_app(database_url, broker)) as client:
         params = create_stream(client)
         stale = Zeal(lower=0, upper=100, epsilon=1, payload_bits=params.payload_bits)
-        wait_until(lambda: client.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        wait_until(lambda: state(client).collector.broker_connected, what="collector")
 
         def batch(p: Zeal, device: str, seq: int) -> bytes:
             return encode_batch(
@@ -198,11 +197,11 @@ def test_two_collectors_share_the_load_and_store_everything_once(
         TestClient(server_app(database_url, broker, "c2", "zeal")) as two,
     ):
         create_stream(one, bucket_seconds=60)
-        wait_until(lambda: two.app.state.collector.broker_connected, what="second collector")  # type: ignore[attr-defined]
+        wait_until(lambda: state(two).collector.broker_connected, what="second collector")
         result = simulate(broker, tmp_path, "--devices", "50", "--rate", "0", "--readings", "120")
         assert result.returncode == 0, result.stderr
         wait_until(lambda: stats(one)["readings"] == 6000, what="6,000 readings")
-        counts = [c.app.state.collector.counts for c in (one, two)]  # type: ignore[attr-defined]
+        counts = [state(c).collector.counts for c in (one, two)]
         assert counts[0]["stored"] > 0
         assert counts[1]["stored"] > 0
         assert counts[0]["stored"] + counts[1]["stored"] == 100
@@ -216,7 +215,7 @@ def test_stream_creation_publishes_the_retained_config(
     """Creating a stream retains its configuration document on the broker for agents."""
     got: list[bytes] = []
     with TestClient(server_app(database_url, broker)) as client:
-        wait_until(lambda: client.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        wait_until(lambda: state(client).collector.broker_connected, what="collector")
         create_stream(client)
         listener = publisher(broker.port)
         listener.on_message = lambda c, u, m: got.append(bytes(m.payload))
@@ -237,7 +236,7 @@ def test_a_session_takeover_is_reported_and_the_session_taken_back_after_a_pause
     no session subscribes). Mosquitto 2.0.11 just closes the socket; brokers that send
     reason 0x8E are recognised at the first."""
     with TestClient(server_app(database_url, broker, collector_id="taken")) as client:
-        collector = client.app.state.collector  # type: ignore[attr-defined]
+        collector = state(client).collector
         wait_until(lambda: collector.broker_connected, what="collector")
         intruder = mqtt.Client(
             CallbackAPIVersion.VERSION2, client_id="taken", protocol=MQTTProtocolVersion.MQTTv5
@@ -271,7 +270,7 @@ def test_a_collector_stopping_right_after_a_commit_has_sent_its_acknowledgements
     total, start = 20_000, next_minute() - 60_000
     with TestClient(server_app(url, broker)) as client:
         params = create_stream(client)
-        assert client.app.state.collector.subscribed.wait(10)  # type: ignore[attr-defined]
+        assert state(client).collector.subscribed.wait(10)
     sender = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
     sender.max_inflight_messages_set(1000)
     sender.connect("127.0.0.1", broker.port)
@@ -296,12 +295,12 @@ def test_a_collector_stopping_right_after_a_commit_has_sent_its_acknowledgements
     sender.disconnect()
     sender.loop_stop()
     with TestClient(server_app(url, broker)) as client:
-        collector = client.app.state.collector  # type: ignore[attr-defined]
+        collector = state(client).collector
         with contextlib.suppress(AssertionError):  # said below
             wait_until(lambda: collector.counts["stored"] >= total, 120, "every batch stored")
         assert collector.counts["stored"] == total
     with TestClient(server_app(url, broker)) as client:
-        again = client.app.state.collector  # type: ignore[attr-defined]
+        again = state(client).collector
         assert again.subscribed.wait(30)
         # A redelivery comes when the session reconnects, before anything new: a sentinel
         # batch published now is the first message this collector receives, or follows it.

@@ -18,10 +18,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
 from tests.server.helpers import settings
+from tools.testbed.appstate import state
 from tools.testbed.fakepaho import FakeClient
 from zeal_server.app import create_app
-from zeal_server.broker.collector import Collector, tally, transaction_max
+from zeal_server.broker.collector import Collector
 from zeal_server.broker.inbox import Inbox, Received
+from zeal_server.broker.wiring import transaction_max
+from zeal_server.broker.writer import tally
 from zeal_server.ingest.groups import Outcome
 from zeal_server.settings import ServerSettings
 
@@ -44,9 +47,9 @@ def writer(client: TestClient, tmp_path: Any) -> tuple[Collector, FakeClient]:
         }
     )
     fake = FakeClient()
-    sessions = client.app.state.sessions  # type: ignore[attr-defined]
+    sessions = state(client).sessions
     collector = Collector(server, sessions, mqtt_client=fake)
-    collector.queue.put(Received("zeal/v1/temps/a/up", b"\x02", 7, 1, 0))
+    collector.queue.put(Received("zeal/v1/temps/a/up", b"\x02", 7, 1, 0, collector.mqtt))
     return collector, fake
 
 
@@ -63,29 +66,29 @@ def test_a_bug_in_the_writer_stops_it_loudly_and_fails_liveness_and_readiness(
     def bug(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("a bug in ingest")
 
-    collector.ingest.add_many = bug  # type: ignore[method-assign]
+    collector.writer.ingest.add_many = bug  # type: ignore[method-assign]
     assert client.get("/livez").status_code == 200
-    client.app.state.collector = collector  # type: ignore[attr-defined]
+    state(client).collector = collector
     assert client.get("/livez").status_code == 200  # the writer has not met the bug yet
-    with caplog.at_level(logging.ERROR, logger="zeal_server.broker.collector"):
-        collector._write_loop()  # returns: the writer thread would end here
+    with caplog.at_level(logging.ERROR, logger="zeal_server.broker.writer"):
+        collector.writer._write_loop()  # returns: the writer thread would end here
     assert collector.writer_error == "ZeroDivisionError: a bug in ingest"
     assert acked(fake) == []  # the broker redelivers it to the restarted server
-    assert collector.database_ok  # not mistaken for a database outage
+    assert collector.writer.database_ok  # not mistaken for a database outage
     record = next(r for r in caplog.records if "writer stopped" in r.getMessage())
     assert record.exc_info is not None  # with its traceback
     answer = client.get("/livez")
     assert (answer.status_code, answer.json()) == (503, {"status": "writer stopped"})
     ready = client.get("/readyz")  # what Compose's health check asks
     assert (ready.status_code, ready.json()["writer"]) == (503, "down")
-    client.app.state.collector = None  # type: ignore[attr-defined]
+    state(client).collector = None
 
 
 def test_a_database_error_is_retried_and_nothing_is_acknowledged_meanwhile(
     client: TestClient, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     collector, fake = writer(client, tmp_path)
-    real = collector.ingest.add_many
+    real = collector.writer.ingest.add_many
     failures = [OperationalError("INSERT …", {}, Exception("database is locked"))]
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
@@ -93,19 +96,23 @@ def test_a_database_error_is_retried_and_nothing_is_acknowledged_meanwhile(
             raise failures.pop()
         return real(*args, **kwargs)
 
-    collector.ingest.add_many = flaky  # type: ignore[method-assign]
-    collector._backoff = 0.01
+    collector.writer.ingest.add_many = flaky  # type: ignore[method-assign]
+    collector.writer._backoff = 0.01
     pending = collector.queue.take(10)
-    assert collector._commit(pending) == "retry"
-    assert (acked(fake), collector.database_ok) == ([], False)
-    assert collector.last_error == "database: Exception: database is locked"
-    assert collector._commit(pending) == "stored"
-    assert (acked(fake), collector.database_ok, collector.writer_error) == ([7], True, None)
+    assert collector.writer._commit(pending) == "retry"
+    assert (acked(fake), collector.writer.database_ok) == ([], False)
+    assert collector.writer.last_error == "database: Exception: database is locked"
+    assert collector.writer._commit(pending) == "stored"
+    assert (acked(fake), collector.writer.database_ok, collector.writer_error) == ([7], True, None)
     assert collector.rejected_by == {"unknown_stream": 1}  # stored as a reject, acknowledged
 
 
+#: The source of messages the inbox and the tally only carry along.
+ANY_SOURCE: Any = object()
+
+
 def received(n: int) -> Received:
-    return Received("zeal/v1/temps/a/up", b"\x02", n, 1, 0)
+    return Received("zeal/v1/temps/a/up", b"\x02", n, 1, 0, ANY_SOURCE)
 
 
 def test_the_inbox_hands_messages_over_in_order_at_most_batch_max_at_a_time() -> None:
@@ -178,7 +185,7 @@ def test_a_committed_rounds_figures_count_every_outcome_and_single_out_resets_an
     rejects with their messages (a duplicate needs nothing more)."""
     stored = [Outcome("stored", None, "temps", "a", 3, k) for k in range(4)]
     reset = Outcome("stored", None, "temps", "b", 2, 0, True, 9)
-    messages = [Received("zeal/v1/temps/a/up", b"", k, 1, 1000 + k) for k in range(5)]
+    messages = [Received("zeal/v1/temps/a/up", b"", k, 1, 1000 + k, ANY_SOURCE) for k in range(5)]
     statuses, lags, unusual = tally(messages, [*stored, reset])
     assert statuses == {"stored": 5, "readings": 14}
     assert lags == [1000, 1001, 1002, 1003, 1004]

@@ -27,6 +27,7 @@ from tests.server.helpers import (
     stats,
     wait_until,
 )
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto, agent_status
 from tools.testbed.server import Server, stream_body
 from zeal import encode_batch
@@ -60,7 +61,7 @@ def test_an_agent_whose_data_dir_was_deleted_stores_all_its_new_readings(
     agent_dir = tmp_path / "agent"
     with TestClient(server_app(database_url, broker)) as client:
         create_stream(client)
-        wait_until(lambda: client.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        wait_until(lambda: state(client).collector.broker_connected, what="collector")
         params = save_config(client, tmp_path / "params.json")
         for _ in range(2):
             shutil.rmtree(agent_dir, ignore_errors=True)
@@ -91,7 +92,7 @@ def test_a_stream_created_by_the_cli_gets_its_retained_config_within_5_s(
     listener.loop_start()
     try:
         with TestClient(server_app(database_url, broker)) as client:
-            wait_until(lambda: client.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+            wait_until(lambda: state(client).collector.broker_connected, what="collector")
             result = subprocess.run(
                 [
                     sys.executable,
@@ -145,7 +146,7 @@ def test_an_agent_stops_within_one_batch_once_its_stream_is_deleted(
     agent_dir = tmp_path / "agent"
     with TestClient(server_app(database_url, broker)) as client:
         create_stream(client)
-        wait_until(lambda: client.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        wait_until(lambda: state(client).collector.broker_connected, what="collector")
         params = save_config(client, tmp_path / "params.json")
         agent = subprocess.Popen(
             agent_command(agent_dir, broker, params, "--batch", "5", "--batch-seconds", "0.5"),

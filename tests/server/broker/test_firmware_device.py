@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.server.helpers import NO_DEVICE_CAP, stats, wait_until
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto
 from zeal._core.firmware import profile_bytes
 from zeal.mqtt.streamconfig import read_config
@@ -33,7 +34,7 @@ def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
     env = {"ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": broker.url, **NO_DEVICE_CAP}
     settings = ServerSettings.from_env({**env, "ZEAL_BACKFILL_SECONDS": "86400"})
     with TestClient(create_app(settings)) as c:
-        wait_until(lambda: c.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        wait_until(lambda: state(c).collector.broker_connected, what="collector")
         yield c
 
 

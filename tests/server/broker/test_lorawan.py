@@ -20,6 +20,7 @@ from google.protobuf import json_format
 
 from tests.server.broker.uplink_limits import json_limits, limit_events, mutated
 from tests.server.helpers import NO_DEVICE_CAP, publish_all, stats, wait_until
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto, free_port
 from zeal import Zeal, encode_batch
 from zeal._core.firmware import profile_bytes
@@ -71,8 +72,8 @@ def start(client: TestClient, **stream: Any) -> Zeal:
     assert client.post("/api/v1/streams", json={**body, **stream}).status_code == 201
     bound = client.put(f"/api/v1/lorawan/bindings/{APP}/{PORT}", json={"stream": "temps"})
     assert bound.status_code == 200, bound.text
-    collector = client.app.state.collector  # type: ignore[attr-defined]
-    wait_until(lambda: collector.chirpstack.subscribed, 30, "the ChirpStack subscription")
+    collector = state(client).collector
+    wait_until(lambda: collector.source("chirpstack").ready, 30, "the ChirpStack subscription")
     assert client.get("/readyz").json()["chirpstack"] == "ok"
     return params_from_config(client.get("/api/v1/streams/temps/config").json())
 
@@ -218,7 +219,7 @@ def test_100_lorawan_devices_through_chirpstack_end_to_end(
         air.messages.append((f"application/{APP}/device/{dev_eui(1)}/event/up", b"\x0a\xff"))
         publish_all(broker.port, air.messages + air.again)
 
-        collector = client.app.state.collector  # type: ignore[attr-defined]
+        collector = state(client).collector
         total = len(air.messages) + len(air.again)
         handled = ("stored", "duplicate", "rejected", "skipped")
         wait_until(
@@ -227,7 +228,7 @@ def test_100_lorawan_devices_through_chirpstack_end_to_end(
         expected = {"stored": 320, "duplicate": 20, "rejected": 6, "skipped": 2}
         assert {o: collector.counts[o] for o in handled} == expected
         assert collector.counts["sequence_reset"] == 10 * 2
-        assert dict(collector.uplinks.skipped) == {"unbound": 2}
+        assert collector.source("chirpstack").skipped() == {"unbound": 2}
         readings = sum(len(c) for c in air.stored)
         assert readings == 320 * PER_FRAME
         figures = stats(client)
@@ -315,9 +316,11 @@ def test_readiness_says_when_chirpstacks_broker_is_out_of_reach(
         "ZEAL_CHIRPSTACK_URL": f"mqtt://127.0.0.1:{free_port()}",
     }
     with TestClient(create_app(ServerSettings.from_env(env))) as client:
-        collector = client.app.state.collector  # type: ignore[attr-defined]
+        collector = state(client).collector
         wait_until(lambda: collector.broker_connected, 30, "Zeal's broker")
-        wait_until(lambda: collector.chirpstack.last_error is not None, 30, "a ChirpStack error")
+        wait_until(
+            lambda: collector.source("chirpstack").last_error is not None, 30, "a ChirpStack error"
+        )
         answer = client.get("/readyz")
         assert answer.status_code == 503
         body = answer.json()
@@ -380,7 +383,7 @@ def test_no_uplink_event_stops_the_writer_and_mqtt_ingest_goes_on(
         ]
         publish_all(broker.port, events + batches)
 
-        collector = client.app.state.collector  # type: ignore[attr-defined]
+        collector = state(client).collector
         handled = ("stored", "duplicate", "rejected", "skipped")
         total = len(events) + len(batches)
 
@@ -389,7 +392,7 @@ def test_no_uplink_event_stops_the_writer_and_mqtt_ingest_goes_on(
             return sum(collector.counts[o] for o in handled) == total
 
         wait_until(settled, 120, "every event and batch handled")
-        assert collector.acknowledged == collector.received == total
+        assert collector.writer.acknowledged == collector.received == total
         assert collector.rejected_by["undecodable"] == 0, "a decoder raised an unexpected error"
         assert collector.rejected_by["bad_event"] > 0
         listed = client.get("/api/v1/streams/temps/devices", params={"limit": 1000}).json()
@@ -429,7 +432,7 @@ def test_an_mqtt_device_named_like_a_deveui_is_never_merged_into_that_lorawan_de
         with caplog.at_level(logging.WARNING, logger="zeal_server.broker.door"):
             publish_all(broker.port, [uplink(first, k) for k in range(3)])
             publish_all(broker.port, [mqtt_batch(second, k) for k in range(3)])
-            collector = client.app.state.collector  # type: ignore[attr-defined]
+            collector = state(client).collector
             wait_until(lambda: collector.counts["stored"] == 6, 30, "both devices' first data")
             publish_all(broker.port, [mqtt_batch(first, k) for k in range(5)])
             publish_all(broker.port, [uplink(second, k) for k in range(4)])

@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.server.helpers import NO_DEVICE_CAP, create_stream, settings
+from tools.testbed.appstate import state
 from tools.testbed.fakepaho import FakeClient
 from zeal.mqtt.brokerurl import parse_broker_url
 from zeal.mqtt.topics import CONFIG_FILTER, DATA_FILTER, FLUSH_FILTER
@@ -163,6 +164,20 @@ def test_a_refused_connection_says_why_and_is_not_counted() -> None:
     assert "Not authorized" in (src.last_error or "")
 
 
+def test_a_refused_subscription_leaves_it_not_ready_and_says_why() -> None:
+    """A broker whose ACL does not let the collector read the data topics refuses that
+    subscription in its SUBACK (the configurations' is granted): connected, not subscribed,
+    and the error names the refusal; a later connection granted both is subscribed."""
+    src, fake, _desk = source()
+    src.start()
+    fake.connected(refuse=0)
+    assert (src.connected, src.ready, src.subscribed.is_set()) == (True, False, False)
+    assert "refused the collector's subscription: Not authorized" in (src.last_error or "")
+    fake.drop()
+    fake.connected()
+    assert (src.ready, src.last_error) == (True, None)
+
+
 def test_stop_flushes_the_acknowledgements_before_it_disconnects() -> None:
     src, fake, _desk = source()
     src.start()
@@ -191,7 +206,7 @@ def test_the_collector_stores_a_batch_from_it_and_acknowledges_it_after_the_comm
         }
     )
     fake = FakeClient()
-    collector = Collector(server, app.app.state.sessions, mqtt_client=fake)  # type: ignore[attr-defined]
+    collector = Collector(server, state(app).sessions, mqtt_client=fake)
     assert [s.name for s in collector.sources] == ["mqtt"]
     collector.mqtt.start()
     fake.connected()
@@ -203,7 +218,7 @@ def test_the_collector_stores_a_batch_from_it_and_acknowledges_it_after_the_comm
     mid = fake.deliver("zeal/v1/temps/a/up", payload)
     assert fake.acked == []
     assert collector.holding == 1
-    assert collector._commit(collector.queue.take(10)) == "stored"
+    assert collector.writer._commit(collector.queue.take(10)) == "stored"
     assert fake.acked == [(mid, 1)]
     assert collector.holding == 0
     status = collector.status()

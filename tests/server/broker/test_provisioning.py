@@ -355,3 +355,41 @@ def test_harden_closes_logins_provisioned_before_the_denials(
     after.close()
     again = cli(broker, "harden")
     assert again.stdout.strip() == "default access: deny; roles given the denials: 0"
+
+
+def test_a_collector_whose_subscription_the_broker_refuses_does_not_say_subscribed(
+    tmp_path: Path,
+) -> None:
+    """A server started with a device's login instead of the collector's (an operator's
+    slip): the broker lets it connect and read the stream configurations, and refuses its
+    subscription to every device's data in the SUBACK (the device's role reads only what
+    is its own). /healthz says the broker connection is up and not subscribed, with the
+    refusal in its last error, and answers 503: such a collector receives nothing."""
+    broker = DeployBroker(tmp_path / "broker").start()
+    admin = BrokerAdmin(parse_broker_url(broker.url), "zeal-admin", "pw-zeal-admin")
+    password = admin.provision("kitchen-1")
+    server = serve(
+        f"sqlite:///{tmp_path / 'zeal.sqlite'}",
+        broker,
+        tmp_path,
+        ZEAL_MQTT_USERNAME="kitchen-1",
+        ZEAL_MQTT_PASSWORD=password,
+        ZEAL_OPERATOR_TOKEN=TOKEN,
+    ).start(ready=False)
+    server.http.headers["Authorization"] = f"Bearer {TOKEN}"
+    try:
+
+        def refused() -> bool:
+            error = server.http.get("/healthz").json()["collector"]["last_error"]
+            return "refused the collector's subscription" in (error or "")
+
+        wait_until(refused, 30, "the refused subscription reported")
+        health = server.http.get("/healthz")
+        body = health.json()
+        assert health.status_code == 503
+        assert (body["broker"], body["collector"]["subscribed"]) == ("not subscribed", False)
+        assert "Not authorized" in body["collector"]["last_error"]
+        assert server.http.get("/readyz").status_code == 503
+    finally:
+        server.stop()
+        broker.stop()

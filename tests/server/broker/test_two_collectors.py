@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 
 from tests.server.helpers import settings
 from tests.server.metrics_check import metric_samples
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto, fleet_command
 from tools.testbed.server import Server, create, stats, stream_body, verify, wait_until
 from zeal import encode_batch
@@ -114,7 +115,7 @@ def test_two_transactions_meeting_the_same_devices_in_opposite_orders_do_not_dea
     monkeypatch.setattr(rawsql, "MAX_ROWS", 1)
     with TestClient(create_app(settings(postgres_url), collector=False)) as client:
         client.post("/api/v1/streams", json=stream_body())
-        sessions = client.app.state.sessions  # type: ignore[attr-defined]
+        sessions = state(client).sessions
         params = params_from_config(
             json.dumps(client.get("/api/v1/streams/temps/config").json()), stream="temps"
         )

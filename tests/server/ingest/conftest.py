@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from tests.server.helpers import postgres_database, wait_until
 from tests.server.ingest.homes import STREAMS
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto
 from zeal_server import store
 from zeal_server.app import create_app
@@ -56,7 +57,7 @@ def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
     )
     assert settings.device_max_epsilon_per_day == 8.0
     with TestClient(create_app(settings)) as c:
-        wait_until(lambda: c.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        wait_until(lambda: state(c).collector.broker_connected, what="collector")
         for name in STREAMS:
             body = {"name": name, "lower": 0, "upper": 100, "epsilon": 1}
             created = c.post("/api/v1/streams", json=body)

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from tests.server.helpers import publish_all, wait_until
 from tests.server.ingest.homes import STREAMS, totals
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto, agent_status
 from zeal import Zeal, encode_batch
 from zeal.policy import DAY_MS, HOUR_MS, day_of
@@ -159,7 +160,7 @@ def test_a_cap_set_by_another_process_applies_once_the_collector_sees_it_changed
         )
 
     send(0)  # stored under the default cap of 8, which the collector now holds cached
-    collector = client.app.state.collector  # type: ignore[attr-defined]
+    collector = state(client).collector
     engine = make_engine(database_url)
     try:
         with session_factory(engine)() as session, session.begin():
@@ -168,7 +169,9 @@ def test_a_cap_set_by_another_process_applies_once_the_collector_sees_it_changed
             changed = store.caps_version(session)
     finally:
         engine.dispose()
-    wait_until(lambda: collector._caps_version == changed, timeout=30, what="the change seen")
+    wait_until(
+        lambda: collector.writer._caps_version == changed, timeout=30, what="the change seen"
+    )
     for hour in range(1, 6):
         send(hour)
     assert totals(client, "moved") == (2, {"device_cap": 4})

@@ -21,6 +21,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.server.helpers import publish_all, wait_until
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto
 from tools.testbed.server import USERS, DeployBroker, client
 from zeal import Zeal, encode_batch
@@ -62,7 +63,7 @@ def app(database_url: str, broker: Mosquitto, tmp_path: Path) -> Iterator[tuple[
     assert settings.device_max_epsilon_per_day == 8.0
     try:
         with TestClient(create_app(settings)) as c:
-            collector = c.app.state.collector  # type: ignore[attr-defined]
+            collector = state(c).collector
             wait_until(lambda: collector.broker_connected, what="collector")
             for name in ("own", "other", "air"):
                 body = {"name": name, "lower": 0, "upper": 100, "epsilon": 1}
@@ -70,7 +71,7 @@ def app(database_url: str, broker: Mosquitto, tmp_path: Path) -> Iterator[tuple[
             binding = {"stream": "air", "device_names": "device_name"}
             bound = c.put(f"/api/v1/lorawan/bindings/{APP}/{PORT}", json=binding)
             assert bound.status_code == 200, bound.text
-            wait_until(lambda: collector.chirpstack.subscribed, 30, "ChirpStack's topics")
+            wait_until(lambda: collector.source("chirpstack").ready, 30, "ChirpStack's topics")
             yield c, deploy.port
     finally:
         deploy.stop()

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from tests.server.helpers import publish_all, wait_until
 from tests.server.ingest.homes import totals
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto, agent_status
 from zeal.mqtt.topics import DeviceCapsNotice, notice_topic
 from zeal.policy import DAY_MS, HOUR_MS, day_of
@@ -83,7 +84,7 @@ def test_an_agent_adopts_a_lowered_cap_within_a_minute_and_sends_nothing_refused
         assert adopted_s < 60
         revision = status(data)["device_caps_told"]["revision"]
 
-        with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+        with state(client).sessions() as session:
             signer, server = store.signer(session), store.installation_id(session)
         for device, rev, cap in (("other", revision + 1, 1.0), ("home", revision - 1, 2.0)):
             document = DeviceCapsNotice(server, device, rev, int(time.time() * 1000), {1: cap})

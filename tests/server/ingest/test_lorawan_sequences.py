@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from tests.server.helpers import create, operator_client
+from tools.testbed.appstate import state
 from zeal.lorawan import encode_lorawan
 from zeal_server import store
 from zeal_server.broker.chirpstack.uplinks import Translated, Uplinks
@@ -38,7 +39,7 @@ class Air:
     """Uplinks of one device as ChirpStack publishes them, stored as the writer stores them."""
 
     def __init__(self, client: TestClient) -> None:
-        self.sessions = client.app.state.sessions  # type: ignore[attr-defined]
+        self.sessions = state(client).sessions
         with self.sessions() as session, session.begin():
             stream = store.stream_by_name(session, "temps")
             assert stream is not None

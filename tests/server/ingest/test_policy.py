@@ -27,6 +27,7 @@ from tests.server.helpers import (
     stats,
     wait_until,
 )
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto, agent_status
 from zeal import Zeal, encode_batch
 from zeal.mqtt.streamconfig import params_from_config
@@ -72,7 +73,7 @@ def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
         }
     )
     with TestClient(create_app(settings)) as c:
-        wait_until(lambda: c.app.state.collector.broker_connected, what="collector")  # type: ignore[attr-defined]
+        wait_until(lambda: state(c).collector.broker_connected, what="collector")
         yield c
 
 

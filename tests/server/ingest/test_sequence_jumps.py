@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from tests.server.helpers import NO_DEVICE_CAP, notices_into, publish_all, wait_until
+from tools.testbed.appstate import state
 from tools.testbed.broker import Mosquitto
 from zeal import Zeal, encode_batch
 from zeal.protocol import MAX_SEQUENCE
@@ -36,7 +37,7 @@ def client(database_url: str, broker: Mosquitto) -> Iterator[TestClient]:
         {"ZEAL_DATABASE_URL": database_url, "ZEAL_MQTT_URL": broker.url, **NO_DEVICE_CAP}
     )
     with TestClient(create_app(settings)) as c:
-        collector = c.app.state.collector  # type: ignore[attr-defined]
+        collector = state(c).collector
         wait_until(lambda: collector.broker_connected, what="collector")
         body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1,
                 "max_epsilon_per_day": 1e6}  # fmt: skip

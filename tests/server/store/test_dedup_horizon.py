@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text
 
 from tests.server.helpers import PARAMS, create, operator_client
+from tools.testbed.appstate import state
 from zeal import encode_batch
 from zeal_server import store
 from zeal_server.ingest import Ingest
@@ -46,19 +47,19 @@ def batch(sequence: int, first_ms: int, n: int = 5) -> bytes:
 
 def add(client: TestClient, payload: bytes, received_ms: int, max_age_ms: int | None) -> Any:
     ingest = Ingest(max_age_ms=max_age_ms)
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         return ingest.add(session, TOPIC, payload, received_ms)
 
 
 def housekeep(client: TestClient, now_ms: int, max_age_ms: int) -> None:
-    with client.app.state.sessions() as session, session.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as session, session.begin():
         streams = store.list_streams(session)
         retention.housekeep(session, streams, now_ms, max_age_ms=max_age_ms)
 
 
 def counted(client: TestClient) -> tuple[int, int]:
     """(missing, late) of the device."""
-    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+    with state(client).sessions() as session:
         row = session.execute(select(func.sum(Device.missing), func.sum(Device.late))).one()
         return int(row[0] or 0), int(row[1] or 0)
 
@@ -77,7 +78,7 @@ def test_a_copy_after_the_prune_is_refused_never_stored_twice(client: TestClient
 
     housekeep(client, NOW + 40_000, 60_000)  # horizon NOW - 20 s: behind it
     assert counted(client) == (0, 0)
-    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+    with state(client).sessions() as session:
         assert session.scalar(select(Stream.horizon_ms)) == NOW - 20_000
     for max_age in (60_000, None, 10**12):  # whatever window the receiving collector has
         outcome = add(client, first, NOW + 41_000, max_age)
@@ -88,7 +89,7 @@ def test_a_copy_after_the_prune_is_refused_never_stored_twice(client: TestClient
     assert add(client, batch(1, NOW + 35_000), NOW + 41_000, 60_000).status == "stored"
     assert client.get("/api/v1/streams/temps/stats").json()["stored_readings"] == 10
     housekeep(client, NOW - 10**9, 60_000)  # a collector whose clock is far behind
-    with client.app.state.sessions() as session:  # type: ignore[attr-defined]
+    with state(client).sessions() as session:
         assert session.scalar(select(Stream.horizon_ms)) == NOW - 20_000  # never moves back
 
 
@@ -99,7 +100,7 @@ def test_a_prune_waits_for_a_transaction_that_read_the_horizon(postgres_url: str
     prune counts missing meanwhile, behind a horizon it did not see.)"""
     with contextmanager(operator_client)(postgres_url) as client:
         create(client)
-        sessions = client.app.state.sessions  # type: ignore[attr-defined]
+        sessions = state(client).sessions
         payload = batch(0, NOW - 30_000)
         with sessions() as ingesting:
             ingesting.begin()

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from tests.server.helpers import OPERATOR, create, feed, settings
+from tools.testbed.appstate import state
 from zeal import encode_batch
 from zeal_server import store
 from zeal_server.app import create_app
@@ -41,7 +42,7 @@ def ten_days(client: TestClient) -> None:
         for i, device in enumerate(DEVICES):
             readings = rng.uniform(10 * i, 10 * i + 40, size=30)
             feed(client, device, day, readings, NOW - (10 - day) * DAY + 3_600_000, rng=day)
-    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as db, db.begin():
         stream = store.stream_by_name(db, "temps")
         assert stream is not None
         store.compact(db, stream, before_bucket=(NOW - 5 * DAY) // 60_000)
@@ -55,7 +56,7 @@ def average(client: TestClient, **query: Any) -> dict[str, Any]:
 
 
 def verify(client: TestClient) -> list[str]:
-    with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+    with state(client).sessions() as db:
         stream = store.stream_by_name(db, "temps")
         assert stream is not None
         return store.verify(db, stream)
@@ -90,7 +91,7 @@ def test_retention_deletes_whole_old_buckets_and_keeps_the_rest_exact(
             "ZEAL_COLLECTOR_ID": "zeal-collector-retention-test",  # no identity file to hold
         }
     )
-    collector = Collector(server_settings, client.app.state.sessions)  # type: ignore[attr-defined]
+    collector = Collector(server_settings, state(client).sessions)
     # Its housekeeping, as its writer runs it every 30 s.
     collector.housekeep()
 
@@ -98,7 +99,7 @@ def test_retention_deletes_whole_old_buckets_and_keeps_the_rest_exact(
     assert after == {**before, "start": None}
     assert average(client, **kept_window) == before
     assert verify(client) == []
-    with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+    with state(client).sessions() as db:
         oldest = db.scalar(select(func.min(Segment.first_bucket)))
         assert oldest is not None
         assert oldest * 60_000 >= NOW - 5 * DAY
@@ -114,7 +115,7 @@ def test_retention_deletes_whole_old_buckets_and_keeps_the_rest_exact(
         codes=np.full(3, params.code_min, dtype=np.uint64),
         timestamps=NOW - 9 * DAY + np.arange(3),
     )
-    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+    with state(client).sessions() as db, db.begin():
         outcome = Ingest().add(db, "zeal/v1/temps/a/up", stale, NOW)
     assert (outcome.status, outcome.reason) == ("rejected", "too_old")
     assert average(client) == after
@@ -127,7 +128,7 @@ def test_retention_deletes_whole_old_buckets_and_keeps_the_rest_exact(
 
 
 def _stream(client: TestClient) -> Any:
-    with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+    with state(client).sessions() as db:
         return store.stream_by_name(db, "temps")
 
 

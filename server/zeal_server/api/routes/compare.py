@@ -12,7 +12,6 @@ from zeal import ParameterError, Zeal
 from zeal import compare as methods
 from zeal.errors import FitError
 from zeal.estimate import cut, difference_of
-from zeal.planning.comparison import plan_comparison, zero_inflated
 from zeal_server import store
 from zeal_server.api.deps import (
     API,
@@ -20,17 +19,12 @@ from zeal_server.api.deps import (
     Confidence,
     Db,
     End,
-    Epsilon,
-    Lower,
-    PayloadBits,
     Start,
-    Upper,
     devices_in,
     invalid,
     stream_or_404,
     window,
 )
-from zeal_server.api.previews import ComparePlanOut
 from zeal_server.api.schemas import HEAVY, CompareOut
 
 __all__ = ["router"]
@@ -221,99 +215,3 @@ def _fill(
     out.partitions, out.smallest, out.median = found.partitions, found.smallest, found.median
     out.warnings.extend(found.warnings)
     return out
-
-
-@router.get(
-    f"{API}/preview/compare", dependencies=READ, response_model=ComparePlanOut, responses=HEAVY
-)
-def preview_compare(
-    lower: Lower,
-    upper: Upper,
-    epsilon: Epsilon,
-    devices: Annotated[int, Query(ge=2, le=10**7, description="devices per group")],
-    readings: Annotated[int, Query(ge=1, le=10**9, description="readings per device (their mean)")],
-    between_sd: Annotated[
-        float, Query(ge=0, le=1e15, description="spread of device means within a group")
-    ],
-    payload_bits: PayloadBits = None,
-    within_sd: Annotated[
-        float | None,
-        Query(ge=0, le=1e15, description="spread of readings around their device's mean"),
-    ] = None,
-    zero_share: Annotated[
-        float | None,
-        Query(ge=0, lt=1, description="instead of within_sd: the share of zero readings"),
-    ] = None,
-    positive_mean: Annotated[
-        float | None, Query(ge=0, le=1e15, description="with zero_share: mean of the rest")
-    ] = None,
-    cv: Annotated[
-        float | None, Query(ge=0, le=1e6, description="with zero_share: their CV")
-    ] = None,
-    mean: Annotated[
-        float | None, Query(description="typical reading (default: the middle of the range)")
-    ] = None,
-    readings_cv: Annotated[
-        float,
-        Query(
-            ge=0,
-            le=100,
-            description="coefficient of variation of readings per device (0: all equal)",
-        ),
-    ] = 0.0,
-    shape: Annotated[
-        Literal["normal", "lognormal"],
-        Query(
-            description="shape of the device means: normal, or lognormal (skewed to the right "
-            "of lower, as in most fleets; power is then simulated)"
-        ),
-    ] = "normal",
-    effect: Annotated[float, Query(ge=0, le=1e15, description="the difference to detect")] = 0.0,
-    alpha: Annotated[float, Query(gt=0, lt=1, description="the test's level")] = 0.05,
-    power: Annotated[float, Query(gt=0, lt=1, description="the power wanted")] = 0.8,
-) -> ComparePlanOut:
-    """The standard error, power and minimum detectable effect of the default device-level
-    comparison (method=cluster) of two groups, before the data exist (docs/comparison.md).
-    Give the spread of readings within a device as within_sd, or as zero_share,
-    positive_mean and cv (then mean defaults to the readings' mean)."""
-    try:
-        params = store.derive_params(lower, upper, epsilon, payload_bits, max_epsilon_per_day=None)
-    except store.StoreError as exc:
-        raise invalid("query", None, str(exc)) from exc
-    if within_sd is None:
-        if zero_share is None or positive_mean is None or cv is None:
-            raise invalid(
-                "query",
-                "within_sd",
-                "give within_sd, or zero_share, positive_mean and cv",
-            )
-        typical, within_sd = zero_inflated(zero_share, positive_mean, cv)
-        mean = typical if mean is None else mean
-    try:
-        plan = plan_comparison(
-            params,
-            devices=devices,
-            readings=readings,
-            between_sd=between_sd,
-            within_sd=within_sd,
-            mean=mean,
-            readings_cv=readings_cv,
-            shape=shape,
-            effect=effect,
-            alpha=alpha,
-            target_power=power,
-        )
-    except ParameterError as exc:
-        raise invalid("query", None, str(exc)) from exc
-    return ComparePlanOut(
-        payload_bits=params.payload_bits,
-        std_error=plan.std_error,
-        df=plan.df,
-        noise_variance=plan.noise_variance,
-        effect=effect,
-        power=plan.power,
-        alpha=alpha,
-        target_power=power,
-        detectable_effect=plan.detectable,
-        power_from=plan.power_from,
-    )

@@ -2,7 +2,7 @@
 
 ``/livez`` says only that the process serves HTTP (restart it when this fails).
 ``/readyz`` says whether it can do its work: the database answers and, with a collector,
-its writer runs and the broker connections are up (send traffic elsewhere while it is
+its writer runs and the broker connections are up and subscribed (send traffic elsewhere while it is
 503; Compose's health check asks it). ``/healthz`` is the
 older combined answer, kept for compatibility. Without a token none of them says more than
 up or down; with the read or operator token (or on a server without tokens) they add what
@@ -40,7 +40,9 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
         body["broker"] = "off"
     else:
         now = coll.status()
-        body["broker"] = "ok" if now.broker_connected else "down"
+        # Connected but refused the subscription (the broker's ACL): it receives nothing.
+        subscribed = "ok" if now.subscribed else "not subscribed"
+        body["broker"] = subscribed if now.broker_connected else "down"
         # A writer stopped by a bug stores nothing more: not ready either (the Compose
         # health check asks /readyz), besides /livez's 503.
         body["writer"] = "down" if now.writer_error is not None else "ok"
@@ -66,7 +68,7 @@ def _checks(request: Request) -> tuple[bool, dict[str, Any]]:
             body["collector"]["chirpstack_error"] = chirpstack.last_error
             body["collector"]["uplinks_skipped"] = chirpstack.skipped
     parts = ("writer", "broker", "jetstream", "chirpstack")
-    up = all(body.get(part) != "down" for part in parts)
+    up = all(body.get(part) not in ("down", "not subscribed") for part in parts)
     return body["database"] in ("ok", "busy") and up, body
 
 

@@ -16,24 +16,20 @@ collectors share the events with ``ZEAL_SHARE_GROUP``, as they share Zeal's data
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import Any
 
-import paho.mqtt.client as mqtt
-from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from zeal.mqtt.brokerurl import BrokerSettings, why_unreachable
-from zeal.mqtt.client import acknowledge, connect_persistent, flush, make_client
-from zeal_server.broker.sources import Offer
+from zeal.mqtt.brokerurl import BrokerSettings
+from zeal_server.broker.chirpstack.uplinks import Uplinks
+from zeal_server.broker.door import RejectBudget
+from zeal_server.broker.mqttsession import PersistentSubscription
 
-__all__ = ["ChirpStackSource", "event_subscription"]
+__all__ = ["MAX_EVENT", "ChirpStackSource", "event_subscription"]
 
-log = logging.getLogger(__name__)
-
-#: A filter the collector never subscribes to on ChirpStack's broker (see zeal.mqtt.client.flush).
-_FLUSH_FILTER = "zeal/flush"
+#: An uplink event larger than this is shed at the door (``too_large``): ChirpStack's carry
+#: at most 242 bytes of payload and their radio metadata, a few KB in JSON.
+MAX_EVENT = 64 * 1024
 
 
 def event_subscription(topic: str, share_group: str) -> str:
@@ -41,13 +37,16 @@ def event_subscription(topic: str, share_group: str) -> str:
     return f"$share/{share_group}/{topic}" if share_group else topic
 
 
-class ChirpStackSource:
-    """The collector's subscription to ChirpStack's uplink events.
+class ChirpStackSource(PersistentSubscription):
+    """The collector's subscription to ChirpStack's uplink events (a ``sources.Source``).
 
-    ``offer(topic, payload, mid, qos, retained)`` is the collector's door for them: False
-    when it shed the event there (it is then acknowledged at once), True when queued for
-    the writer, which acknowledges it after its commit (``ack``).
+    Its events are not devices' batches: the writer has its ``translator`` (``Uplinks``)
+    turn each into the batch its device would have sent. Its senders are LoRaWAN devices,
+    which Zeal's broker does not reach (no notices, no caps told, no reject budget), and
+    who sent an event is its DevEUI, not a login on ChirpStack's broker.
     """
+
+    reaches_devices = False
 
     def __init__(
         self,
@@ -57,93 +56,31 @@ class ChirpStackSource:
         topic: str,
         share_group: str,
         inflight: int,
+        client: Any = None,
     ) -> None:
-        self.name = "chirpstack"
-        self.broker, self.inflight = broker, inflight
-        self.topic = event_subscription(topic, share_group)
-        self.connected = False
-        self.subscribed = False
-        self.last_error: str | None = None
-        self._logged = -1e18  # connection errors are logged once a minute
-        self._stopping = False
-        self.offer: Offer = lambda *_, **__: False
-        client = make_client(broker, client_id, manual_ack=True, persistent=True)
-        client.on_connect = self._on_connect
-        client.on_connect_fail = self._on_connect_fail
-        client.on_disconnect = self._on_disconnect
-        client.on_message = self._on_message
-        client.on_subscribe = self._on_subscribe
-        self.client = client
-
-    def start(self) -> None:
-        connect_persistent(
-            self.client, self.broker, session_expiry=7 * 24 * 3600, receive_maximum=self.inflight
+        super().__init__(
+            "chirpstack",
+            broker,
+            what="ChirpStack's broker",
+            client_id=client_id,
+            inflight=inflight,
+            client=client,
         )
-        self.client.loop_start()
+        self.topic = event_subscription(topic, share_group)
+        self.uplinks = Uplinks()
+        self.translator = self.uplinks
 
-    def stop(self) -> None:
-        self._stopping = True
-        if self.connected:  # the last acknowledgements first, or they come back
-            flush(self.client, _FLUSH_FILTER)
-        self.client.disconnect()
-        self.client.loop_stop()
+    def subscriptions(self, *, v311: bool) -> list[tuple[str, Any]]:
+        if v311:
+            return [(self.topic, 1)]
+        # A retained event would be replayed at every resubscribe.
+        return [(self.topic, SubscribeOptions(qos=1, retainHandling=2))]
 
-    @property
-    def ready(self) -> bool:
-        return self.subscribed
+    def skipped(self) -> dict[str, int]:
+        return dict(self.uplinks.skipped)
 
-    def ack(self, messages: list[tuple[int, int]]) -> None:
-        """Acknowledge (mid, qos) pairs (writer thread, after the commit)."""
-        acknowledge(self.client, messages)
-
-    # -- paho callbacks (its network thread) -----------------------------------------------
-
-    def _on_connect(
-        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _props: Any
-    ) -> None:
-        if reason.is_failure:
-            self.last_error = f"ChirpStack's broker {self.broker.url} refused us: {reason}"
-            log.error("%s", self.last_error)
-            return
-        self.connected = True
-        self.last_error = None
-        log.info("subscribing to %s on ChirpStack's broker %s", self.topic, self.broker.url)
-        if client.protocol == mqtt.MQTTv311:
-            client.subscribe(self.topic, qos=1)
-        else:  # a retained event would be replayed at every resubscribe
-            client.subscribe(self.topic, options=SubscribeOptions(qos=1, retainHandling=2))
-
-    def _on_subscribe(
-        self, _client: mqtt.Client, _userdata: Any, _mid: int, codes: list[ReasonCode], _p: Any
-    ) -> None:
-        refused = [code for code in codes if code.is_failure]
-        self.subscribed = not refused
-        if refused:
-            self.last_error = (
-                f"ChirpStack's broker {self.broker.url} refused the subscription to "
-                f"{self.topic}: {refused[0]} (its ACL must let the collector read it)"
-            )
-            log.error("%s", self.last_error)
-
-    def _on_connect_fail(self, _client: mqtt.Client, _userdata: Any) -> None:
-        self.last_error = f"ChirpStack's broker {self.broker.url}: {why_unreachable(self.broker)}"
-        now = time.monotonic()
-        if now - self._logged >= 60:
-            self._logged = now
-            log.error("cannot connect to %s; retrying (logged once a minute)", self.last_error)
-
-    def _on_disconnect(
-        self, _client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _p: Any
-    ) -> None:
-        if self.connected and not self._stopping:
-            log.warning("disconnected from ChirpStack's broker (%s); reconnecting", reason)
-        self.connected = self.subscribed = False
-
-    def _on_message(self, client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
-        try:
-            topic = message.topic
-        except UnicodeDecodeError:
-            topic = ""
-        payload = bytes(message.payload)
-        if not self.offer(topic, payload, message.mid, message.qos, retained=message.retain):
-            client.ack(message.mid, message.qos)
+    def refusal(self, topic: str, *, retained: bool, size: int, budget: RejectBudget) -> str | None:
+        """A retained event, or one over the wire's size limit, is shed (the topic is
+        ChirpStack's: the devices' reject budget does not apply)."""
+        del topic, budget
+        return "retained" if retained else ("too_large" if size > MAX_EVENT else None)

@@ -26,33 +26,35 @@ application on the same ChirpStack).
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
+import time
 from collections import Counter
-from typing import NamedTuple
 
-from sqlalchemy.orm import Session
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
 
 from zeal import ParameterError, WireError, Zeal
 from zeal.mqtt.topics import data_topic
 from zeal.protocol import check_name
 from zeal_server import store
 from zeal_server.broker.chirpstack.events import ChirpStackError, Uplink, parse_uplink, to_batch
+from zeal_server.broker.sources import Translated
 from zeal_server.errors import UndecodableError
 from zeal_server.ingest import Ingest, Original, Outcome
 from zeal_server.ingest.undecodable import UNDECODABLE, contained
 from zeal_server.ingest.validation import FOREIGN
+from zeal_server.store.db import error_text
 
 __all__ = ["Translated", "Uplinks", "identity"]
 
+log = logging.getLogger(__name__)
+
 _DEV_EUI = re.compile(r"[0-9a-fA-F]{16}")
-
-
-class Translated(NamedTuple):
-    """An uplink as a batch for ``Ingest.add_many``."""
-
-    topic: str
-    payload: bytes
-    original: Original
+#: How often the bindings are read again, at most every this many seconds, when no change
+#: was made through this process (another process's changes apply within it).
+READ_EVERY = 2.0
 
 
 def identity(uplink: Uplink) -> bytes:
@@ -62,19 +64,42 @@ def identity(uplink: Uplink) -> bytes:
 
 
 class Uplinks:
-    """Routes and translates uplink events for the writer thread; the bindings are read
-    again by ``load`` (the collector calls it when they change and every few seconds)."""
+    """Routes and translates uplink events for the writer thread (a ``sources.Translator``);
+    the bindings are read again by ``keep_fresh`` when they changed here and every
+    ``READ_EVERY`` seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_every: float = READ_EVERY) -> None:
         self.bindings: dict[tuple[str, int], tuple[str, str]] = {}
         #: Uplinks skipped (not a reject): "no_data", "unbound".
         self.skipped: Counter[str] = Counter()
+        self.read_every = read_every
         #: When the bindings were last read, and a failure to read them last logged
-        #: (time.monotonic(); the collector's writer keeps them).
+        #: (time.monotonic()).
         self.read_at = self.failure_logged = -1e18
+        self._changed = threading.Event()
+        self._changed.set()  # read before the first event is stored
 
     def load(self, session: Session) -> None:
         self.bindings = store.binding_map(session)
+
+    def changed(self) -> None:
+        self._changed.set()
+
+    def keep_fresh(self, sessions: sessionmaker[Session]) -> None:
+        """Read the bindings again when they changed here or every ``read_every`` seconds
+        (a failure is logged once a minute, and the write that follows retries as usual)."""
+        now = time.monotonic()
+        if not self._changed.is_set() and now - self.read_at < self.read_every:
+            return
+        self._changed.clear()
+        self.read_at = now
+        try:
+            with sessions() as session:
+                self.load(session)
+        except SQLAlchemyError as exc:
+            if now - self.failure_logged >= 60:
+                self.failure_logged = now
+                log.error("could not read the LoRaWAN bindings: %s", error_text(exc))
 
     def route(self, uplink: Uplink) -> tuple[str, str] | None:
         """(stream, device naming) for the uplink's application and port, or None."""
