@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from zeal_edge.cli import _parser as edge_parser
+from zeal_edge.cli.main import parser as edge_parser
 from zeal_server.api.vocabulary import RENAMED
 from zeal_server.cli import parser as server_parser
 
