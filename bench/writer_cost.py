@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib
 import inspect
 import json
 import os
@@ -85,6 +86,9 @@ class Writer:
         topics = [data_topic("w", name) for name in names]
         total = transactions * per_transaction
         codes = params.perturb(rng.uniform(0, 100, total), rng=rng)
+        # Messages as the collector hands them over: named (ingest.Message, as its inbox's
+        # Received) where the code has them, plain tuples for code from before.
+        make = getattr(importlib.import_module("zeal_server.ingest"), "Message", None)
         self.messages = []
         for k in range(total):
             second, d = divmod(k, devices)
@@ -97,7 +101,8 @@ class Writer:
                 codes=codes[k : k + 1],
                 timestamps=np.array([stamp]),
             )
-            self.messages.append((topics[d], payload, stamp + 50))
+            message = (topics[d], payload, stamp + 50)
+            self.messages.append(message if make is None else make(*message))
         self.per_transaction = per_transaction
         # A device cap across streams that refuses nothing, as the stream's policy: the
         # collector's default path books it (code from before it has none).

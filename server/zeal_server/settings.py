@@ -30,137 +30,212 @@ __all__ = [
 #: ``application/{{application_id}}/device/{{dev_eui}}/event/{{event}}``).
 CHIRPSTACK_TOPIC = "application/+/device/+/event/up"
 
-#: Every environment variable the server reads: (default, meaning).
-VARIABLES: dict[str, tuple[str, str]] = {
-    "ZEAL_MODE": ("development", "production refuses to start without ZEAL_OPERATOR_TOKEN"),
-    "ZEAL_DATA_DIR": ("zeal-data", "the default SQLite database and the collector's id"),
-    "ZEAL_DATABASE_URL": (
-        "sqlite:///ZEAL_DATA_DIR/zeal.sqlite",
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: what it means, the value a server takes when it is unset
+    (None: none), and how ``--help`` shows that default when it is not the value itself."""
+
+    meaning: str
+    value: Any = None
+    shown: str | None = None
+
+    @property
+    def default(self) -> str:
+        """The default as ``--help`` and docs/server.md say it."""
+        if self.shown is not None:
+            return self.shown
+        return "none" if self.value is None else str(self.value)
+
+
+def half_the_cpus() -> int:
+    """ZEAL_HEAVY_READS' default: half the CPUs, at least 1."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+#: Every environment variable the server reads, with its default and meaning: the one place
+#: a default is written (``ServerSettings``' fields and ``from_env`` take them from here;
+#: the command-line help is written from it, and tests/server/test_cli.py holds
+#: docs/server.md's table to it).
+VARIABLES: dict[str, Variable] = {
+    "ZEAL_MODE": Variable(
+        "production refuses to start without ZEAL_OPERATOR_TOKEN",
+        value="development",
+    ),
+    "ZEAL_DATA_DIR": Variable(
+        "the default SQLite database and the collector's id",
+        value="zeal-data",
+    ),
+    "ZEAL_DATABASE_URL": Variable(
         "SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db",
+        shown="sqlite:///ZEAL_DATA_DIR/zeal.sqlite",
     ),
-    "ZEAL_MQTT_URL": (
-        "mqtt://127.0.0.1:1883",
+    "ZEAL_MQTT_URL": Variable(
         "broker (mqtts:// for TLS); off runs the API without a collector",
+        value="mqtt://127.0.0.1:1883",
     ),
-    "ZEAL_MQTT_PROTOCOL": ("5", "MQTT version: 5 or 3.1.1 (for brokers that speak nothing newer)"),
-    "ZEAL_MQTT_KEEPALIVE": ("30", "seconds between keepalive pings to the broker (5 to 3600)"),
-    "ZEAL_MQTT_USERNAME": ("none", "broker username"),
-    "ZEAL_MQTT_PASSWORD": ("none", "broker password"),
-    "ZEAL_MQTT_ADMIN_USERNAME": (
-        "none",
+    "ZEAL_MQTT_PROTOCOL": Variable(
+        "MQTT version: 5 or 3.1.1 (for brokers that speak nothing newer)",
+        value="5",
+    ),
+    "ZEAL_MQTT_KEEPALIVE": Variable(
+        "seconds between keepalive pings to the broker (5 to 3600)",
+        value=30,
+    ),
+    "ZEAL_MQTT_USERNAME": Variable(
+        "broker username",
+    ),
+    "ZEAL_MQTT_PASSWORD": Variable(
+        "broker password",
+    ),
+    "ZEAL_MQTT_ADMIN_USERNAME": Variable(
         "broker login of the dynamic security admin, for zeal-server devices provision/revoke",
     ),
-    "ZEAL_MQTT_ADMIN_PASSWORD": ("none", "its password"),
-    "ZEAL_MQTT_ADMIN_URL": (
-        "ZEAL_MQTT_URL",
+    "ZEAL_MQTT_ADMIN_PASSWORD": Variable(
+        "its password",
+    ),
+    "ZEAL_MQTT_ADMIN_URL": Variable(
         "where the admin logs in, with its password and no client certificate (needed when "
         "ZEAL_MQTT_URL is a listener that takes certificates only; deploy: mqtts://"
         "mosquitto:8883)",
+        shown="ZEAL_MQTT_URL",
     ),
-    "ZEAL_MQTT_CA": ("none", "CA certificate file for mqtts://"),
-    "ZEAL_MQTT_CERT": ("none", "client certificate file for mqtts://"),
-    "ZEAL_MQTT_KEY": ("none", "client key file for mqtts://"),
-    "ZEAL_DEVICE_CA": (
-        "none",
+    "ZEAL_MQTT_CA": Variable(
+        "CA certificate file for mqtts://",
+    ),
+    "ZEAL_MQTT_CERT": Variable(
+        "client certificate file for mqtts://",
+    ),
+    "ZEAL_MQTT_KEY": Variable(
+        "client key file for mqtts://",
+    ),
+    "ZEAL_DEVICE_CA": Variable(
         "certificate of the CA that signs device certificates (zeal-server devices provision "
         "--certificate); the broker trusts it for client certificates",
     ),
-    "ZEAL_DEVICE_CA_KEY": ("none", "that CA's private key"),
-    "ZEAL_DEVICE_CRL": (
-        "none",
+    "ZEAL_DEVICE_CA_KEY": Variable(
+        "that CA's private key",
+    ),
+    "ZEAL_DEVICE_CRL": Variable(
         "the revocation list of device certificates: written here at every revocation, read "
         "by the broker (its crlfile, reloaded on change); needed with ZEAL_DEVICE_CA",
     ),
-    "ZEAL_DEVICE_CERT_DAYS": ("3650", "how long a device certificate is valid (1 to 36500)"),
-    "ZEAL_COLLECTOR_INFLIGHT": (
-        "20000",
+    "ZEAL_DEVICE_CERT_DAYS": Variable(
+        "how long a device certificate is valid (1 to 36500)",
+        value=3650,
+    ),
+    "ZEAL_COLLECTOR_INFLIGHT": Variable(
         "messages received but not yet committed, at most (the MQTT v5 Receive Maximum; "
         "the broker holds the rest)",
+        value=20_000,
     ),
-    "ZEAL_NATS_URL": (
-        "none",
+    "ZEAL_NATS_URL": Variable(
         "NATS servers, comma-separated nats://host:port: the collector pulls data from "
         "JetStream instead of subscribing over MQTT (deploy/SCALING.md)",
     ),
-    "ZEAL_NATS_CONSUMER": (
-        "zeal-collectors",
+    "ZEAL_NATS_CONSUMER": Variable(
         "the durable consumer all collectors share, on NATS's MQTT message stream",
+        value="zeal-collectors",
     ),
-    "ZEAL_NATS_ACK_WAIT": (
-        "60",
+    "ZEAL_NATS_ACK_WAIT": Variable(
         "seconds before JetStream redelivers a message no collector acknowledged (5 to 3600)",
+        value=60,
     ),
-    "ZEAL_CHIRPSTACK_URL": (
-        "none",
+    "ZEAL_CHIRPSTACK_URL": Variable(
         "the broker ChirpStack's MQTT integration publishes to (mqtt:// or mqtts://): the "
         "collector stores LoRaWAN uplinks from there too (docs/lorawan.md)",
     ),
-    "ZEAL_CHIRPSTACK_USERNAME": ("none", "the collector's login on that broker"),
-    "ZEAL_CHIRPSTACK_PASSWORD": ("none", "its password"),
-    "ZEAL_CHIRPSTACK_CA": ("none", "CA certificate file for an mqtts:// ZEAL_CHIRPSTACK_URL"),
-    "ZEAL_CHIRPSTACK_TOPIC": (
-        "application/+/device/+/event/up",
-        "the uplink events' topic filter (ChirpStack's default event topic)",
+    "ZEAL_CHIRPSTACK_USERNAME": Variable(
+        "the collector's login on that broker",
     ),
-    "ZEAL_SHARE_GROUP": ("none", "shared-subscription group, for several collectors"),
-    "ZEAL_MQTT_LOGIN_PROPERTY": (
-        "none",
+    "ZEAL_CHIRPSTACK_PASSWORD": Variable(
+        "its password",
+    ),
+    "ZEAL_CHIRPSTACK_CA": Variable(
+        "CA certificate file for an mqtts:// ZEAL_CHIRPSTACK_URL",
+    ),
+    "ZEAL_CHIRPSTACK_TOPIC": Variable(
+        "the uplink events' topic filter (ChirpStack's default event topic)",
+        value=CHIRPSTACK_TOPIC,
+    ),
+    "ZEAL_SHARE_GROUP": Variable(
+        "shared-subscription group, for several collectors",
+    ),
+    "ZEAL_MQTT_LOGIN_PROPERTY": Variable(
         "the MQTT v5 user property in which the broker names the login that published each "
         "data message (zeal-login with deploy/mosquitto's zeal_retain plugin, which the "
         "Compose stack sets): a device's cap is then spent only by its own login",
     ),
-    "ZEAL_COLLECTOR_ID": (
-        "claimed in ZEAL_DATA_DIR",
+    "ZEAL_COLLECTOR_ID": Variable(
         "MQTT client id of the collector's persistent session; by default unique per "
         "server process and kept across its restarts",
+        shown="claimed in ZEAL_DATA_DIR",
     ),
-    "ZEAL_TLS_CERT": (
-        "none",
+    "ZEAL_TLS_CERT": Variable(
         "certificate file (the full chain, PEM) the API and dashboard serve HTTPS with; "
         "none: plain HTTP (a local server, or behind a TLS proxy)",
     ),
-    "ZEAL_TLS_KEY": ("none", "its private key file"),
-    "ZEAL_OPERATOR_TOKEN": ("none", "bearer token for writes (at least 16 characters)"),
-    "ZEAL_READ_TOKEN": ("none", "bearer token for reads (reads are open without it)"),
-    "ZEAL_MAX_FUTURE_SECONDS": ("600", "reject readings stamped later than arrival + this"),
-    "ZEAL_MAX_AGE_SECONDS": (
-        "604800",
-        "reject readings stamped earlier than arrival - this (raise it to import history)",
+    "ZEAL_TLS_KEY": Variable(
+        "its private key file",
     ),
-    "ZEAL_BACKFILL_SECONDS": ("300", "reject readings stamped before stream creation - this"),
-    "ZEAL_MAX_BUCKETS_PER_BATCH": ("1440", "reject a batch spanning more time buckets"),
-    "ZEAL_DEVICE_MAX_EPSILON_PER_DAY": (
-        "8",
+    "ZEAL_OPERATOR_TOKEN": Variable(
+        "bearer token for writes (at least 16 characters)",
+    ),
+    "ZEAL_READ_TOKEN": Variable(
+        "bearer token for reads (reads are open without it)",
+    ),
+    "ZEAL_MAX_FUTURE_SECONDS": Variable(
+        "reject readings stamped later than arrival + this",
+        value=600,
+    ),
+    "ZEAL_MAX_AGE_SECONDS": Variable(
+        "reject readings stamped earlier than arrival - this (raise it to import history)",
+        value=7 * 86_400,
+    ),
+    "ZEAL_BACKFILL_SECONDS": Variable(
+        "reject readings stamped before stream creation - this",
+        value=300,
+    ),
+    "ZEAL_MAX_BUCKETS_PER_BATCH": Variable(
+        "reject a batch spanning more time buckets",
+        value=1440,
+    ),
+    "ZEAL_DEVICE_MAX_EPSILON_PER_DAY": Variable(
         "privacy loss one device may spend per UTC day over all its streams with a policy, "
         "unless a device or tag cap is set (none: no device cap; docs/privacy.md)",
+        value=DEFAULT_DEVICE_MAX_EPSILON_PER_DAY,
+        shown="8",
     ),
-    "ZEAL_DEVICE_MAX_EPSILON_PER_30_DAYS": (
-        "none",
+    "ZEAL_DEVICE_MAX_EPSILON_PER_30_DAYS": Variable(
         "privacy loss one device may spend over any 30 consecutive UTC days, unless a device "
         "or tag cap over 30 days is set (none: no such cap)",
     ),
-    "ZEAL_DEVICE_MAX_EPSILON_PER_365_DAYS": (
-        "none",
+    "ZEAL_DEVICE_MAX_EPSILON_PER_365_DAYS": Variable(
         "the same over any 365 consecutive UTC days",
     ),
-    "ZEAL_HEAVY_READS": (
-        "half the CPUs, at least 1",
+    "ZEAL_HEAVY_READS": Variable(
         "costly reads (of a stream's data: averages, series, exports, devices, ...) at once; "
         "more wait up to 2 s, then get 429",
+        shown="half the CPUs, at least 1",
     ),
-    "ZEAL_HTTP_CONNECTIONS_PER_PEER": (
-        "64",
+    "ZEAL_HTTP_CONNECTIONS_PER_PEER": Variable(
         "HTTP connections at once from one address (0: no limit, behind a proxy)",
+        value=64,
     ),
 }
+
+
+def default_of(name: str) -> Any:
+    """The value a server takes when variable `name` is unset (``VARIABLES``)."""
+    return VARIABLES[name].value
 
 
 def variables_help(names: tuple[str, ...] | None = None) -> str:
     """The environment variables as lines for ``--help`` (all, or the named ones)."""
     lines = ["environment variables:"]
-    for name, (default, meaning) in VARIABLES.items():
+    for name, variable in VARIABLES.items():
         if names is None or name in names:
-            lines.append(f"  {name:<24} {meaning} [default: {default}]")
+            lines.append(f"  {name:<24} {variable.meaning} [default: {variable.default}]")
     return "\n".join(lines)
 
 
@@ -183,25 +258,25 @@ class ServerSettings:
     mqtt_login_property: str | None = None
     #: None: claim one in data_dir (zeal_server.broker.identity).
     collector_id: str | None = None
-    data_dir: Path = Path("zeal-data")
+    data_dir: Path = Path(default_of("ZEAL_DATA_DIR"))
     operator_token: str | None = None
     read_token: str | None = None
-    mode: str = "development"
-    max_future_seconds: int = 600
-    max_age_seconds: int = 7 * 86_400
-    backfill_seconds: int = 300
-    max_buckets_per_batch: int = 1440
+    mode: str = default_of("ZEAL_MODE")
+    max_future_seconds: int = default_of("ZEAL_MAX_FUTURE_SECONDS")
+    max_age_seconds: int = default_of("ZEAL_MAX_AGE_SECONDS")
+    backfill_seconds: int = default_of("ZEAL_BACKFILL_SECONDS")
+    max_buckets_per_batch: int = default_of("ZEAL_MAX_BUCKETS_PER_BATCH")
     #: A device's default daily cap across streams (ZEAL_DEVICE_MAX_EPSILON_PER_DAY).
-    device_max_epsilon_per_day: float | None = DEFAULT_DEVICE_MAX_EPSILON_PER_DAY
+    device_max_epsilon_per_day: float | None = default_of("ZEAL_DEVICE_MAX_EPSILON_PER_DAY")
     #: A device's default caps over any 30 and any 365 UTC days (horizon -> epsilon;
     #: ZEAL_DEVICE_MAX_EPSILON_PER_30_DAYS, _365_DAYS; none by default).
     device_rolling_caps: dict[int, float | None] = field(default_factory=dict)
     #: Messages received and not yet committed, at most (ZEAL_COLLECTOR_INFLIGHT).
-    collector_inflight: int = 20_000
+    collector_inflight: int = default_of("ZEAL_COLLECTOR_INFLIGHT")
     #: NATS servers to pull data from (JetStream); empty: data arrive over MQTT.
     nats_servers: tuple[str, ...] = ()
-    nats_consumer: str = "zeal-collectors"
-    nats_ack_wait: int = 60
+    nats_consumer: str = default_of("ZEAL_NATS_CONSUMER")
+    nats_ack_wait: int = default_of("ZEAL_NATS_ACK_WAIT")
     #: The broker's dynamic security admin login (device provisioning); None: off.
     admin_username: str | None = None
     admin_password: str | None = None
@@ -213,22 +288,20 @@ class ServerSettings:
     device_ca: DeviceCASettings | None = None
     #: The broker ChirpStack publishes uplink events to; None: no LoRaWAN source.
     chirpstack: BrokerSettings | None = None
-    chirpstack_topic: str = CHIRPSTACK_TOPIC
+    chirpstack_topic: str = default_of("ZEAL_CHIRPSTACK_TOPIC")
     #: HTTP connections at once from one address; 0: no limit (zeal_server.api.guard).
-    http_per_peer: int = 64
+    http_per_peer: int = default_of("ZEAL_HTTP_CONNECTIONS_PER_PEER")
     #: Heavy reads at once (zeal_server.api.costs).
-    heavy_reads: int = 1
+    heavy_reads: int = field(default_factory=half_the_cpus)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServerSettings:
-        mode = env.get("ZEAL_MODE", "development")
+        mode = env.get("ZEAL_MODE") or default_of("ZEAL_MODE")
         if mode not in ("development", "production"):
             raise SettingsError(f"ZEAL_MODE must be development or production, got {mode!r}")
-        data_dir = Path(env.get("ZEAL_DATA_DIR") or "zeal-data")
+        data_dir = Path(env.get("ZEAL_DATA_DIR") or default_of("ZEAL_DATA_DIR"))
         url = env.get("ZEAL_DATABASE_URL") or f"sqlite:///{data_dir / 'zeal.sqlite'}"
-        if url.startswith("sqlite:///"):
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        broker_url = env.get("ZEAL_MQTT_URL", "mqtt://127.0.0.1:1883")
+        broker_url = env.get("ZEAL_MQTT_URL", default_of("ZEAL_MQTT_URL"))
         try:
             broker = (
                 None
@@ -240,7 +313,7 @@ class ServerSettings:
                     ca_file=env.get("ZEAL_MQTT_CA"),
                     cert_file=env.get("ZEAL_MQTT_CERT"),
                     key_file=env.get("ZEAL_MQTT_KEY"),
-                    keepalive=_whole(env, "ZEAL_MQTT_KEEPALIVE", 30, (5, 3600), "seconds"),
+                    keepalive=_whole(env, "ZEAL_MQTT_KEEPALIVE", (5, 3600), "seconds"),
                     protocol=_protocol(env.get("ZEAL_MQTT_PROTOCOL")),
                 )
             )
@@ -260,19 +333,13 @@ class ServerSettings:
         if mode == "production":
             _no_placeholder_secrets(env)
         limits = {
-            name: _seconds(env, name, default)
-            for name, default in (
-                ("ZEAL_MAX_FUTURE_SECONDS", 600),
-                ("ZEAL_MAX_AGE_SECONDS", 7 * 86_400),
-                ("ZEAL_BACKFILL_SECONDS", 300),
-            )
+            name: _seconds(env, name)
+            for name in ("ZEAL_MAX_FUTURE_SECONDS", "ZEAL_MAX_AGE_SECONDS", "ZEAL_BACKFILL_SECONDS")
         }
-        buckets = _whole(env, "ZEAL_MAX_BUCKETS_PER_BATCH", 1440, (1, 65_535), "buckets")
-        inflight = _whole(env, "ZEAL_COLLECTOR_INFLIGHT", 20_000, (10, 65_535), "messages")
-        per_peer = _whole(env, "ZEAL_HTTP_CONNECTIONS_PER_PEER", 64, (0, 65_535), "connections")
-        heavy = _whole(
-            env, "ZEAL_HEAVY_READS", max(1, (os.cpu_count() or 2) // 2), (1, 1024), "reads"
-        )
+        buckets = _whole(env, "ZEAL_MAX_BUCKETS_PER_BATCH", (1, 65_535), "buckets")
+        inflight = _whole(env, "ZEAL_COLLECTOR_INFLIGHT", (10, 65_535), "messages")
+        per_peer = _whole(env, "ZEAL_HTTP_CONNECTIONS_PER_PEER", (0, 65_535), "connections")
+        heavy = _whole(env, "ZEAL_HEAVY_READS", (1, 1024), "reads", default=half_the_cpus())
         nats = _nats(env)
         if nats["nats_servers"] and broker is None:
             raise SettingsError(
@@ -285,7 +352,9 @@ class ServerSettings:
             https=_https(env),
             device_ca=_device_ca(env),
             chirpstack=chirpstack,
-            chirpstack_topic=_topic_filter(env.get("ZEAL_CHIRPSTACK_TOPIC") or CHIRPSTACK_TOPIC),
+            chirpstack_topic=_topic_filter(
+                env.get("ZEAL_CHIRPSTACK_TOPIC") or default_of("ZEAL_CHIRPSTACK_TOPIC")
+            ),
             max_future_seconds=limits["ZEAL_MAX_FUTURE_SECONDS"],
             max_age_seconds=limits["ZEAL_MAX_AGE_SECONDS"],
             backfill_seconds=limits["ZEAL_BACKFILL_SECONDS"],
@@ -349,7 +418,7 @@ def _device_ca(env: Mapping[str, str]) -> DeviceCASettings | None:
         raise SettingsError(
             f"device certificates need {', '.join(names)} together; missing: {', '.join(missing)}"
         )
-    days = _whole(env, "ZEAL_DEVICE_CERT_DAYS", 3650, (1, 36_500), "days")
+    days = _whole(env, "ZEAL_DEVICE_CERT_DAYS", (1, 36_500), "days")
     return DeviceCASettings(
         cert=Path(given["ZEAL_DEVICE_CA"]),
         key=Path(given["ZEAL_DEVICE_CA_KEY"]),
@@ -363,7 +432,8 @@ def _device_cap(text: str | None, days: int = 1) -> float | None:
     30 and 365: ..._PER_{days}_DAYS, default none)."""
     name = "ZEAL_DEVICE_MAX_EPSILON_PER_" + ("DAY" if days == 1 else f"{days}_DAYS")
     if text is None or not text.strip():
-        return DEFAULT_DEVICE_MAX_EPSILON_PER_DAY if days == 1 else None
+        unset: float | None = default_of(name)
+        return unset
     if text.strip().lower() == "none":
         return None
     try:
@@ -407,8 +477,8 @@ def _topic_filter(text: str) -> str:
     return text
 
 
-def _seconds(env: Mapping[str, str], name: str, default: int) -> int:
-    return _whole(env, name, default, (0, 100 * 365 * 86_400), "seconds (at most 100 years)")
+def _seconds(env: Mapping[str, str], name: str) -> int:
+    return _whole(env, name, (0, 100 * 365 * 86_400), "seconds (at most 100 years)")
 
 
 #: The least length of a token or password a production server accepts.
@@ -443,12 +513,18 @@ def _no_placeholder_secrets(env: Mapping[str, str]) -> None:
 
 
 def _whole(
-    env: Mapping[str, str], name: str, default: int, bounds: tuple[int, int], what: str
+    env: Mapping[str, str],
+    name: str,
+    bounds: tuple[int, int],
+    what: str,
+    *,
+    default: int | None = None,
 ) -> int:
+    """A whole number within `bounds`; unset, `default` or the table's (``VARIABLES``)."""
     lo, hi = bounds
     text = env.get(name)
     if text is None or text == "":
-        return default
+        return default if default is not None else int(default_of(name))
     try:
         value = int(text)
     except ValueError:
@@ -465,7 +541,7 @@ def _nats(env: Mapping[str, str]) -> dict[str, Any]:
         parts = urlsplit(url)
         if parts.scheme not in ("nats", "tls") or not parts.hostname:
             raise SettingsError(f"ZEAL_NATS_URL: {url!r} must look like nats://host:port")
-    consumer = env.get("ZEAL_NATS_CONSUMER") or "zeal-collectors"
+    consumer = env.get("ZEAL_NATS_CONSUMER") or default_of("ZEAL_NATS_CONSUMER")
     if not (len(consumer) <= 64 and all(c.isalnum() or c in "-_" for c in consumer)):
         raise SettingsError(
             f"ZEAL_NATS_CONSUMER must be 1-64 letters, digits, '-' or '_', got {consumer!r}"
@@ -473,7 +549,7 @@ def _nats(env: Mapping[str, str]) -> dict[str, Any]:
     return {
         "nats_servers": servers,
         "nats_consumer": consumer,
-        "nats_ack_wait": _whole(env, "ZEAL_NATS_ACK_WAIT", 60, (5, 3600), "seconds"),
+        "nats_ack_wait": _whole(env, "ZEAL_NATS_ACK_WAIT", (5, 3600), "seconds"),
     }
 
 

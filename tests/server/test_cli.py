@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,6 +20,8 @@ from zeal_server.cli import parser as _parser
 from zeal_server.settings import VARIABLES
 
 UNREACHABLE = "postgresql+psycopg://zeal:hunter2-secret@127.0.0.1:{port}/zeal"
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def commands(
@@ -184,3 +187,30 @@ def test_a_busy_port_is_one_line_and_claims_nothing(tmp_path: Path) -> None:
     ), result.stderr
     assert lines[:-1] == [line for line in lines if "schema upgraded" in line]  # a new database
     assert "collector" not in result.stderr.lower()
+
+
+def test_the_docs_settings_table_gives_each_variable_its_default() -> None:
+    """docs/server.md's settings table names every variable the server reads, each with the
+    default the server takes (``settings.VARIABLES``, where every default is written once;
+    an explanation may follow it in parentheses)."""
+    text = (ROOT / "docs" / "server.md").read_text()
+    section = text.split("## Settings (environment)", 1)[1].split("\n## ", 1)[0]
+    documented: dict[str, str] = {}
+    for row in section.splitlines():
+        if not row.startswith("| `ZEAL_"):
+            continue
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        default = cells[1].replace("`", "").replace(",", "")
+        for name in re.findall(r"`(ZEAL_[A-Z0-9_/]+)`", cells[0]):
+            head, *more = name.split("/")
+            stem = head.rsplit("_", 1)[0]
+            for each in (head, *(f"{stem}_{tail}" for tail in more)):
+                documented[each] = default
+    assert sorted(documented) == sorted(VARIABLES)
+    wrong = {
+        name: (VARIABLES[name].default, said)
+        for name, said in documented.items()
+        if said != VARIABLES[name].default.replace(",", "")
+        and not said.startswith(VARIABLES[name].default + " (")
+    }
+    assert wrong == {}

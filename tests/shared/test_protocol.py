@@ -76,7 +76,7 @@ def test_the_collector_records_only_catalogue_reasons() -> None:
     recording any other reason is refused."""
     from zeal_edge.notices import FATAL
     from zeal_server.broker.notices import NOTICES
-    from zeal_server.ingest.validation import Ingest
+    from zeal_server.ingest import Ingest
 
     assert set(NOTICES) - {"sequence_reset", "sequence_jump"} <= set(REJECT_REASONS)
     assert set(FATAL) <= set(REJECT_REASONS)

@@ -31,7 +31,7 @@ from zeal.signed import CAPS_PURPOSE
 from zeal_server import store
 from zeal_server.broker.notices import Notifier
 from zeal_server.ingest.bounded import Bounded
-from zeal_server.ingest.validation import DEVICE_IDS
+from zeal_server.ingest.storing import DEVICE_IDS
 
 __all__ = ["CapsTeller"]
 

@@ -19,8 +19,8 @@ from zeal.mqtt.topics import Notice, message_digest, notice_topic
 from zeal.protocol import MAX_SEQUENCE, check_name
 from zeal.signed import NOTICE_PURPOSE
 from zeal_server import store
+from zeal_server.ingest import Outcome
 from zeal_server.ingest.bounded import Bounded
-from zeal_server.ingest.validation import Outcome
 
 __all__ = ["NOTICES", "NOTICE_EVERY", "Notifier"]
 

@@ -37,7 +37,7 @@ from zeal_server.broker.inbox import Inbox, Received, Shed
 from zeal_server.broker.lags import CommitLags
 from zeal_server.broker.notices import Notifier
 from zeal_server.broker.sources import Source, Translated, Translator
-from zeal_server.ingest import Ingest, Original, Outcome
+from zeal_server.ingest import Ingest, Message, Original, Outcome
 from zeal_server.store.db import error_text as db_error_text
 
 __all__ = ["BrokerLink", "Writer", "tally", "told"]
@@ -315,9 +315,8 @@ class Writer:
         with self.sessions() as session, session.begin():
             if any(source.translator is not None for source in sources):
                 return self._translate_and_store(session, messages)
-            rows = [(m.topic, m.payload, m.received_ms) for m in messages]
             logins = [m.login for m in messages] if stamped else None
-            return self.ingest.add_many(session, rows, logins=logins)
+            return self.ingest.add_many(session, messages, logins=logins)  # as they arrived
 
     def _translate_and_store(self, session: Session, messages: list[Received]) -> list[Outcome]:
         """Store a round holding messages that are not devices' batches yet: each translated
@@ -325,7 +324,7 @@ class Writer:
         translate stored with the others in one ``add_many``; the rest keep the outcome
         they got."""
         outcomes: list[Outcome] = []
-        rows: list[tuple[str, bytes, int]] = []
+        rows: list[Message] = []
         originals: list[Original | None] = []
         logins: list[str | None] = []
         places: list[int] = []
@@ -338,7 +337,7 @@ class Writer:
                     session, self.ingest, m.topic, m.payload, m.received_ms
                 )
             if isinstance(translated, Translated):
-                rows.append((translated.topic, translated.payload, m.received_ms))
+                rows.append(Message(translated.topic, translated.payload, m.received_ms))
                 originals.append(translated.original)
                 logins.append(m.login)
                 places.append(k)

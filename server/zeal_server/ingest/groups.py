@@ -14,7 +14,39 @@ import numpy.typing as npt
 from zeal.wirebatches import Batches, starts_of
 from zeal_server.store.writes import StreamEntry
 
-__all__ = ["Group", "Limits", "Outcome", "implausible", "rounds", "select_batches"]
+__all__ = [
+    "Arrived",
+    "Group",
+    "Limits",
+    "Message",
+    "Outcome",
+    "implausible",
+    "rounds",
+    "select_batches",
+]
+
+
+class Arrived(Protocol):
+    """A data message as ingest reads it: where it was published, what it carries, and when
+    it arrived (ms). ``Message`` is one; so is the collector's ``broker.inbox.Received``,
+    handed over as it is."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def payload(self) -> bytes: ...
+
+    @property
+    def received_ms(self) -> int: ...
+
+
+class Message(NamedTuple):
+    """A data message to store (``Ingest.add_many``)."""
+
+    topic: str
+    payload: bytes
+    received_ms: int
 
 
 class Outcome(NamedTuple):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -23,8 +24,22 @@ from zeal_server.store.writes import Writes, collect
 
 __all__ = ["DUPLICATE", "JUMP", "NEW", "RESET", "SEQUENCE_JUMP", "Round", "Sequences"]
 
-#: Refusal counter and outcome: (writes, (stream, device), reason, when=, sequence=).
-Refuse = Callable[..., Outcome]
+
+class Refuse(Protocol):
+    """How a round refuses a message: the reject counted in `writes` under (stream,
+    device) and `reason`, and the message's outcome."""
+
+    def __call__(
+        self,
+        writes: Writes,
+        names: tuple[str, str],
+        reason: str,
+        *,
+        when: int,
+        sequence: int | None = None,
+    ) -> Outcome: ...
+
+
 #: The device caps of accounts (store.budgets.Account): (principal id, caps in
 #: micro-epsilon or None).
 Caps = Callable[[list[tuple[str, str]]], dict[tuple[str, str], tuple[int, DeviceCaps | None]]]
@@ -187,7 +202,7 @@ def _principals(
     return ids[inverse]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Round:
     """One round's context: the session, its raw statements, the transaction's sequences,
     how refusals are counted, and what it fills in."""

@@ -36,6 +36,8 @@ def make_engine(url: str, *, pool_size: int = 5, pool_timeout: float = 30.0) -> 
     if url.startswith("sqlite"):
         if url in ("sqlite://", "sqlite:///:memory:"):
             pool = {}  # one connection per thread (SingletonThreadPool): no pool to size
+        elif url.startswith("sqlite:///"):  # its folder made where it is opened
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, **pool
         )

@@ -43,8 +43,8 @@ from zeal_server.broker.chirpstack.events import ChirpStackError, Uplink, parse_
 from zeal_server.broker.sources import Translated
 from zeal_server.errors import UndecodableError
 from zeal_server.ingest import Ingest, Original, Outcome
+from zeal_server.ingest.storing import FOREIGN
 from zeal_server.ingest.undecodable import UNDECODABLE, contained
-from zeal_server.ingest.validation import FOREIGN
 from zeal_server.store.db import error_text
 
 __all__ = ["Translated", "Uplinks", "identity"]

@@ -1,5 +1,5 @@
-"""Ingest: validate a message completely, then store it once (the caller owns the
-transaction).
+"""Storing a transaction's messages: each validated completely, then stored once (the caller
+owns the transaction).
 
 Ingest validates a message completely before it writes anything; a rejected message leaves
 only its reject count. A batch is stored once: its device's sequence state, its device
@@ -23,8 +23,9 @@ collector rolls back and stores the messages again).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from sqlalchemy import bindparam, select
@@ -36,7 +37,15 @@ from zeal.policy import DeviceCaps
 from zeal.protocol import check_name
 from zeal.wirebatches import Batches
 from zeal_server.ingest.bounded import Bounded
-from zeal_server.ingest.groups import Group, Outcome, implausible, rounds, select_batches
+from zeal_server.ingest.groups import (
+    Arrived,
+    Group,
+    Message,
+    Outcome,
+    implausible,
+    rounds,
+    select_batches,
+)
 from zeal_server.ingest.rejectkeys import MAX_REJECT_ROWS, RejectKeys, check_reason
 from zeal_server.ingest.settle import Round, Sequences
 from zeal_server.ingest.undecodable import decode_contained
@@ -48,7 +57,7 @@ from zeal_server.store.sequences import payload_digests
 from zeal_server.store.streams import params_of, stream_by_name
 from zeal_server.store.writes import StreamEntry, Writes, build_statement, write
 
-__all__ = ["FOREIGN", "MAX_REJECT_ROWS", "Ingest", "Original", "Outcome"]
+__all__ = ["FOREIGN", "MAX_REJECT_ROWS", "Ingest", "Message", "Original", "Outcome"]
 
 #: The wire reason of a payload made with other parameters (or for another topic).
 FOREIGN = "fingerprint_mismatch"
@@ -358,12 +367,12 @@ class Ingest:
 
     def add(self, session: Session, topic: str, payload: bytes, received_ms: int) -> Outcome:
         """Validate and store one message (see add_many)."""
-        return self.add_many(session, [(topic, payload, received_ms)])[0]
+        return self.add_many(session, [Message(topic, payload, received_ms)])[0]
 
     def add_many(
         self,
         session: Session,
-        messages: list[tuple[str, bytes, int]],
+        messages: Sequence[Arrived] | Sequence[tuple[str, bytes, int]],
         *,
         originals: Sequence[Original | None] | None = None,
         logins: Sequence[str | None] | None = None,
@@ -376,26 +385,23 @@ class Ingest:
         content for dedup, the bytes it took on the air (counted instead of its payload's)
         and its device's DevEUI. `logins`: the broker login that published each message,
         where the broker says (None: not known); with the DevEUI, whose cap across streams
-        it spends (store.budgets)."""
-        outcomes: list[Outcome | None] = [None] * len(messages)
+        it spends (store.budgets).
+
+        A message is anything with its ``topic``, ``payload`` and ``received_ms``
+        (``Message``, the collector's ``Received``); plain (topic, payload, received_ms)
+        tuples are read as Messages."""
+        arrived = cast("Sequence[Arrived]", messages)
+        if messages and type(messages[0]) is tuple:
+            plain = cast("Sequence[tuple[str, bytes, int]]", messages)
+            arrived = [Message(topic, payload, ms) for topic, payload, ms in plain]
+        outcomes: list[Outcome | None] = [None] * len(arrived)
         writes = Writes()
-
-        def refuse(
-            writes: Writes,
-            names: tuple[str, str],
-            reason: str,
-            *,
-            when: int,
-            sequence: int | None = None,
-        ) -> Outcome:
-            return self._refuse(session, writes, names, reason, when=when, sequence=sequence)
-
-        def caps(accounts: list[Account]) -> dict[Account, tuple[int, DeviceCaps | None]]:
-            return self._caps_of(session, accounts)
+        refuse = functools.partial(self._refuse, session)
+        caps = functools.partial(self._caps_of, session)
 
         try:  # the statements' cursor lives as long as this batch of messages
             groups = self._validate(
-                session, messages, outcomes, writes, originals=originals, logins=logins
+                session, arrived, outcomes, writes, originals=originals, logins=logins
             )
             if groups:
                 split = rounds(groups)
@@ -403,7 +409,13 @@ class Ingest:
                 for round_ in split:
                     while round_:  # a device's batch beyond its sequence waits for a round
                         round_ = Round(
-                            session, self._raw, seq, refuse, outcomes, writes, caps
+                            session=session,
+                            raw=self._raw,
+                            sequences=seq,
+                            refuse=refuse,
+                            outcomes=outcomes,
+                            writes=writes,
+                            caps=caps,
                         ).store(round_)
         finally:
             self._raw.close()
@@ -414,7 +426,7 @@ class Ingest:
     def _validate(
         self,
         session: Session,
-        messages: list[tuple[str, bytes, int]],
+        messages: Sequence[Arrived],
         outcomes: list[Outcome | None],
         writes: Writes,
         *,
@@ -425,14 +437,14 @@ class Ingest:
         stream in topic order (docs/server.md lists the checks): the groups that passed."""
         by_topic: dict[str, list[int]] = {}
         for i, message in enumerate(messages):  # a few topics, many messages each
-            by_topic.setdefault(message[0], []).append(i)
+            by_topic.setdefault(message.topic, []).append(i)
         streams: dict[str, list[tuple[int, str]]] = {}
         for topic in sorted(by_topic):
             names = self._names(topic)
             if names is None:
                 for i in by_topic[topic]:
                     outcomes[i] = self._refuse(
-                        session, writes, ("", ""), "bad_topic", when=messages[i][2]
+                        session, writes, ("", ""), "bad_topic", when=messages[i].received_ms
                     )
             else:
                 device = names[1]
@@ -442,7 +454,7 @@ class Ingest:
             entry = self._stream(session, name)
             if entry is None:
                 for i, device in members:
-                    when = messages[i][2]
+                    when = messages[i].received_ms
                     outcomes[i] = self._refuse(
                         session, writes, (name, device), "unknown_stream", when=when
                     )
@@ -468,7 +480,7 @@ class Ingest:
         session: Session,
         name: str,
         entry: StreamEntry,
-        messages: list[tuple[str, bytes, int]],
+        messages: Sequence[Arrived],
         members: list[tuple[int, str]],
         *,
         outcomes: list[Outcome | None],
@@ -481,7 +493,7 @@ class Ingest:
         (``ingest.undecodable``), never an error of the writer."""
         parts = []
         while members:
-            payloads = [messages[i][1] for i, _ in members]
+            payloads = [messages[i].payload for i, _ in members]
             devices = [d for _, d in members]
             batches, errors = decode_contained(payloads, entry.params, stream=name, devices=devices)
             foreign = [k for k, e in errors.items() if e.reason == FOREIGN]
@@ -491,7 +503,7 @@ class Ingest:
                 i, device = members[k]
                 reason = errors[k].reason
                 outcomes[i] = self._refuse(
-                    session, writes, (name, device), reason, when=messages[i][2]
+                    session, writes, (name, device), reason, when=messages[i].received_ms
                 )
             keep = batches.index < cut
             decoded = [members[k] for k in batches.index[keep].tolist()]
@@ -508,7 +520,7 @@ class Ingest:
         members: list[tuple[int, str]],
         keep: np.ndarray,
         *,
-        messages: list[tuple[str, bytes, int]],
+        messages: Sequence[Arrived],
         originals: Sequence[Original | None] | None,
     ) -> tuple[dict[str, tuple[int, int]], list[str | None]]:
         """The devices of the kept messages (created as needed, each with the transport of
@@ -520,7 +532,7 @@ class Ingest:
         kept = np.flatnonzero(keep).tolist()
         for k in kept:
             i, device = members[k]
-            first_seen.setdefault(device, messages[i][2])
+            first_seen.setdefault(device, messages[i].received_ms)
             ways.setdefault(device, _transport(originals, i))
         known = self._devices_of(session, stream_id, first_seen, ways)
         mismatch: list[str | None] = [None] * len(members)
@@ -534,7 +546,7 @@ class Ingest:
         self,
         session: Session,
         part: Decoded,
-        messages: list[tuple[str, bytes, int]],
+        messages: Sequence[Arrived],
         *,
         outcomes: list[Outcome | None],
         writes: Writes,
@@ -545,7 +557,7 @@ class Ingest:
         device may send (enrolment) and sends the way it always did (its transport), with
         their devices' ids."""
         entry, name, members, batches = part
-        received = np.array([messages[i][2] for i, _ in members], dtype=np.int64)
+        received = np.array([messages[i].received_ms for i, _ in members], dtype=np.int64)
         self._horizon(session, entry)
         reasons = implausible(self, entry, batches, received)
         keep = np.ones(len(members), dtype=bool)
@@ -566,7 +578,7 @@ class Ingest:
                     writes,
                     (name, device),
                     reason,
-                    when=messages[i][2],
+                    when=messages[i].received_ms,
                     sequence=int(batches.sequences[k]),
                 )
                 keep[k] = False
@@ -580,7 +592,7 @@ class Ingest:
             members = [m for m, ok in zip(members, keep.tolist(), strict=True) if ok]
             received = received[keep]
         ids = {device: device_id for device, (device_id, _) in known.items()}
-        payloads = [messages[i][1] for i, _ in members]
+        payloads = [messages[i].payload for i, _ in members]
         sizes = list(map(len, payloads))
         if originals is not None:  # translated messages: their own content and size
             for k, (i, _) in enumerate(members):
