@@ -16,6 +16,8 @@ tests/test_architecture.py holds it to the files)::
     protocol     names, parameter limits, the reject reasons
     policy       a stream's privacy policy in integer micro-epsilon
     wire         the batch format; wirebatches: many payloads of a stream decoded at once
+    longitudinal memoized streams: alpha-point rounding, the memo table, its accounting,
+                 device-level estimates, the grid planner and the exact memo audit
     lorawan      the LoRaWAN profile of the batch format: what the network carries is not sent
     mqtt         the MQTT transport: mqtt.topics (the topic layout), mqtt.streamconfig
                  (configuration documents), mqtt.brokerurl (broker URLs), mqtt.client (the
@@ -50,6 +52,7 @@ PUBLIC_MODULES = (
     "distribution",
     "errors",
     "estimate",
+    "longitudinal",
     "lorawan",
     "mqtt",
     "planning",

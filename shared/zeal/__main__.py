@@ -4,11 +4,13 @@ throughput benchmark is ``bench/core_throughput.py``)."""
 from __future__ import annotations
 
 import argparse
+import struct
 import sys
 import warnings
 
 from zeal._core.mechanism import SAMPLERS, Zeal
 from zeal.errors import ZealError, ZealWarning
+from zeal.longitudinal import audit_memo, grid_step
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +39,16 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=4096,
         help="outputs to check when there are more (default 4096)",
+    )
+    audit.add_argument(
+        "--grid-points",
+        type=int,
+        help="also check a longitudinal stream's memo accounting exactly (zeal.longitudinal."
+        "audit_memo): every pair of same-pattern histories of --times reports over this many "
+        "grid values, every report sequence (small grids and widths only)",
+    )
+    audit.add_argument(
+        "--times", type=int, default=3, help="reports per history for --grid-points (default 3)"
     )
     demo = commands.add_parser(
         "demo", help="privatize a CSV column and compare the served average with the truth"
@@ -92,6 +104,13 @@ def _firmware(args: argparse.Namespace) -> int:
         unit=args.reading_unit,
     )
     print(blob.hex() if args.format == "hex" else c_header(blob), end="\n" * (args.format == "hex"))
+    if config.params.grid_points is not None:  # what zeal_memo_init takes
+        step = struct.unpack("<Q", struct.pack("<d", grid_step(config.params)))[0]
+        print(
+            f"longitudinal: zeal_memo_init(..., {config.params.grid_points}, 0x{step:016x}u, ...)"
+            f" (grid_points, the step's binary64 bits)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -143,13 +162,17 @@ def main(argv: list[str] | None = None) -> int:
                 payload_bits=args.payload_bits,
                 exponent=args.exponent,
                 sampler=args.sampler,
+                grid_points=args.grid_points,
             )
         report = params.audit(max_outputs=args.max_outputs)
+        memo = None if args.grid_points is None else audit_memo(params, times=args.times)
     except ZealError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(report)
-    return 0 if report.within_budget() else 1
+    if memo is not None:
+        print(memo)
+    return 0 if report.within_budget() and (memo is None or memo.holds) else 1
 
 
 if __name__ == "__main__":

@@ -27,12 +27,15 @@ __all__ = [
     "EPSILON_CEILING",
     "EPSILON_MAX",
     "EXPONENT",
+    "GRID_POINTS",
     "MAX_SEQUENCE",
     "MAX_SEQUENCE_JUMP",
+    "MEMO_PAYLOAD_BITS",
     "NAME_MAX_LENGTH",
     "NAME_PATTERN",
     "PAYLOAD_BITS",
     "REJECT_REASONS",
+    "check_grid_points",
     "check_name",
 ]
 
@@ -52,6 +55,11 @@ PAYLOAD_BITS: Final = (2, 52)
 #: Inclusive bounds of the binade exponent E_U* a stream may name (float64's own range).
 EXPONENT: Final = (-1000, 1022)
 #: Inclusive bounds of a stream's time aggregation bucket, in seconds (one second to a day).
+#: A longitudinal stream's grid (zeal.longitudinal): from its two ends to 1,024 values, so a
+#: device's memo table stays within 2 KiB (two bytes a value, edge/firmware).
+GRID_POINTS: Final = (2, 1024)
+#: Its codes must fit the firmware's two-byte memo entries, 0xFFFF meaning "not drawn".
+MEMO_PAYLOAD_BITS: Final = 16
 BUCKET_SECONDS: Final = (1, 86_400)
 #: The highest batch sequence number a device uses: an agent's outbox keeps it in SQLite's
 #: signed 64-bit INTEGER (the wire's varint carries up to 2**64 - 1, which the collector
@@ -123,3 +131,23 @@ def check_name(kind: str, name: object) -> str:
             "'_', '.' or '-', starting with a letter or digit"
         )
     return name
+
+
+def check_grid_points(grid_points: object, payload_bits: int) -> int | None:
+    """A longitudinal stream's number of grid values (None: a plain stream), checked
+    against GRID_POINTS and the code width its memo entries hold."""
+    if grid_points is None:
+        return None
+    low, high = GRID_POINTS
+    if isinstance(grid_points, bool) or not isinstance(grid_points, int):
+        raise ParameterError(
+            f"grid_points must be an integer in [{low}, {high}], got {grid_points!r}"
+        )
+    if not low <= grid_points <= high:
+        raise ParameterError(f"grid_points={grid_points} is outside [{low}, {high}]")
+    if payload_bits > MEMO_PAYLOAD_BITS:
+        raise ParameterError(
+            f"a longitudinal stream's codes are at most {MEMO_PAYLOAD_BITS} bits "
+            f"(this one's are {payload_bits}): choose a narrower payload_bits"
+        )
+    return int(grid_points)

@@ -35,6 +35,7 @@ from zeal.estimate import (
     normal_quantile,
 )
 from zeal.policy import check_policy, readings_per_day, readings_per_hour
+from zeal.protocol import check_grid_points
 
 if TYPE_CHECKING:
     from zeal._core.privacy_audit import AuditReport
@@ -72,6 +73,11 @@ class Zeal:
     without a changed policy is refused. ``readings_per_day`` is what it allows; None (no
     policy) keeps the fingerprints of parameters made before policies existed;
     ``readings_per_hour`` the hour's cap derived from it.
+
+    ``grid_points`` makes the stream longitudinal (zeal.longitudinal): each device rounds a
+    reading to one of that many evenly spaced values of the range with a secret offset of its
+    own and sends the code it memoized for that value. None (the default) is a plain stream,
+    whose fingerprint is the one it always had.
     """
 
     __slots__ = (
@@ -89,6 +95,7 @@ class Zeal:
         "epsilon",
         "exponent",
         "fingerprint",
+        "grid_points",
         "grid_step",
         "half_width",
         "lower",
@@ -119,6 +126,7 @@ class Zeal:
     abar: float
     fingerprint: bytes
     max_epsilon_per_day: float | None
+    grid_points: int | None
     readings_per_day: int | None
     readings_per_hour: int | None
     realized_epsilon: float | None
@@ -140,12 +148,16 @@ class Zeal:
         exponent: int | None = None,
         sampler: str = "grid",
         max_epsilon_per_day: float | None = None,
+        grid_points: int | None = None,
     ) -> None:
         try:
             derived = derive(
                 lower, upper, epsilon, payload_bits=payload_bits, exponent=exponent, sampler=sampler
             )
             cap = check_policy(derived.epsilon, max_epsilon_per_day)
+            points = check_grid_points(grid_points, derived.payload_bits)
+            if points is not None and derived.sampler != "grid":
+                raise ParameterError("a longitudinal stream needs the grid sampler")
         except (OverflowError, ZeroDivisionError) as exc:
             raise ParameterError(
                 f"lower={lower!r}, upper={upper!r}, epsilon={epsilon!r} are too extreme for "
@@ -158,6 +170,7 @@ class Zeal:
         daily = None if cap is None else readings_per_day(derived.epsilon, cap)
         hourly = None if daily is None else readings_per_hour(daily)
         object.__setattr__(self, "max_epsilon_per_day", cap)
+        object.__setattr__(self, "grid_points", points)
         object.__setattr__(self, "readings_per_day", daily)
         object.__setattr__(self, "readings_per_hour", hourly)
         object.__setattr__(self, "fingerprint", self._fingerprint())
@@ -178,13 +191,15 @@ class Zeal:
         )
         if self.max_epsilon_per_day is not None:
             text += f"|day/{self.max_epsilon_per_day.hex()}"
+        if self.grid_points is not None:
+            text += f"|memo/{self.grid_points}"
         return hashlib.sha256(text.encode()).digest()[:8]
 
     # -- value semantics -------------------------------------------------------------------
 
-    def _key(self) -> tuple[float, float, float, int, str, float | None]:
-        cap = self.max_epsilon_per_day
-        return (self.lower, self.upper, self.epsilon, self.exponent, self.sampler, cap)
+    def _key(self) -> tuple[float, float, float, int, str, float | None, int | None]:
+        cap, points = self.max_epsilon_per_day, self.grid_points
+        return (self.lower, self.upper, self.epsilon, self.exponent, self.sampler, cap, points)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Zeal parameters are immutable (tried to set {name!r})")
@@ -204,6 +219,8 @@ class Zeal:
     def __repr__(self) -> str:
         cap = self.max_epsilon_per_day
         policy = "" if cap is None else f", max_epsilon_per_day={cap!r}"
+        if self.grid_points is not None:
+            policy += f", grid_points={self.grid_points}"
         return (
             f"Zeal(lower={self.lower!r}, upper={self.upper!r}, epsilon={self.epsilon!r}, "
             f"exponent={self.exponent}, sampler={self.sampler!r}; "
@@ -477,7 +494,15 @@ class Zeal:
 
 def _rebuild(*key: Any) -> Zeal:
     """A Zeal from the fields of Zeal._key, in order (unpickling)."""
-    names = ("lower", "upper", "epsilon", "exponent", "sampler", "max_epsilon_per_day")
+    names = (
+        "lower",
+        "upper",
+        "epsilon",
+        "exponent",
+        "sampler",
+        "max_epsilon_per_day",
+        "grid_points",
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ZealWarning)
         return Zeal(**dict(zip(names, key, strict=False)))

@@ -5,7 +5,8 @@ The collector publishes one per stream; agents read it (or a local copy given wi
 the fingerprint they produce, so an agent whose library would derive different parameters
 (another version) refuses instead of sending codes the collector cannot decode.
 ``max_epsilon_per_day`` is the stream's privacy policy (zeal.policy; absent for streams
-made before policies, which have none); it is part of the fingerprint::
+made before policies, which have none); it is part of the fingerprint, as is
+``grid_points`` (present only on a longitudinal stream: zeal.longitudinal)::
 
     {"format": "zeal-stream/1", "stream": "temps", "lower": 0.0, "upper": 110.0,
      "epsilon": 1.0, "exponent": 56, "payload_bits": 5, "sampler": "grid",
@@ -87,6 +88,7 @@ def config_document(
             if params.max_epsilon_per_day is None
             else {"max_epsilon_per_day": params.max_epsilon_per_day}
         ),
+        **({} if params.grid_points is None else {"grid_points": params.grid_points}),
         "fingerprint": params.fingerprint.hex(),
         "unit": unit,
     }
@@ -208,6 +210,7 @@ def params_from_config(
             exponent=data["exponent"],
             sampler=data.get("sampler", "grid"),
             max_epsilon_per_day=data.get("max_epsilon_per_day"),
+            grid_points=data.get("grid_points"),
         )
     if params.fingerprint.hex() != data["fingerprint"] or (
         "payload_bits" in data and data["payload_bits"] != params.payload_bits
