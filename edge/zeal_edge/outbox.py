@@ -336,6 +336,11 @@ class Outbox:
                             "ON CONFLICT (namespace, second) DO UPDATE SET micro = micro + ?",
                             (ns, second, micro, micro),
                         )
+                    if batch.memo is not None:
+                        self._db.execute(
+                            "INSERT OR REPLACE INTO memos (namespace, memo) VALUES (?, ?)",
+                            (ns, batch.memo),
+                        )
                     for kind, booked in (("day", batch.days), ("hour", batch.hours)):
                         for period, spent in booked:  # the policy's ledgers
                             self._db.execute(BOOK[kind], (ns, period, spent, spent))
@@ -415,6 +420,14 @@ class Outbox:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+
+    def memo(self, namespace: str) -> str | None:
+        """A longitudinal stream's memo table as committed with its last new draw (JSON)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT memo FROM memos WHERE namespace = ?", (namespace,)
+            ).fetchone()
+        return None if row is None else str(row[0])
 
     def spent(self, namespace: str, *, now_ms: int, window_s: int) -> int:
         """Micro-epsilon spent in the rolling window ending now (integer)."""

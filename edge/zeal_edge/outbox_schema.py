@@ -75,6 +75,13 @@ CREATE TABLE IF NOT EXISTS ignored (
 );
 -- A device's caps across streams as its server last told them (zeal_edge.devicecaps): the
 -- revision and issue time of the document adopted, and its caps (JSON, epsilon by horizon).
+-- A longitudinal stream's memo table (zeal.longitudinal.Memo as JSON: the device's secret
+-- offset and the code drawn for each grid value met), written with the batch that first
+-- sends a new draw. Never logged, never sent.
+CREATE TABLE IF NOT EXISTS memos (
+    namespace TEXT PRIMARY KEY,
+    memo TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS device_caps (
     device TEXT PRIMARY KEY,
     revision INTEGER NOT NULL,

@@ -171,6 +171,10 @@ class Draft:
     timestamps: Sequence[int] | npt.NDArray[np.int64]
     codes: npt.NDArray[np.uint64]  # as Zeal.perturb returns them
     offset: int | None = None  # a file source's replay position after these readings
+    #: A longitudinal stream's readings that made a new draw (None: every one costs, as in
+    #: a plain stream) and the memo table after them (zeal.longitudinal; secret).
+    fresh: npt.NDArray[np.bool_] | None = None
+    memo: str | None = None
 
 
 class Batcher:
@@ -202,18 +206,22 @@ class Batcher:
                 codes=draft.codes,
             )
             count = len(draft.codes)
-            days = tuple((d, cost * k) for d, k in tally(draft.timestamps, DAY_MS))
-            hours = tuple((h, cost * k) for h, k in tally(draft.timestamps, HOUR_MS))
+            stamps = np.asarray(draft.timestamps, dtype=np.int64)
+            if draft.fresh is not None:  # a memoized repeat costs nothing
+                stamps = stamps[draft.fresh]
+            days = tuple((d, cost * k) for d, k in tally(stamps, DAY_MS))
+            hours = tuple((h, cost * k) for h, k in tally(stamps, HOUR_MS))
             sealed.append(
                 SealedBatch(
                     draft.namespace,
                     sequence,
                     payload,
                     count,
-                    cost * count,
+                    cost * len(stamps),
                     draft.offset,
                     days=days,
                     hours=hours,
+                    memo=draft.memo,
                 )
             )
         self.outbox.commit_batches(sealed, now_ms=now_ms, fingerprint=params.fingerprint.hex())

@@ -19,10 +19,11 @@ class SealedBatch:
     sequence: int
     payload: bytes
     readings: int
-    spend_micro: int  # integer micro-epsilon: readings times the stream's cost per reading
+    spend_micro: int  # integer micro-epsilon: new draws (every reading of a plain stream) x cost
     offset: int | None = None  # the file source's replay position after its last reading
     days: tuple[tuple[int, int], ...] = ()  # (UTC day of the timestamps, micro-epsilon)
     hours: tuple[tuple[int, int], ...] = ()  # (UTC hour of the timestamps, micro-epsilon)
+    memo: str | None = None  # a longitudinal stream's memo table after these draws (secret)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zeal import Zeal
+from zeal.longitudinal import Memo
 from zeal.mqtt.streamconfig import is_tombstone, params_from_config
 from zeal.mqtt.topics import config_topic
 from zeal.policy import DAY_MS, HOUR_MS, cap_micro, device_hour_cap, micro_epsilon, tally
@@ -296,6 +297,10 @@ class _Fleet:
         self.period_ms = 0 if args.rate == 0 else 1000.0 / args.rate
         self.max_rounds = None if args.readings is None else -(-args.readings // batch)
         self.ledger = _Ledger(params)
+        #: A longitudinal stream (zeal.longitudinal): each device's memo (in memory: the
+        #: devices are virtual) and its own ledger of draws.
+        self.memos = None if params.grid_points is None else [Memo.new(params) for _ in names]
+        self.ledgers = [_Ledger(params) for _ in names] if self.memos else []
         self.began = time.time()
         self.rounds = 0
         self.committed_readings = 0
@@ -317,7 +322,30 @@ class _Fleet:
             if not due:
                 time.sleep(0.002)
             last_report = _progress(last_report, self.committed_readings, pipeline)
-        self.ledger.report(args.devices)
+        if self.memos is None:
+            self.ledger.report(args.devices)
+        elif skipped := sum(ledger.skipped for ledger in self.ledgers):
+            print(
+                f"skipped {skipped} readings whose new draws the stream's privacy policy had no "
+                "room for: never privatized or sent"
+            )
+
+    def _memoized(
+        self, stamps: npt.NDArray[np.int64], readings: npt.NDArray[np.float64]
+    ) -> list[Draft]:
+        """A longitudinal stream's round: each device's memoized codes, its round kept if
+        its new draws fit its own ledger (else skipped whole, its draws forgotten)."""
+        assert self.memos is not None
+        drafts = []
+        for d, ns in enumerate(self.names):
+            held = self.memos[d]
+            memo = Memo(held.key, held.offset, held.codes)
+            reports = memo.report(self.params, readings[d])
+            if not self.ledgers[d].admit(stamps[reports.fresh]):
+                continue
+            self.memos[d] = memo
+            drafts.append(Draft(ns, stamps, reports.codes, fresh=reports.fresh))
+        return drafts
 
     def _done(self, elapsed: float) -> bool:
         args = self.args
@@ -333,9 +361,14 @@ class _Fleet:
         base = now_ms if self.args.rate == 0 else rate_base
         stamps = base + np.round(np.arange(batch) * self.period_ms).astype(np.int64)
         self.rounds += 1
+        offsets = self.starts[:, None] + (self.rounds - 1) * batch + np.arange(batch)
+        if self.memos is not None:
+            drafts = self._memoized(stamps, self.data[offsets % self.data.size])
+            batcher.commit(self.params, drafts, now_ms=now_ms)
+            self.committed_readings += batch * len(drafts)
+            return
         if not self.ledger.admit(stamps):  # every device has the same schedule
             return
-        offsets = self.starts[:, None] + (self.rounds - 1) * batch + np.arange(batch)
         codes = self.params.perturb(self.data[offsets % self.data.size])
         drafts = [Draft(ns, stamps, codes[d]) for d, ns in enumerate(self.names)]
         batcher.commit(self.params, drafts, now_ms=now_ms)

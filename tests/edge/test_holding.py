@@ -158,3 +158,70 @@ def test_a_dropped_holding_spent_nothing(outbox: Outbox, clock: Clock) -> None:
     held.drop()
     assert held.release(PARAMS, now_ms=DAY) is None
     assert outbox.spent_by_day(outbox.ensure("temps", "dev1"), DAY // DAY_MS) == {}
+
+
+#: A longitudinal stream (zeal.longitudinal) under the same policy: 12 grid values.
+MEMOIZED = Zeal(lower=0, upper=110, epsilon=1, max_epsilon_per_day=8, grid_points=12)
+
+
+def seal(outbox: Outbox, params: Zeal, draft: object) -> None:
+    Batcher(outbox, SimpleNamespace(committed=lambda _keys: None)).commit(  # type: ignore[arg-type]
+        params,
+        [draft],
+        now_ms=DAY,  # type: ignore[list-item]
+    )
+
+
+def test_a_longitudinal_stream_books_a_value_once_and_sends_its_memoized_code(
+    outbox: Outbox, clock: Clock
+) -> None:
+    """24 hourly readings of one value: the policy (8 a day, 1 an hour) would hold 8 on a
+    plain stream; here the first draws and the other 23 repeat its code at no cost."""
+    held = holding(outbox)
+    for hour in range(24):
+        held.admit(Reading(40.0, DAY + hour * HOUR_MS), MEMOIZED, now_ms=DAY)
+    assert len(held) == 24
+    draft = held.release(MEMOIZED, now_ms=DAY)
+    assert draft is not None
+    assert draft.fresh is not None
+    assert draft.fresh.tolist() == [True] + [False] * 23
+    assert len(set(draft.codes.tolist())) == 1
+    seal(outbox, MEMOIZED, draft)
+    assert outbox.spent_by_day(outbox.ensure("temps", "dev1"), DAY // DAY_MS) == {
+        DAY // DAY_MS: 1_000_000
+    }
+    stored = outbox.memo(outbox.ensure("temps", "dev1"))
+    assert stored is not None
+    assert "offset" in stored
+    # A restart: the memo comes back from the outbox, and so does the code, at no cost.
+    again = holding(outbox)
+    again.admit(Reading(40.0, DAY + DAY_MS), MEMOIZED, now_ms=DAY + DAY_MS)
+    later = again.release(MEMOIZED, now_ms=DAY + DAY_MS)
+    assert later is not None
+    assert later.fresh is not None
+    assert later.codes.tolist() == draft.codes[:1].tolist()
+    assert not later.fresh.any()
+
+
+def test_new_grid_values_cost_and_meet_the_hour_cap(outbox: Outbox, clock: Clock) -> None:
+    """Readings that visit a new grid value each draw (one epsilon): within one hour only
+    one fits (the hour's cap is 1), the rest are skipped unperturbed; a lost memo table
+    draws, and books, again."""
+    held = holding(outbox)
+    for k, value in enumerate([5.0, 35.0, 65.0, 95.0]):  # four grid values, 30 apart
+        held.admit(Reading(value, DAY + k * 1000), MEMOIZED, now_ms=DAY)
+    assert len(held) == 1
+    draft = held.release(MEMOIZED, now_ms=DAY)
+    assert draft is not None
+    seal(outbox, MEMOIZED, draft)
+    namespace = outbox.ensure("temps", "dev1")
+    assert outbox.spent_by_day(namespace, DAY // DAY_MS) == {DAY // DAY_MS: 1_000_000}
+    outbox._db.execute("DELETE FROM memos")  # the table lost
+    fresh = holding(outbox)
+    fresh.admit(Reading(5.0, DAY + 2 * HOUR_MS), MEMOIZED, now_ms=DAY)
+    redrawn = fresh.release(MEMOIZED, now_ms=DAY)
+    assert redrawn is not None
+    assert redrawn.fresh is not None
+    assert redrawn.fresh.all()
+    seal(outbox, MEMOIZED, redrawn)
+    assert outbox.spent_by_day(namespace, DAY // DAY_MS) == {DAY // DAY_MS: 2_000_000}
