@@ -125,6 +125,7 @@ def stream_out(stream: Stream) -> StreamOut:
         max_epsilon_per_day=params.max_epsilon_per_day,
         readings_per_day=params.readings_per_day,
         readings_per_hour=params.readings_per_hour,
+        grid_points=params.grid_points,
         created=as_datetime(stream.created_ms),
         released=None if stream.released_ms is None else as_datetime(stream.released_ms),
     )

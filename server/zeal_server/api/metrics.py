@@ -271,7 +271,11 @@ class _DatabaseFigures(PrometheusCollector):
             for stream in store.list_streams(db):
                 first, stop = store.bucket_bounds(stream, store.now_ms() - 3_600_000, None)
                 sums = store.window_sums(db, stream, first, stop)
-                estimate = store.estimate(store.params_of(stream), sums, CONFIDENCE)
+                params = store.params_of(stream)
+                estimate = store.estimate(params, sums, CONFIDENCE)
+                if params.grid_points is not None and sums.n:  # errors from devices
+                    per = store.device_sums(db, stream, first, stop)
+                    estimate = store.clustered(params, per.counts, per.sum_codes, CONFIDENCE)
                 count.add_metric([stream.name], sums.n)
                 if estimate is None:
                     continue

@@ -6,7 +6,38 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-__all__ = ["ComparePlanOut", "DevicePlanOut", "PreviewOut", "StreamPlanOut", "WindowPlanOut"]
+__all__ = [
+    "ComparePlanOut",
+    "DevicePlanOut",
+    "GridPlanOut",
+    "PreviewOut",
+    "StreamPlanOut",
+    "WindowPlanOut",
+]
+
+
+class GridPlanOut(BaseModel):
+    """A longitudinal stream's grid (zeal.longitudinal.plan_grid; docs/privacy.md,
+    "Longitudinal streams")."""
+
+    grid_points: int = Field(description="grid values: what POST /streams takes")
+    step: float = Field(description="the grid's spacing, in the readings' unit")
+    per_draw: float = Field(description="the realized epsilon of one code: what a draw costs")
+    lifetime: float = Field(
+        description="the most a device can ever spend with its memo kept: a draw per value"
+    )
+    span: float = Field(description="the readings' span over the horizon planned for")
+    expected_draws: float = Field(
+        description="draws of a device whose readings span `span`: 1 + span / step on "
+        "average over its secret offset"
+    )
+    most_draws: int = Field(description="and at most: floor(span / step) + 2")
+    expected_loss: float = Field(description="expected_draws times per_draw")
+    rounding_sd: float = Field(description="the rounding's standard deviation at worst")
+    std_error_ratio: float = Field(
+        description="a code's standard error with the rounding over without, at the middle "
+        "of the range"
+    )
 
 
 class ComparePlanOut(BaseModel):

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from zeal.policy import DEFAULT_MAX_EPSILON_PER_DAY, MAX_EPSILON_PER_DAY
-from zeal.protocol import BUCKET_SECONDS, EPSILON_CEILING, EXPONENT, PAYLOAD_BITS
+from zeal.protocol import BUCKET_SECONDS, EPSILON_CEILING, EXPONENT, GRID_POINTS, PAYLOAD_BITS
 from zeal_server import store
 
 __all__ = [
@@ -96,6 +96,17 @@ class StreamIn(Strict):
         "enforce it, the collector refusing excess batches as over_budget). The default, 8, "
         "allows 8 readings a day at epsilon 1: raise it knowingly (docs/privacy.md)",
     )
+    grid_points: int | None = Field(
+        None,
+        ge=GRID_POINTS[0],
+        le=GRID_POINTS[1],
+        description="make the stream longitudinal: each device rounds a reading to one of "
+        "this many evenly spaced values of the range (with a secret offset of its own) and "
+        "sends the code it drew the first time it met that value, so a device's loss is "
+        "bounded by the values it visits, not by how often it reports; what the timing of "
+        "changes reveals is not (docs/privacy.md, 'Longitudinal streams'; "
+        "GET /preview/grid helps choose). Default: a plain stream",
+    )
 
 
 class StreamPatch(Strict):
@@ -155,6 +166,11 @@ class StreamOut(BaseModel):
     )
     readings_per_hour: int | None = Field(
         description="readings one device may send per UTC hour: twice the day's even rate"
+    )
+    grid_points: int | None = Field(
+        None,
+        description="a longitudinal stream's grid values (null: a plain stream); its "
+        "readings cost epsilon only as new grid values are drawn",
     )
     created: datetime
     released: datetime | None = Field(
@@ -383,7 +399,8 @@ class DeviceOut(BaseModel):
     batches: int
     epsilon_spent: float = Field(
         description="privacy loss spent since first seen: readings stored times epsilon "
-        "(counted in integer micro-epsilon, each reading rounded up)"
+        "(counted in integer micro-epsilon, each reading rounded up); on a longitudinal "
+        "stream, the distinct codes it sent times epsilon (a memoized repeat costs nothing)"
     )
     epsilon_today: float = Field(
         description="privacy loss spent on readings stamped in the current UTC day, the "

@@ -183,6 +183,7 @@ def unconfirmed(confirm: str | bool | None, name: str) -> str | None:
 CREATE_FIELDS = (
     *("name", "lower", "upper", "epsilon", "payload_bits", "exponent", "bucket_seconds"),
     *("description", "unit", "enrolled_only", "retention_days", "max_epsilon_per_day"),
+    "grid_points",
 )
 
 

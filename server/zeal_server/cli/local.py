@@ -92,6 +92,13 @@ def add_parsers(commands: Commands) -> Commands:
     create.add_argument(
         "--max-epsilon-per-day", type=float, default=8.0, help="privacy policy per device [8]"
     )
+    create.add_argument(
+        "--grid-points",
+        type=int,
+        help="make the stream longitudinal: readings rounded to this many grid values, one "
+        "memoized code per value and device (docs/privacy.md; GET /preview/grid helps "
+        "choose) [plain]",
+    )
     listing = command(sub, "list", "list the streams" + ASKS_READ, asks="read")
     listing.add_argument("--json", action="store_true", help="names as a JSON array (for scripts)")
     delete = command(

@@ -17,7 +17,9 @@ import numpy.typing as npt
 from sqlalchemy.orm import Session
 
 from zeal.policy import DeviceCaps, micro_epsilon
-from zeal_server.ingest.groups import Group, Outcome
+from zeal.wirebatches import Batches
+from zeal_server.ingest.groups import Group, Outcome, select_batches
+from zeal_server.ingest.memo import Seen, fresh_batches, read_seen, remember
 from zeal_server.store import ledger, sequences
 from zeal_server.store.rawsql import Raw
 from zeal_server.store.writes import Writes, collect
@@ -225,17 +227,36 @@ class Round:
             return later
         kinds = [self.sequences.kinds(g) for g in groups]
         candidates = [kind >= 0 for kind in kinds]
-        booked = [self._charge(g, c) for g, c in zip(groups, candidates, strict=True)]
-        capped = self._cap(groups, candidates, booked)
-        for group, kind, charged, refused in zip(groups, kinds, booked, capped, strict=True):
+        priced = [self._priced(g) for g in groups]
+        booked = [
+            self._charge(g, c, p[1]) for g, c, p in zip(groups, candidates, priced, strict=True)
+        ]
+        capped = self._cap(groups, candidates, booked, [p[1] for p in priced])
+        for group, kind, charged, refused, (seen, _) in zip(
+            groups, kinds, booked, capped, priced, strict=True
+        ):
             self._settle(group, kind, charged, refused)
+            if seen is not None:
+                stored = (kind >= 0) & charged
+                remember(self.session, group.batches, group.device_ids, stored, seen)
         return later
+
+    def _priced(self, group: Group) -> tuple[Seen | None, Batches]:
+        """The readings of the group's batches that cost: every one, but on a longitudinal
+        stream only those whose code is new for its device (ingest.memo), with the
+        devices' codes seen so far."""
+        params = group.entry.params
+        if params.grid_points is None or params.readings_per_day is None:
+            return None, group.batches
+        seen = read_seen(self.session, group.device_ids, params.payload_bits)
+        return seen, fresh_batches(group.batches, group.device_ids, seen)
 
     def _cap(
         self,
         groups: list[Group],
         candidates: list[npt.NDArray[np.bool_]],
         booked: list[npt.NDArray[np.bool_]],
+        priced: list[Batches],
     ) -> list[npt.NDArray[np.bool_]]:
         """Book the batches the streams let in on their devices' caps across streams
         (streams with a policy only): which were refused there (``booked`` is updated)."""
@@ -256,7 +277,9 @@ class Round:
         if not limits:
             return capped
         charges: list[ledger.DeviceCharge | None] = []
-        for group, chosen, charged, p in zip(groups, candidates, booked, policed, strict=True):
+        for group, chosen, charged, p, costly in zip(
+            groups, candidates, booked, policed, priced, strict=True
+        ):
             params = group.entry.params
             if not p or params.readings_per_hour is None or not chosen.any():
                 charges.append(None)
@@ -267,7 +290,7 @@ class Round:
                     group.positions,
                     _principals(group, found),
                     group.device_ids,
-                    group.batches,
+                    costly,
                     (params.readings_per_day, params.readings_per_hour),  # type: ignore[arg-type]
                     micro_epsilon(params.epsilon),
                     chosen,
@@ -277,15 +300,21 @@ class Round:
         ledger.charge_devices(self.session, self.raw, [c for c in charges if c is not None], limits)
         return [c.capped if c is not None else z for c, z in zip(charges, capped, strict=True)]
 
-    def _charge(self, group: Group, candidates: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
-        """Which of the group's new batches the stream's privacy policy lets in."""
+    def _charge(
+        self, group: Group, candidates: npt.NDArray[np.bool_], costly: Batches
+    ) -> npt.NDArray[np.bool_]:
+        """Which of the group's new batches the stream's privacy policy lets in (`costly`:
+        the group's batches with the readings that cost)."""
         daily, hourly = group.entry.params.readings_per_day, group.entry.params.readings_per_hour
         booked = candidates.copy()
         if daily is None or hourly is None or not candidates.any():
             return booked
-        chosen = group.select(candidates)
         booked[candidates] = ledger.charge(
-            self.session, self.raw, (daily, hourly), chosen.batches, chosen.device_ids
+            self.session,
+            self.raw,
+            (daily, hourly),
+            select_batches(costly, candidates),
+            group.device_ids[candidates],
         )
         return booked
 

@@ -79,7 +79,12 @@ from zeal_server.store.fleet import (
     streams_at_a_glance,
 )
 from zeal_server.store.footprint import segment_totals, sequence_state_bytes, stream_bytes
-from zeal_server.store.influence import ALL_TIME, implausible, without_implausible
+from zeal_server.store.influence import (
+    ALL_TIME,
+    implausible,
+    implausible_ids,
+    without_implausible,
+)
 from zeal_server.store.retention import delete_device_data, housekeep
 from zeal_server.store.signing import Signer, endorsements, rotate, signer
 from zeal_server.store.streams import (
@@ -111,7 +116,9 @@ from zeal_server.store.sums import (
     Sums,
     bucket_bounds,
     closed_window,
+    clustered,
     device_codes,
+    device_series_sums,
     device_sums,
     estimate,
     from_limbs,
@@ -157,6 +164,7 @@ __all__ = [
     "check_tags",
     "check_unit",
     "closed_window",
+    "clustered",
     "compact",
     "config_of",
     "count_devices",
@@ -170,6 +178,7 @@ __all__ = [
     "device_codes",
     "device_page",
     "device_rejects",
+    "device_series_sums",
     "device_sums",
     "devices_of",
     "endorsements",
@@ -185,6 +194,7 @@ __all__ = [
     "housekeep",
     "identity_of",
     "implausible",
+    "implausible_ids",
     "installation_id",
     "last_seen_per_device",
     "list_bindings",

@@ -8,6 +8,13 @@ with probability at most PROOF: a device sending only the maximal code (the LDP 
 of Cao, Jia and Gong 2021) averages far above the range within a few dozen readings. The
 test is one-sided in what it proves: a device that poisons within the range is not caught,
 and its weight is bounded only by the stream's policy (readings per day).
+
+On a longitudinal stream (zeal.longitudinal) a device's readings repeat its memoized codes,
+so they are not independent: the units are its distinct codes (each at least one draw; two
+draws that gave one code, or codes of one block, are merged, which only widens the bound),
+weighted by their share w of its readings. Bernstein's inequality over them, with variance
+at most sum w**2 (V + step**2/4) and each moving the mean by at most w (M + step), gives the
+interval; a device with one code is never flagged (any code can come from any reading).
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from zeal import Zeal
+from zeal.longitudinal import grid_step
 from zeal_server.store.models import Device, Stream
-from zeal_server.store.sums import Devices, DeviceSums, device_sums
+from zeal_server.store.sums import Devices, DeviceSums, device_codes, device_sums
 
-__all__ = ["ALL_TIME", "PROOF", "implausible", "without_implausible"]
+__all__ = ["ALL_TIME", "PROOF", "implausible", "implausible_ids", "without_implausible"]
 
 #: The chance that one honest device is flagged in one check (1 in a billion).
 PROOF: Final = 1e-9
@@ -46,6 +54,30 @@ def implausible(params: Zeal, sums: DeviceSums, proof: float = PROOF) -> npt.NDA
     return flagged
 
 
+def implausible_ids(
+    session: Session, stream: Stream, params: Zeal, window: tuple[int, int], devices: Devices
+) -> list[int]:
+    """The ids of the devices (of `devices`, or all) whose readings in the window prove
+    them dishonest (module docstring; on a longitudinal stream, by their codes)."""
+    sums = device_sums(session, stream, *window, devices)
+    if params.grid_points is None:
+        return [i for i, bad in zip(sums.order, implausible(params, sums), strict=True) if bad]
+    if not sums.counts:
+        return []
+    codes = device_codes(session, stream, params, window, devices)
+    assert codes.ids.tolist() == list(sums.order)
+    n = np.asarray(sums.counts, dtype=np.float64)
+    means = params.decoded_sums(sums.counts, sums.sum_codes) / n
+    weights = codes.counts / n[:, None]
+    step = grid_step(params)
+    log_term = math.log(2.0 / PROOF)
+    a = log_term * (params.error_bound() + step) * weights.max(axis=1) / 3
+    variance = (weights**2).sum(axis=1) * (params.variance_bound() + step * step / 4)
+    half = a + np.sqrt(a * a + 2 * log_term * variance)
+    flagged = (means - half > params.upper) | (means + half < params.lower)
+    return [i for i, bad in zip(sums.order, flagged.tolist(), strict=True) if bad]
+
+
 def without_implausible(  # noqa: PLR0917 (a window of a stream's devices)
     session: Session,
     stream: Stream,
@@ -56,8 +88,7 @@ def without_implausible(  # noqa: PLR0917 (a window of a stream's devices)
 ) -> tuple[Devices, list[str]]:
     """The devices (of `devices`, or all) less those whose readings in the window prove
     them dishonest, and the names of those left out (sorted)."""
-    sums = device_sums(session, stream, first_bucket, stop_bucket, devices)
-    flagged = [i for i, bad in zip(sums.order, implausible(params, sums), strict=True) if bad]
+    flagged = implausible_ids(session, stream, params, (first_bucket, stop_bucket), devices)
     if not flagged:
         return devices, []
     names = session.scalars(

@@ -94,6 +94,9 @@ class Stream(Base):
     #: older one): the time of the change in ms, or the previous revision + 1 if that is
     #: not later (store.streams.next_revision). Revision 0014 gave every stream its own.
     revision: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: A longitudinal stream's grid values (zeal.longitudinal; revision 0018): its devices
+    #: send one memoized code per grid value. None: a plain stream.
+    grid_points: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
 
 
 class Device(Base):
@@ -126,6 +129,9 @@ class Device(Base):
     seq_head: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
     #: Bitmap of the sequences stored above the floor (little-endian; None: empty).
     seq_bits: Mapped[Blob | None] = mapped_column(LargeBinary, nullable=True, default=None)
+    #: A longitudinal stream's codes this device has sent, one bit each (revision 0018,
+    #: zeal_server.ingest.memo): a reading costs only when its code is new. None: none.
+    memo_codes: Mapped[Blob | None] = mapped_column(LargeBinary, nullable=True, default=None)
     #: (sequence, BLAKE2b-64 digest) of the last batches stored, 16 bytes each.
     seq_recent: Mapped[Blob | None] = mapped_column(LargeBinary, nullable=True, default=None)
     #: The newest first reading of a stored batch (ms): its gaps are given up once the

@@ -65,6 +65,7 @@ def params_of(stream: Stream) -> Zeal:
             exponent=stream.exponent,
             sampler=stream.sampler,
             max_epsilon_per_day=stream.max_epsilon_per_day,
+            grid_points=stream.grid_points,
         )
 
 
@@ -80,6 +81,7 @@ def derive_params(
     *,
     exponent: int | None = None,
     max_epsilon_per_day: float | None = DEFAULT_MAX_EPSILON_PER_DAY,
+    grid_points: int | None = None,
 ) -> Zeal:
     """The mechanism a stream with these parameters gets; StoreError names what is wrong."""
     try:
@@ -90,6 +92,7 @@ def derive_params(
             payload_bits=payload_bits,
             exponent=exponent,
             max_epsilon_per_day=max_epsilon_per_day,
+            grid_points=grid_points,
         )
     except ParameterError as exc:
         raise StoreError(str(exc)) from exc
@@ -115,6 +118,7 @@ def create_stream(
     enrolled_only: bool = False,
     retention_days: int | None = None,
     max_epsilon_per_day: float = DEFAULT_MAX_EPSILON_PER_DAY,
+    grid_points: int | None = None,
 ) -> Stream:
     """Create a stream; its mechanism is fixed for good (a change is a new stream). Its
     retention (set_retention) and its privacy policy (set_policy) may change later."""
@@ -129,6 +133,7 @@ def create_stream(
         payload_bits,
         exponent=exponent,
         max_epsilon_per_day=max_epsilon_per_day,
+        grid_points=grid_points,
     )
     loss = max(params.epsilon, params.realized_epsilon or 0.0)
     if loss > EPSILON_CEILING:
@@ -162,6 +167,7 @@ def create_stream(
         enrolled_only=bool(enrolled_only),
         retention_days=retention_days,
         max_epsilon_per_day=params.max_epsilon_per_day,
+        grid_points=params.grid_points,
     )
     stream.revision = stream.created_ms
     session.add(stream)
@@ -195,6 +201,7 @@ def set_policy(session: Session, stream: Stream, max_epsilon_per_day: float) -> 
         stream.epsilon,
         exponent=stream.exponent,
         max_epsilon_per_day=max_epsilon_per_day,
+        grid_points=stream.grid_points,
     )
     stream.max_epsilon_per_day = params.max_epsilon_per_day
     stream.fingerprint = params.fingerprint.hex()

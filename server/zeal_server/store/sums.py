@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from zeal import Estimate, Zeal, exact_sum, exact_sum_squares
 from zeal.distribution import code_index, code_rows
+from zeal.longitudinal import clustered_estimate
 from zeal_server.store.models import LIMB_BITS, SQUARE_LIMBS, SUM_LIMBS, Segment, Stream
 from zeal_server.store.segments import LIMBS, decode, decode_runs
 
@@ -355,6 +356,52 @@ def series_sums(
         had = points.get(p, Sums(0, 0, 0))
         points[p] = Sums(had.n + n, had.sum_codes + total, had.sum_squares + squared)
     return {first_bucket + p * per: points[p] for p in sorted(points)}
+
+
+def device_series_sums(
+    session: Session,
+    stream: Stream,
+    first_bucket: int,
+    stop_bucket: int,
+    *,
+    buckets_per_point: int,
+    device_ids: Devices = None,
+) -> dict[int, tuple[list[int], list[int]]]:
+    """Per point of `buckets_per_point` buckets (keyed by its first bucket), each device's
+    readings and exact sum of codes (a longitudinal stream's series: its standard errors
+    come from devices). Every row is decoded."""
+    members = _members(session, device_ids)
+    size, per = stream.bucket_seconds * 1000, buckets_per_point
+    window = (first_bucket, stop_bucket)
+    where = touching(stream, first_bucket, stop_bucket)
+    parts = [
+        ((t // size - first_bucket) // per, d, c)
+        for d, c, t in _readings(session, stream, where, window, members=members, times=True)
+    ]
+    if not parts:
+        return {}
+    points = np.concatenate([p for p, _, _ in parts])
+    devices = np.concatenate([d for _, d, _ in parts])
+    keys, inverse = np.unique(np.stack([points, devices], axis=1), axis=0, return_inverse=True)
+    codes = np.concatenate([c for _, _, c in parts])
+    found = _grouped(
+        iter([(inverse.ravel().astype(np.int64), codes)]), stream.payload_bits, squares=False
+    )
+    out: dict[int, tuple[list[int], list[int]]] = {}
+    for k, n, total in zip(found.keys.tolist(), found.counts, found.sums, strict=True):
+        counts, sums = out.setdefault(first_bucket + int(keys[k, 0]) * per, ([], []))
+        counts.append(n)
+        sums.append(total)
+    return dict(sorted(out.items()))
+
+
+def clustered(
+    params: Zeal, counts: list[int], sum_codes: list[int], confidence: float
+) -> Estimate | None:
+    """A longitudinal stream's estimate from its devices' sums (zeal.longitudinal)."""
+    if not counts or sum(counts) == 0:
+        return None
+    return clustered_estimate(params, counts, sum_codes, confidence=confidence)
 
 
 def estimate(params: Zeal, sums: Sums, confidence: float) -> Estimate | None:

@@ -9,9 +9,13 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import math
+import re
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -273,3 +277,64 @@ def test_an_agent_in_window_mean_mode_spends_one_reading_per_window(
     ).json()["points"]
     assert [p["n"] for p in points] == [1] * 24
     assert points[0]["start"].startswith(day)
+
+
+def test_an_agent_on_a_longitudinal_stream_pays_once_per_grid_value(
+    client: TestClient, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """The real agent on a longitudinal stream (12 grid values) under the default policy (8
+    a day, 1 an hour): a reading every 10 minutes of a day, wandering over 6 degrees, is
+    sent whole but for what a second new value in one hour would have cost; the agent and the
+    collector book the draws (one or two), not the 144 readings; the codes repeat."""
+    body = {"name": "temps", "lower": 0, "upper": 110, "epsilon": 1, "grid_points": 12}
+    assert client.post("/api/v1/streams", json=body).status_code == 201
+    params_file = save_config(client, tmp_path / "params.json")
+    lines = "".join(f"{START + 600_000 * i},{44 + 3 * math.sin(i / 20):.3f}\n" for i in range(144))
+    command = agent_command(tmp_path / "agent", broker, params_file, "--batch", "12")
+    result = subprocess.run(
+        command, input=lines, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (status,) = agent_status(tmp_path / "agent")
+    day = dt.datetime.fromtimestamp(DAY * 86_400, dt.UTC).strftime("%Y-%m-%d")
+    sent, skipped = status["sent_readings"], status["skipped_for_policy"]
+    spent = status["policy_spent_by_day"][day]
+    assert sent + skipped == 144
+    assert spent in (1.0, 2.0)
+    assert sent >= 144 - 6  # at most the rest of one hour skipped
+    wait_until(lambda: stats(client)["readings"] == sent, what="every reading sent")
+    assert device(client, "dev1")["epsilon_spent"] == spent
+    assert stats(client)["rejects"] == {}
+    with closing(sqlite3.connect(tmp_path / "agent" / "outbox.sqlite")) as outbox:
+        (text,) = outbox.execute("SELECT memo FROM memos").fetchone()
+    memo = json.loads(text)
+    assert len(memo["codes"]) == spent
+
+
+def test_the_simulator_memoizes_on_a_longitudinal_stream(
+    client: TestClient, broker: Mosquitto, tmp_path: Path
+) -> None:
+    """`zeal-edge simulate` on a longitudinal stream (4 grid values) with a policy of 48 a
+    day (4 an hour): 3 devices, 40 readings each in rounds of 5, as fast as it can. A plain
+    stream would send 4 readings per device in the hour; here every round whose new draws
+    fit is sent, and the collector books only the codes each device has not sent before."""
+    body = {
+        "name": "temps",
+        "lower": 0,
+        "upper": 110,
+        "epsilon": 1,
+        "grid_points": 4,
+        "max_epsilon_per_day": 48,
+    }
+    assert client.post("/api/v1/streams", json=body).status_code == 201
+    result = simulate(
+        broker, tmp_path, "--devices", "3", "--rate", "0", "--readings", "40", "--batch", "5"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    skipped = re.search(r"skipped (\d+) readings whose new draws", result.stdout)
+    sent = 120 - (int(skipped.group(1)) if skipped else 0)
+    assert sent > 4 * 3, result.stdout  # more than a plain stream's hour
+    wait_until(lambda: stats(client)["readings"] == sent, what="every round sent")
+    devices = client.get("/api/v1/streams/temps/devices").json()["devices"]
+    assert all(1.0 <= d["epsilon_spent"] <= 4.0 for d in devices)
+    assert stats(client)["rejects"] == {}

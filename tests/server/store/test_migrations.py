@@ -115,7 +115,6 @@ def test_0013_gives_every_device_the_default_cap_and_its_days_spend(database_url
     from zeal_server import store
     from zeal_server.store.db import MIGRATIONS
     from zeal_server.store.fleet import new_device_row
-    from zeal_server.store.models import Device
 
     engine = make_engine(database_url)
     config = Config()
@@ -159,7 +158,7 @@ def test_0013_gives_every_device_the_default_cap_and_its_days_spend(database_url
                 )
     with engine.connect() as connection:
         before = sorted(tuple(r) for r in connection.execute(text("SELECT * FROM device_periods")))
-        devices = sorted(tuple(r) for r in connection.execute(select(Device.__table__)))
+        devices = sorted(tuple(r) for r in connection.execute(select(tables["devices"])))
     migrate(engine)
     with engine.connect() as connection:
         principals = connection.execute(
@@ -172,7 +171,7 @@ def test_0013_gives_every_device_the_default_cap_and_its_days_spend(database_url
             )
         ).all()
         after = sorted(tuple(r) for r in connection.execute(text("SELECT * FROM device_periods")))
-        devices_after = sorted(tuple(r) for r in connection.execute(select(Device.__table__)))
+        devices_after = sorted(tuple(r) for r in connection.execute(select(tables["devices"])))
     engine.dispose()
     assert [tuple(p) for p in principals] == [
         ("home", None),

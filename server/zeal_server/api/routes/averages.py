@@ -56,6 +56,19 @@ Exclude = Annotated[
 ]
 
 
+def _no_bayes_on_memoized(params: Zeal, estimator: str) -> None:
+    """The Bayes estimates treat every code as an independent reading, which a
+    longitudinal stream's memoized codes are not: refused there, rather than overconfident."""
+    if estimator == "bayes" and params.grid_points is not None:
+        raise invalid(
+            "query",
+            "estimator",
+            "a longitudinal stream's codes repeat (one memoized code per grid value and "
+            "device), and the Bayes estimates would take them for independent readings: "
+            "use estimator=avg, whose errors come from devices",
+        )
+
+
 @router.get(
     f"{API}/streams/{{name}}/average", dependencies=READ, response_model=AverageOut, responses=HEAVY
 )
@@ -77,6 +90,7 @@ def average(
     stream = stream_or_404(db, name)
     first, stop = window(stream, start, end)
     params = store.params_of(stream)
+    _no_bayes_on_memoized(params, estimator)
     read = bayes_reader(params, model, prior, confidence) if estimator == "bayes" else None
     devices = selected_devices(db, stream, group, device)
     excluded: list[str] = []
@@ -84,6 +98,9 @@ def average(
         devices, excluded = store.without_implausible(db, stream, params, first, stop, devices)
     sums = store.window_sums(db, stream, first, stop, devices)
     found = store.estimate(params, sums, confidence)
+    if params.grid_points is not None and sums.n:  # memoized codes: errors from devices
+        by_device = store.device_sums(db, stream, first, stop, devices)
+        found = store.clustered(params, by_device.counts, by_device.sum_codes, confidence)
     lo, hi = bounds_out(stream, first, stop)
     lo, hi = echoed(start, lo), echoed(end, hi)
     bayes = None
@@ -160,6 +177,7 @@ def series(
         )
     per = step // stream.bucket_seconds
     params = store.params_of(stream)
+    _no_bayes_on_memoized(params, estimator)
     read = bayes_reader(params, model, prior, confidence) if estimator == "bayes" else None
     devices = selected_devices(db, stream, group, device)
     excluded: list[str] = []
@@ -196,9 +214,18 @@ def series(
     codes = (
         _point_codes(db, stream, (first, stop), per, devices) if read and model != "mean" else {}
     )
+    by_device = (
+        {}
+        if params.grid_points is None
+        else store.device_series_sums(
+            db, stream, first, stop, buckets_per_point=per, device_ids=devices
+        )
+    )
     points = []
     for b, s in sums.items():
         found = store.estimate(params, s, confidence)
+        if b in by_device:  # a longitudinal stream: errors from devices
+            found = store.clustered(params, *by_device[b], confidence)
         point = PointOut(
             start=as_datetime(b * size),
             end=as_datetime((b + per) * size),

@@ -160,7 +160,16 @@ def compare(
         warnings=[f"groups {a} and {b} share {len(shared)} device(s)"] if shared else [],
     )
     if reading:
-        est = [store.estimate(params, p.total, confidence) if p.n > 1 else None for p in per_device]
+        est = [
+            (
+                None
+                if p.n < 2
+                else store.estimate(params, p.total, confidence)
+                if params.grid_points is None
+                else store.clustered(params, p.counts, p.sum_codes, confidence)
+            )
+            for p in per_device
+        ]
         if est[0] and est[1]:
             found = difference_of(est[0], est[1], confidence)
             out.difference, out.std_error = found.difference, found.std_error

@@ -41,6 +41,12 @@ def device_out(
     """`today`: the device's readings stamped in the current UTC day; `account`: its
     account across streams (store.accounts, micro-epsilon)."""
     cost = micro_epsilon(epsilon)
+    # A longitudinal stream's device has paid for each code it sent once (ingest.memo).
+    paid = (
+        device.readings
+        if device.memo_codes is None
+        else sum(bin(b).count("1") for b in bytes(device.memo_codes))
+    )
     return DeviceOut(
         name=device.name,
         tags=json.loads(device.tags),
@@ -48,7 +54,7 @@ def device_out(
         last_seen=as_datetime(device.last_seen_ms),
         readings=device.readings,
         batches=device.batches,
-        epsilon_spent=device.readings * cost / MICRO,
+        epsilon_spent=paid * cost / MICRO,
         epsilon_today=today * cost / MICRO,
         flags=flags or [],
         duplicates=device.duplicates,
@@ -171,8 +177,7 @@ def _flags(
     were refused at its cap across streams), `at_cap` (today's readings,
     or those of one of today's UTC hours, reached what the policy allows)."""
     params = store.params_of(stream)
-    sums = store.device_sums(db, stream, *store.ALL_TIME, [d.id for d in rows])
-    bad = {i for i, no in zip(sums.order, store.implausible(params, sums), strict=True) if no}
+    bad = set(store.implausible_ids(db, stream, params, store.ALL_TIME, [d.id for d in rows]))
     refused = {name for name, reasons in rejects.items() if "over_budget" in reasons}
     capped = {name for name, reasons in rejects.items() if "device_cap" in reasons}
     allowed, hourly = params.readings_per_day, params.readings_per_hour

@@ -1,6 +1,7 @@
-"""The planners: what a stream's parameters, a device's readings under its caps, and a
-comparison of two groups would give, before the data exist (``/preview``,
-``/preview/device``, ``/preview/compare``; docs/planning.md)."""
+"""The planners: what a stream's parameters, a device's readings under its caps, a
+longitudinal stream's grid and a comparison of two groups would give, before the data exist
+(``/preview``, ``/preview/device``, ``/preview/grid``, ``/preview/compare``;
+docs/planning.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fastapi import APIRouter, Query, Request
 
 from zeal import ParameterError, Zeal
 from zeal.estimate import bernstein_half_width
+from zeal.longitudinal import plan_grid
 from zeal.planning.comparison import plan_comparison, zero_inflated
 from zeal.planning.windows import (
     Fleet,
@@ -38,6 +40,7 @@ from zeal_server.api.deps import (
 from zeal_server.api.previews import (
     ComparePlanOut,
     DevicePlanOut,
+    GridPlanOut,
     PreviewOut,
     StreamPlanOut,
     WindowPlanOut,
@@ -440,4 +443,54 @@ def preview_compare(
         target_power=power,
         detectable_effect=plan.detectable,
         power_from=plan.power_from,
+    )
+
+
+@router.get(f"{API}/preview/grid", dependencies=READ, response_model=GridPlanOut)
+def preview_grid(
+    lower: Lower,
+    upper: Upper,
+    epsilon: Epsilon,
+    span: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=1e15,
+            description="how far a device's readings range over the horizon planned for "
+            "(a home's temperature over a year, say), in the readings' unit",
+        ),
+    ],
+    payload_bits: PayloadBits = None,
+    budget: Annotated[
+        float | None,
+        Query(
+            gt=0,
+            le=MAX_EPSILON_PER_DAY,
+            description="the loss a device may spend over that horizon: the most grid values "
+            "whose expected loss stays within it",
+        ),
+    ] = None,
+    grid_points: Annotated[
+        int | None,
+        Query(ge=2, le=1024, description="or this many grid values, to see what they give"),
+    ] = None,
+) -> GridPlanOut:
+    """A longitudinal stream's grid (docs/privacy.md, "Longitudinal streams"): with
+    `budget`, the most grid values whose expected loss for a device whose readings span
+    `span` stays within it; with `grid_points`, what that grid gives. Either way: the draws
+    such a device makes (expected over its secret offset, and at most), its loss, the most
+    it can ever spend, and what the rounding adds to a code's error."""
+    if (budget is None) == (grid_points is None):
+        raise invalid("query", "budget", "give budget or grid_points (one of them)")
+    try:
+        params = store.derive_params(lower, upper, epsilon, payload_bits, max_epsilon_per_day=None)
+        plan = plan_grid(params, span=span, budget=budget, points=grid_points)
+    except (store.StoreError, ParameterError) as exc:
+        raise invalid(
+            "query", "budget" if grid_points is None else "grid_points", str(exc)
+        ) from exc
+    return GridPlanOut(
+        grid_points=plan.points,
+        expected_loss=plan.expected_loss,
+        **{k: v for k, v in asdict(plan).items() if k != "points"},
     )
