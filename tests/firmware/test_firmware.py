@@ -20,6 +20,7 @@ from scipy.stats import chi2
 from tests.shared.helpers import blocks, stream_of, timestamps_of
 from zeal import WireError, Zeal, ZealWarning, encode_batch
 from zeal._core.firmware import PROFILE_BYTES, c_header, profile_bytes
+from zeal.longitudinal import grid_step, grid_values
 from zeal.lorawan import encode_lorawan
 from zeal.mqtt.streamconfig import config_document
 
@@ -412,7 +413,8 @@ def test_the_command_line_makes_a_devices_profile_from_the_streams_configuration
 def test_on_a_cortex_m0_perturb_and_encode_fit_in_4_kb_of_flash() -> None:
     """`make m0-size` (Debian's gcc-arm-none-eabi, -mcpu=cortex-m0 -mthumb -Os): perturb and
     encode with all they pull in take at most 4 KB of flash, and a stream's state (the
-    loaded profile) at most 256 B of RAM."""
+    loaded profile) at most 256 B of RAM; a longitudinal stream's memo adds at most 1 KB of
+    flash, and 2 B a grid value and 32 B of RAM."""
     out = subprocess.run(
         ["make", "-s", "-C", str(FIRMWARE), "m0-size"], capture_output=True, text=True, check=True
     ).stdout
@@ -420,13 +422,16 @@ def test_on_a_cortex_m0_perturb_and_encode_fit_in_4_kb_of_flash() -> None:
         int(line.split()[-1][-5]): (int(line.split()[0]), int(line.split()[2]))
         for line in out.splitlines()
         if line.strip().endswith(".elf")
-    }  # USE -> (text, bss): 0 none, 1 load, 2 perturb + encode, 3 all
+    }  # USE -> (text, bss): 0 none, 1 load, 2 perturb + encode, 3 all, 4 memo + encode
     flash = {use: text - sizes[0][0] for use, (text, _) in sizes.items()}
     ram = sizes[2][1] - sizes[0][1]
-    print(f"Cortex-M0 flash: load {flash[1]}, perturb + encode {flash[2]}, all {flash[3]} B; "
-          f"RAM per stream {ram} B")  # fmt: skip
+    print(f"Cortex-M0 flash: load {flash[1]}, perturb + encode {flash[2]}, all {flash[3]} B, "
+          f"a longitudinal stream's report + encode {flash[4]} B; RAM per stream {ram} B, "
+          f"with a memo of 16 values {sizes[4][1] - sizes[0][1]} B")  # fmt: skip
     assert flash[2] <= 4096
     assert ram <= 256
+    assert flash[4] - flash[2] <= 1024  # the memo's rounding and search
+    assert sizes[4][1] - sizes[0][1] <= 256 + 2 * 16 + 32
 
 
 def qemu_selftest(header: str) -> subprocess.CompletedProcess[str]:
@@ -515,3 +520,59 @@ def selftest_header(draws: int, **tables: int) -> str:
             "",
         ]
     )
+
+
+def memo_pmf(params: Zeal, value: float) -> dict[int, float]:
+    """The exact code distribution of a fresh memo's report of `value`: the two grid values
+    around it, weighted as the offset rounds (zeal.longitudinal), each drawn exactly."""
+    grid = grid_values(params)
+    x = min(max(value, params.lower), params.upper)
+    j = min(int(np.searchsorted(grid, x, side="right")) - 1, grid.size - 2)
+    up = (x - grid[j]) / (grid[j + 1] - grid[j])
+    out: dict[int, float] = {}
+    for k, weight in ((j, 1 - up), (j + 1, up)):
+        for code, p in exact_pmf(params, float(min(grid[k], params.upper))).items():
+            out[code] = out.get(code, 0.0) + weight * p
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["6 bits", "8 bits"])
+def test_the_c_memo_reports_as_pythons_longitudinal_stream(
+    host: dict[str, Path], name: str
+) -> None:
+    """A longitudinal stream (7 grid values): 200,000 devices, each a new memo reporting one
+    reading twice. The first reports' codes fit Python's distribution (the two grid values
+    around the reading, weighted as the offset rounds, each drawn exactly; chi-square, p >
+    1e-4), the first is a draw and the second repeats it for free."""
+    params = Zeal(
+        lower=CONFIGS[name].lower,
+        upper=CONFIGS[name].upper,
+        epsilon=CONFIGS[name].epsilon,
+        payload_bits=CONFIGS[name].payload_bits,
+        grid_points=7,
+    )
+    step = struct.unpack("<Q", struct.pack("<d", grid_step(params)))[0]
+    profile = profile_bytes(params, stream="temps", device="dev1", unit=UNITS[name])
+    reading = readings_of(name)[3]  # inside the range, between two grid values
+    devices = 200_000
+    out = run(
+        host["plain"],
+        "memo",
+        profile.hex(),
+        "7",
+        f"{step:x}",
+        stdin=f"new\n{reading}\n{reading}\n" * devices,
+    )
+    pairs = np.array(out.split(), dtype=np.int64).reshape(devices, 2, 2)
+    assert (pairs[:, 0, 0] == pairs[:, 1, 0]).all()  # the repeat is the memoized code
+    assert (pairs[:, 0, 1] == 1).all()
+    assert (pairs[:, 1, 1] == 0).all()
+    counts = np.bincount(pairs[:, 0, 0], minlength=1 << params.payload_bits)
+    value = float(value_of(name, [reading])[0])
+    p = chi_square_p(counts, memo_pmf(params, value))
+    print(f"{name}, memo of reading {reading} ({value:g}): chi-square p = {p:.4f} over {devices:,}")
+    assert p > 1e-4
+    # The sanitized build over readings across and beyond the range: no report.
+    sweep = "".join(f"new\n{r}\n{r}\n" for r in range(-2000, 14000, 37))
+    run(host["sanitized"], "memo", profile.hex(), "7", f"{step:x}", stdin=sweep)

@@ -35,7 +35,9 @@ enum zeal_status {
     ZEAL_E_CODE = -9,             /* a code outside the stream's range */
     ZEAL_E_BUFFER = -10,          /* the output buffer is too small */
     ZEAL_E_RANDOM = -11,          /* the randomness source failed */
-    ZEAL_E_TOO_LARGE = -12        /* more than a LoRaWAN FRMPayload can hold (242 bytes) */
+    ZEAL_E_TOO_LARGE = -12,       /* more than a LoRaWAN FRMPayload can hold (242 bytes) */
+    ZEAL_E_MEMO = -13             /* a memo's grid: 2 to 1024 values, a positive step, codes
+                                   * of at most 16 bits */
 };
 
 /* A loaded, checked profile (120 bytes of RAM). The five binary64 values are kept as
@@ -71,6 +73,37 @@ int zeal_perturb(const zeal_profile *profile, int32_t reading, zeal_random_fn ra
  * Exposed for tests and diagnostics.
  */
 uint64_t zeal_band_start(const zeal_profile *profile, int32_t reading);
+
+/*
+ * A longitudinal stream's memo (docs/firmware.md, "Longitudinal streams"; zeal.longitudinal):
+ * the device's secret offset and, in `table` (memory the caller keeps, `points` entries of 2
+ * bytes, persisted across restarts with the 16 bytes of the offset and step), the code drawn
+ * for each grid value met, ZEAL_MEMO_EMPTY until then. Never send or log it.
+ */
+#define ZEAL_MEMO_EMPTY 0xFFFFu
+#define ZEAL_MEMO_MAX_POINTS 1024u
+typedef struct zeal_memo {
+    uint64_t step;   /* binary64 bits of the grid's step, (upper - lower) / (points - 1) */
+    uint64_t offset; /* binary64 bits of the secret offset, 53 random bits in [0, 1) */
+    uint16_t points;
+    uint16_t *table;
+} zeal_memo;
+
+/*
+ * Start a memo: `points` grid values `step_bits` apart (both from the stream's
+ * configuration: `python -m zeal firmware-profile` prints them), `table` cleared, a new
+ * offset drawn. A lost table is started anew; its values are drawn, and booked, again.
+ */
+int zeal_memo_init(zeal_memo *memo, const zeal_profile *profile, uint16_t points,
+                   uint64_t step_bits, uint16_t *table, zeal_random_fn random, void *context);
+
+/*
+ * One reading of a longitudinal stream in, its code out: the reading (clipped) rounded to
+ * the grid with the memo's offset, and the code memoized for that value, drawn now if it
+ * is the first time (`*fresh` 1: book the stream's epsilon; 0: a repeat, free).
+ */
+int zeal_memo_perturb(const zeal_profile *profile, zeal_memo *memo, int32_t reading,
+                      zeal_random_fn random, void *context, uint32_t *code, int *fresh);
 
 /* Bytes the payload of `count` readings can take at most (irregular timestamps). */
 size_t zeal_batch_bound(const zeal_profile *profile, size_t count);

@@ -128,8 +128,7 @@ int zeal_profile_load(zeal_profile *profile, const uint8_t *blob, size_t length)
 /* The band start in fixed point (G fraction bits): GridSampler.fixed_starts on the
  * reading as Python's float64 would hold it (reading times unit, clipped to the range),
  * each float64 operation done in integers, rounded as IEEE 754 rounds it. */
-uint64_t zeal_band_start(const zeal_profile *p, int32_t reading) {
-    uint64_t x = zeal_f64_mul(zeal_f64_from_int(reading), p->unit);
+static uint64_t band_start_of(const zeal_profile *p, uint64_t x) {
     if (zeal_f64_less(x, p->lower)) {
         x = p->lower;
     } else if (zeal_f64_less(p->upper, x)) {
@@ -140,15 +139,21 @@ uint64_t zeal_band_start(const zeal_profile *p, int32_t reading) {
     return zeal_f64_floor_scaled(x, p->frac_bits, p->start_cap);    /* floor(* 2^G), clip */
 }
 
-int zeal_perturb(const zeal_profile *p, int32_t reading, zeal_random_fn random, void *context,
-                 uint32_t *code) {
-    uint64_t word, unit, t, start, left_end, band_end, cell, round_bits, a;
+/* A reading's value as Python's float64 holds it: reading times unit. */
+static uint64_t value_of(const zeal_profile *p, int32_t reading) {
+    return zeal_f64_mul(zeal_f64_from_int(reading), p->unit);
+}
+
+uint64_t zeal_band_start(const zeal_profile *p, int32_t reading) {
+    return band_start_of(p, value_of(p, reading));
+}
+
+/* The grid sampler's draw for a band start `t` (GridSampler.sample). */
+static int draw(const zeal_profile *p, uint64_t t, zeal_random_fn random, void *context,
+                uint32_t *code) {
+    uint64_t word, unit, start, left_end, band_end, cell, round_bits, a;
     uint64_t frac_mask;
     int64_t depth, value;
-    if (p == NULL || random == NULL || code == NULL) {
-        return ZEAL_E_ARGUMENT;
-    }
-    t = zeal_band_start(p, reading);
     if (random(context, &word, 1) != 0) {
         return ZEAL_E_RANDOM;
     }
@@ -180,6 +185,96 @@ int zeal_perturb(const zeal_profile *p, int32_t reading, zeal_random_fn random, 
         return ZEAL_E_CODE; /* never for a profile made by zeal: its tables keep the range */
     }
     *code = (uint32_t)value;
+    return ZEAL_OK;
+}
+
+int zeal_perturb(const zeal_profile *p, int32_t reading, zeal_random_fn random, void *context,
+                 uint32_t *code) {
+    if (p == NULL || random == NULL || code == NULL) {
+        return ZEAL_E_ARGUMENT;
+    }
+    return draw(p, zeal_band_start(p, reading), random, context, code);
+}
+
+#define F64_NEGATE(x) ((x) ^ (uint64_t)1 << 63)
+#define F64_TWO_TO_MINUS_53 0x3CA0000000000000u
+
+/* Grid value j: lower + j * step, each operation in binary64 (zeal.longitudinal.grid_values). */
+static uint64_t grid_value(const zeal_profile *p, const zeal_memo *m, uint32_t j) {
+    return zeal_f64_add(p->lower, zeal_f64_mul(zeal_f64_from_int((int64_t)j), m->step));
+}
+
+int zeal_memo_init(zeal_memo *memo, const zeal_profile *p, uint16_t points, uint64_t step_bits,
+                   uint16_t *table, zeal_random_fn random, void *context) {
+    uint64_t word;
+    uint16_t j;
+    if (memo == NULL || p == NULL || table == NULL || random == NULL) {
+        return ZEAL_E_ARGUMENT;
+    }
+    if (points < 2 || points > ZEAL_MEMO_MAX_POINTS || p->payload_bits > 16 ||
+        !is_finite(step_bits) || step_bits >> 63 || step_bits == 0) {
+        return ZEAL_E_MEMO;
+    }
+    if (random(context, &word, 1) != 0) {
+        return ZEAL_E_RANDOM;
+    }
+    memo->step = step_bits;
+    memo->points = points;
+    memo->table = table;
+    /* zeal.longitudinal.draw_offset: the top 53 bits of a word, times 2^-53 (exact) */
+    memo->offset = zeal_f64_mul(zeal_f64_from_int((int64_t)(word >> 11)), F64_TWO_TO_MINUS_53);
+    for (j = 0; j < points; j++) {
+        table[j] = ZEAL_MEMO_EMPTY;
+    }
+    return ZEAL_OK;
+}
+
+int zeal_memo_perturb(const zeal_profile *p, zeal_memo *m, int32_t reading,
+                      zeal_random_fn random, void *context, uint32_t *code, int *fresh) {
+    uint64_t x, low, high;
+    uint32_t lo = 0, hi, j;
+    int status;
+    if (p == NULL || m == NULL || m->table == NULL || random == NULL || code == NULL ||
+        fresh == NULL) {
+        return ZEAL_E_ARGUMENT;
+    }
+    if (m->points < 2 || m->points > ZEAL_MEMO_MAX_POINTS) {
+        return ZEAL_E_MEMO;
+    }
+    x = value_of(p, reading);
+    if (zeal_f64_less(x, p->lower)) {
+        x = p->lower;
+    } else if (zeal_f64_less(p->upper, x)) {
+        x = p->upper;
+    }
+    /* the last j <= points - 2 with grid_value(j) <= x (zeal.longitudinal.grid_indices) */
+    hi = (uint32_t)m->points - 2u;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi + 1u) / 2u;
+        if (zeal_f64_less(x, grid_value(p, m, mid))) {
+            hi = mid - 1u;
+        } else {
+            lo = mid;
+        }
+    }
+    low = grid_value(p, m, lo);
+    high = grid_value(p, m, lo + 1u);
+    /* up when offset * (g[j+1] - g[j]) < x - g[j], in binary64 */
+    j = lo + (zeal_f64_less(zeal_f64_mul(m->offset, zeal_f64_add(high, F64_NEGATE(low))),
+                            zeal_f64_add(x, F64_NEGATE(low)))
+                  ? 1u
+                  : 0u);
+    if (m->table[j] != ZEAL_MEMO_EMPTY) {
+        *code = m->table[j];
+        *fresh = 0;
+        return ZEAL_OK;
+    }
+    status = draw(p, band_start_of(p, grid_value(p, m, j)), random, context, code);
+    if (status != ZEAL_OK) {
+        return status;
+    }
+    m->table[j] = (uint16_t)*code;
+    *fresh = 1;
     return ZEAL_OK;
 }
 

@@ -12,6 +12,10 @@
  *                                           payload (hex) or "error N" per line out
  *   zeal-host lorawan PROFILE_HEX           "spacing count c1..cn" lines in, one LoRaWAN
  *                                           FRMPayload (hex) or "error N" per line out
+ *   zeal-host memo PROFILE_HEX POINTS STEP  a longitudinal stream's memo (STEP: the grid
+ *                                           step's binary64 bits, hex): "new" lines start
+ *                                           a device's memo anew, integer reading lines
+ *                                           give "code fresh" lines out
  *   zeal-host profiles                      profile hex per line in, "N" per line out: the
  *                                           load status, and on success a few readings
  *                                           perturbed (seeded words) and encoded: the
@@ -34,7 +38,8 @@
 #define USAGE                                                                              \
     "usage: zeal-host perturb PROFILE_HEX [SEED] | starts PROFILE_HEX | "                  \
     "encode PROFILE_HEX SEQUENCE | "                                                       \
-    "batches PROFILE_HEX | lorawan PROFILE_HEX | profiles | f64\n"
+    "batches PROFILE_HEX | lorawan PROFILE_HEX | memo PROFILE_HEX POINTS STEP_HEX | "      \
+    "profiles | f64\n"
 
 struct pool {
     uint64_t words[WORDS];
@@ -267,6 +272,38 @@ static int f64(void) {
     return 0;
 }
 
+static int memo(const zeal_profile *profile, const char *points, const char *step) {
+    static struct pool pool = {{0}, WORDS};
+    static uint16_t table[ZEAL_MEMO_MAX_POINTS];
+    zeal_memo m;
+    char line[128];
+    int status = zeal_memo_init(&m, profile, (uint16_t)strtoul(points, NULL, 10),
+                                strtoull(step, NULL, 16), table, os_random, &pool);
+    if (status != ZEAL_OK) {
+        fprintf(stderr, "zeal-host: memo refused (error %d)\n", status);
+        return 1;
+    }
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        uint32_t code;
+        int fresh;
+        if (strncmp(line, "new", 3) == 0) {
+            status = zeal_memo_init(&m, profile, m.points, m.step, table, os_random, &pool);
+            if (status != ZEAL_OK) {
+                return 1;
+            }
+            continue;
+        }
+        status = zeal_memo_perturb(profile, &m, (int32_t)strtol(line, NULL, 10), os_random, &pool,
+                                   &code, &fresh);
+        if (status != ZEAL_OK) {
+            fprintf(stderr, "zeal-host: error %d\n", status);
+            return 1;
+        }
+        printf("%u %d\n", code, fresh);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     zeal_profile profile;
     int status;
@@ -295,6 +332,9 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "lorawan") == 0 && argc == 3) {
         return lorawan(&profile);
+    }
+    if (strcmp(argv[1], "memo") == 0 && argc == 5) {
+        return memo(&profile, argv[3], argv[4]);
     }
     if (strcmp(argv[1], "batches") == 0 && argc == 3) {
         return batches(&profile);
