@@ -385,20 +385,15 @@ def _pattern(history: Sequence[int]) -> tuple[int, ...]:
 
 
 def _pmfs(params: Zeal) -> list[dict[int, Fraction]]:
-    """The exact code distribution of each grid value's draw."""
-    grid = params.grid_sampler
-    if grid is None:
-        raise ParameterError("the exact memo audit needs the grid sampler")
-    values = np.clip(grid_values(params), params.lower, params.upper)
-    top = (1 << params.payload_bits) - 2
+    """The exact code distribution of each grid value's draw (Zeal.output_distribution)."""
     out = []
-    for start in grid.fixed_starts(values).tolist():
-        runs, denominator = grid.pmf_runs(int(start))
+    for value in grid_values(params).tolist():
+        exact = params.output_distribution(value)
         out.append(
             {
-                top - q: Fraction(n, denominator)
-                for first, stop, n in runs
-                for q in range(first, stop)
+                code: Fraction(n, exact.denominator)
+                for first, stop, n in exact.runs
+                for code in range(first, stop)
                 if n
             }
         )

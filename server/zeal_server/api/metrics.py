@@ -270,13 +270,11 @@ class _DatabaseFigures(PrometheusCollector):
                 seen.add_metric([stream_name, device], last_ms / 1000)
             for stream in store.list_streams(db):
                 first, stop = store.bucket_bounds(stream, store.now_ms() - 3_600_000, None)
-                sums = store.window_sums(db, stream, first, stop)
                 params = store.params_of(stream)
-                estimate = store.estimate(params, sums, CONFIDENCE)
-                if params.grid_points is not None and sums.n:  # errors from devices
-                    per = store.device_sums(db, stream, first, stop)
-                    estimate = store.clustered(params, per.counts, per.sum_codes, CONFIDENCE)
-                count.add_metric([stream.name], sums.n)
+                n, estimate = store.window_estimate(
+                    db, stream, params, (first, stop), device_ids=None, confidence=CONFIDENCE
+                )
+                count.add_metric([stream.name], n)
                 if estimate is None:
                     continue
                 average.add_metric([stream.name], estimate.mean)

@@ -404,6 +404,50 @@ def clustered(
     return clustered_estimate(params, counts, sum_codes, confidence=confidence)
 
 
+def window_estimate(
+    session: Session,
+    stream: Stream,
+    params: Zeal,
+    window: tuple[int, int],
+    *,
+    device_ids: Devices,
+    confidence: float,
+) -> tuple[int, Estimate | None]:
+    """A window's readings and the estimate of their average: from the exact sums, or on a
+    longitudinal stream from each device's (its codes repeat: errors from devices)."""
+    if params.grid_points is None:
+        sums = window_sums(session, stream, *window, device_ids)
+        return sums.n, estimate(params, sums, confidence)
+    per = device_sums(session, stream, *window, device_ids)
+    return per.n, clustered(params, per.counts, per.sum_codes, confidence)
+
+
+def series_estimates(
+    session: Session,
+    stream: Stream,
+    params: Zeal,
+    window: tuple[int, int],
+    *,
+    buckets_per_point: int,
+    device_ids: Devices,
+    confidence: float,
+) -> dict[int, tuple[int, Estimate | None]]:
+    """Per point of a series (keyed by its first bucket): its readings and the estimate of
+    their average, as window_estimate gives them."""
+    if params.grid_points is None:
+        sums = series_sums(
+            session, stream, *window, buckets_per_point=buckets_per_point, device_ids=device_ids
+        )
+        return {b: (s.n, estimate(params, s, confidence)) for b, s in sums.items()}
+    per = device_series_sums(
+        session, stream, *window, buckets_per_point=buckets_per_point, device_ids=device_ids
+    )
+    return {
+        b: (sum(counts), clustered(params, counts, totals, confidence))
+        for b, (counts, totals) in per.items()
+    }
+
+
 def estimate(params: Zeal, sums: Sums, confidence: float) -> Estimate | None:
     if sums.n == 0:
         return None

@@ -96,27 +96,25 @@ def average(
     excluded: list[str] = []
     if exclude == "implausible":
         devices, excluded = store.without_implausible(db, stream, params, first, stop, devices)
-    sums = store.window_sums(db, stream, first, stop, devices)
-    found = store.estimate(params, sums, confidence)
-    if params.grid_points is not None and sums.n:  # memoized codes: errors from devices
-        by_device = store.device_sums(db, stream, first, stop, devices)
-        found = store.clustered(params, by_device.counts, by_device.sum_codes, confidence)
+    n, found = store.window_estimate(
+        db, stream, params, (first, stop), device_ids=devices, confidence=confidence
+    )
     lo, hi = bounds_out(stream, first, stop)
     lo, hi = echoed(start, lo), echoed(end, hi)
     bayes = None
     if read is not None:
         codes = None
-        if model != "mean" and sums.n:
+        if model != "mean" and n:
             per_bucket = window_codes(db, stream, first, stop, devices)
             codes = np.concatenate([*per_bucket.values(), np.zeros(0, np.int64)])
-        bayes = read(sums.n, found.mean if found else None, codes)
+        bayes = read(n, found.mean if found else None, codes)
     return AverageOut(
         stream=name,
         start=lo,
         end=hi,
         group=group,
         device=device,
-        n=sums.n,
+        n=n,
         confidence=confidence,
         epsilon=stream.epsilon,
         payload_bits=stream.payload_bits,
@@ -210,31 +208,29 @@ def series(
             "choose a longer interval or a shorter window",
         )
     size = stream.bucket_seconds * 1000
-    sums = store.series_sums(db, stream, first, stop, buckets_per_point=per, device_ids=devices)
+    found_of = store.series_estimates(
+        db,
+        stream,
+        params,
+        (first, stop),
+        buckets_per_point=per,
+        device_ids=devices,
+        confidence=confidence,
+    )
     codes = (
         _point_codes(db, stream, (first, stop), per, devices) if read and model != "mean" else {}
     )
-    by_device = (
-        {}
-        if params.grid_points is None
-        else store.device_series_sums(
-            db, stream, first, stop, buckets_per_point=per, device_ids=devices
-        )
-    )
     points = []
-    for b, s in sums.items():
-        found = store.estimate(params, s, confidence)
-        if b in by_device:  # a longitudinal stream: errors from devices
-            found = store.clustered(params, *by_device[b], confidence)
+    for b, (n, found) in found_of.items():
         point = PointOut(
             start=as_datetime(b * size),
             end=as_datetime((b + per) * size),
-            n=s.n,
+            n=n,
             estimate=estimate_out(found),
         )
         if read is not None:
-            point.bayes = read(s.n, found.mean if found else None, codes.get(b))
-        if quantile is not None and s.n:
+            point.bayes = read(n, found.mean if found else None, codes.get(b))
+        if quantile is not None and n:
             point.quantile = _point_quantile(db, stream, params, (b, b + per), devices, quantile)
         points.append(point)
     empty.points = points
