@@ -51,6 +51,7 @@ from zeal._core.randomness import Randomness, random_words
 from zeal._core.studentt import t_quantile
 from zeal.errors import ParameterError
 from zeal.estimate import Estimate, check_confidence, cut
+from zeal.protocol import GRID_POINTS
 
 __all__ = [
     "MEMO_FORMAT",
@@ -314,8 +315,9 @@ def plan_grid(
         if not (math.isfinite(budget) and budget >= per_draw):
             raise ParameterError(f"budget must allow one draw ({per_draw:g}), got {budget!r}")
         draws = budget / per_draw
-        most = 1024 if span == 0 else int(1 + (draws - 1) * width / span)
-        points = max(2, min(1024, most))
+        least, largest = GRID_POINTS
+        most = largest if span == 0 else int(1 + (draws - 1) * width / span)
+        points = max(least, min(largest, most))
     plan = Zeal(
         lower=params.lower,
         upper=params.upper,
